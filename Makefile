@@ -1,0 +1,39 @@
+# agentpool developer commands. `make help` lists them.
+PYTHON ?= python3
+PYTEST ?= $(PYTHON) -m pytest
+
+.PHONY: help install lint typecheck test test-unit test-integration generate verify-generated bench demo
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
+
+install: ## editable install with the development extras
+	$(PYTHON) -m pip install -e '.[dev]'
+
+lint: ## ruff, then the import-linter contracts that keep the pure cores free of I/O
+	$(PYTHON) -m ruff check .
+	PYTHONPATH=controlplane:operator:engine-image lint-imports
+
+typecheck: ## mypy strict on the package
+	$(PYTHON) -m mypy -p agentpool
+
+test: ## the whole test suite (unit and integration; needs Redis on 127.0.0.1:6379)
+	$(PYTEST) -q tests
+
+test-unit: ## hermetic unit tests only
+	$(PYTEST) -q tests/unit
+
+test-integration: ## integration tests (real Redis, gRPC, HTTP, NIXL on loopback)
+	$(PYTEST) -q tests/integration
+
+generate: ## regenerate gRPC stubs and the CRD from their sources
+	$(PYTHON) scripts/generate.py
+
+verify-generated: ## fail if the committed generated files differ from a fresh generation
+	$(PYTHON) scripts/generate.py --check
+
+bench: ## run the benchmarks that print figures
+	$(PYTHON) -m bench
+
+demo: ## the main job on its embedded default: simulate agentpool against the baselines
+	agentpool simulate

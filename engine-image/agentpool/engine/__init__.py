@@ -1,0 +1,1 @@
+"""The engine agent: backends (sglang, sim), role switch, host KV pool, KV events."""

@@ -1,0 +1,1 @@
+"""The kopf operator for AgentServingPool: handlers, pure manifest builders, status."""

@@ -1,0 +1,31 @@
+"""The package layout: one namespace package over three source roots, stdlib `operator` intact."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("cwd", [ROOT, ROOT / "operator", ROOT / "tests", Path("/")])
+def test_stdlib_operator_is_not_shadowed(cwd: Path) -> None:
+    code = "import operator, agentpool.operator; assert operator.add(2, 3) == 5; print(operator.__file__)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, check=True)
+    assert "agentpool" not in out.stdout
+
+
+def test_agentpool_is_a_namespace_over_three_roots() -> None:
+    import agentpool.engine
+    import agentpool.kv
+    import agentpool.operator
+
+    for module, root in ((agentpool.kv, "controlplane"), (agentpool.operator, "operator"),
+                         (agentpool.engine, "engine-image")):
+        assert module.__file__ is not None
+        assert Path(module.__file__).resolve().is_relative_to(ROOT / root)
+    for root in ("controlplane", "operator", "engine-image"):
+        assert not (ROOT / root / "agentpool" / "__init__.py").exists()

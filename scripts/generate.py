@@ -31,6 +31,9 @@ def generate_into(stub_root: Path, crd_dir: Path) -> None:
         ]
         subprocess.run(cmd, check=True, cwd=ROOT)
     crd_dir.mkdir(parents=True, exist_ok=True)
+    if not (ROOT / "controlplane" / "agentpool" / "api" / "crd.py").exists():
+        print("agentpool.api.crd does not exist yet: no CRD generated", file=sys.stderr)
+        return
     subprocess.run(
         [sys.executable, "-m", "agentpool.api.crd", "--out-dir", str(crd_dir)], check=True, cwd=ROOT
     )

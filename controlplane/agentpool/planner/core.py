@@ -1,1 +1,300 @@
-"""Pure planner core (evolving-infra §5.2, Algorithm E.3 outer loop): no I/O, no clock."""
+"""Pure planner core (evolving-infra §5.2, Algorithm E.3 outer loop, lines 15-29): no I/O, no clock.
+
+Input: a :class:`PlannerInput` (nodes with their frozen models, current roles and states; the
+window's slices of average work ``w̄_i`` and decode occupancy ``q̄_i``; seconds since the last
+switch). Output: a :class:`Decision` that says which nodes change role and why, with the per-slice
+gains and standard error of every candidate, so it can be logged and put in status.
+
+The algorithm:
+
+1. Skip the window while a node still drains from the last switch or within the cooldown.
+2. For every prefill count ``p`` other than the current one, within the min nodes per phase,
+   form the candidate that changes the fewest nodes: ``|p - |P||`` unpinned nodes move. Which
+   nodes move is fixed by a deterministic ranking (see :func:`_mover_order`).
+3. Gains ``g_i = Θ(candidate; w̄_i, q̄_i) - Θ(current; w̄_i, q̄_i)`` (Eq. 6) on every slice.
+4. A candidate qualifies if ``mean(g) > z·sd(g)/sqrt(m)`` (z = 2; sd is the sample standard
+   deviation, ddof = 1). Switch to the qualifying candidate with the largest mean gain; ties go
+   to the candidate that moves fewer nodes, then to the smaller prefill count.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+import numpy.typing as npt
+
+from agentpool.models import NodeModel, WorkSlice
+from agentpool.planner.throughput import FloatArray, NodeArrays, SliceArrays, split_throughput
+
+
+class Role(StrEnum):
+    """The phase a node serves once disaggregation has started."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+class Outcome(StrEnum):
+    """What the planner decided for a window."""
+
+    SWITCH = "switch"
+    HOLD = "hold"  # candidates evaluated, none statistically better
+    COOLDOWN = "cooldown"  # too soon after the last switch; nothing evaluated
+    DRAINING = "draining"  # a node still drains from the last switch; nothing evaluated
+    TOO_FEW_SLICES = "too-few-slices"  # fewer than 2 slices with data: no standard error
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerNode:
+    """A node as the planner sees it: its frozen model (with this window's t_bar, f_n) and state."""
+
+    name: str
+    model: NodeModel
+    role: Role
+    draining: bool = False
+    pinned: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerPolicy:
+    """The limits of the outer loop (Algorithm E.3; the paper's runs use a 120 s cooldown, z = 2)."""
+
+    cooldown_s: float = 120.0
+    min_prefill: int = 1
+    min_decode: int = 1
+    significance: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.cooldown_s < 0:
+            raise ValueError(f"cooldown must be >= 0 s, got {self.cooldown_s}")
+        if self.min_prefill < 1 or self.min_decode < 1:
+            raise ValueError("a disaggregated pool needs at least one node per phase")
+        if self.significance <= 0:
+            raise ValueError(f"significance must be positive, got {self.significance}")
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerInput:
+    """Everything one evaluation needs, as a plain value.
+
+    ``seconds_since_switch`` is None when the pool has not switched since disaggregation started.
+    """
+
+    nodes: tuple[PlannerNode, ...]
+    slices: tuple[WorkSlice, ...]
+    seconds_since_switch: float | None = None
+
+    def __post_init__(self) -> None:
+        names = [n.name for n in self.nodes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"node names must be unique: {sorted(names)}")
+        if self.seconds_since_switch is not None and self.seconds_since_switch < 0:
+            raise ValueError(f"seconds_since_switch must be >= 0, got {self.seconds_since_switch}")
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One candidate split and its evidence (Eq. 6 gains per slice, mean, standard error)."""
+
+    prefill_count: int
+    to_prefill: tuple[str, ...]
+    to_decode: tuple[str, ...]
+    gains: tuple[float, ...]
+    mean_gain: float
+    std_error: float
+    qualifies: bool
+
+    @property
+    def moves(self) -> int:
+        return len(self.to_prefill) + len(self.to_decode)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The planner's answer for one window.
+
+    ``prefill``/``decode`` are the split after the decision (the current one unless SWITCH);
+    ``to_prefill``/``to_decode`` the nodes whose desired role changes.
+    """
+
+    outcome: Outcome
+    reason: str
+    prefill: tuple[str, ...]
+    decode: tuple[str, ...]
+    current_throughput: tuple[float, ...] = ()
+    candidates: tuple[Candidate, ...] = ()
+    chosen: Candidate | None = None
+    to_prefill: tuple[str, ...] = field(default=())
+    to_decode: tuple[str, ...] = field(default=())
+
+    @property
+    def best(self) -> Candidate | None:
+        """The candidate with the largest mean gain, qualifying or not."""
+        return max(self.candidates, key=_rank_key, default=None)
+
+    @property
+    def near_switch(self) -> bool:
+        """No switch, but the best candidate's mean gain exceeded one standard error."""
+        best = self.best
+        return self.outcome is Outcome.HOLD and best is not None and best.mean_gain > best.std_error
+
+
+def plan(inp: PlannerInput, policy: PlannerPolicy) -> Decision:
+    """Evaluate one window (Algorithm E.3 lines 16-28) and decide whether to switch the split."""
+    prefill = tuple(sorted(n.name for n in inp.nodes if n.role is Role.PREFILL))
+    decode = tuple(sorted(n.name for n in inp.nodes if n.role is Role.DECODE))
+
+    def hold(outcome: Outcome, reason: str) -> Decision:
+        return Decision(outcome=outcome, reason=reason, prefill=prefill, decode=decode)
+
+    draining = sorted(n.name for n in inp.nodes if n.draining)
+    if draining:
+        return hold(Outcome.DRAINING, f"nodes still draining from the last switch: {', '.join(draining)}")
+    if inp.seconds_since_switch is not None and inp.seconds_since_switch < policy.cooldown_s:
+        return hold(
+            Outcome.COOLDOWN,
+            f"{inp.seconds_since_switch:.0f} s since the last switch, cooldown is {policy.cooldown_s:.0f} s",
+        )
+    m = len(inp.slices)
+    if m < 2:
+        return hold(Outcome.TOO_FEW_SLICES, f"{m} slice(s) with requests; the gain test needs at least 2")
+
+    by_role = {r: sorted((n for n in inp.nodes if n.role is r), key=lambda n: n.name) for r in Role}
+    cur_p, cur_d = by_role[Role.PREFILL], by_role[Role.DECODE]
+    s = SliceArrays.of(inp.slices)
+    p_arrays, d_arrays = NodeArrays.of([n.model for n in cur_p]), NodeArrays.of([n.model for n in cur_d])
+    p_rates = p_arrays.prefill_rates(s)  # (|P|, m)
+    d_as_p_rates = d_arrays.prefill_rates(s)  # (|D|, m): decode nodes' prefill rates if moved
+    prefill_sum = p_rates.sum(axis=0)
+    current = np.minimum(prefill_sum, _decode_sum(d_arrays, s, len(cur_d)))
+    if not np.all(np.isfinite(current)):
+        raise ValueError("the node models predict an infinite throughput; are all coefficients zero?")
+
+    up_order = _mover_order(cur_d, d_as_p_rates, d_arrays, s, len(cur_d), toward=Role.PREFILL)
+    down_order = _mover_order(cur_p, p_rates, p_arrays, s, len(cur_d), toward=Role.DECODE)
+    n_total = len(inp.nodes)
+    lo = max(policy.min_prefill, len(cur_p) - len(down_order))
+    hi = min(n_total - policy.min_decode, len(cur_p) + len(up_order))
+
+    candidates: list[Candidate] = []
+    to_p: tuple[str, ...]
+    to_d: tuple[str, ...]
+    for p in range(lo, hi + 1):
+        if p == len(cur_p):
+            continue
+        if p > len(cur_p):
+            movers = up_order[: p - len(cur_p)]
+            moved = np.array([cur_d.index(n) for n in movers], dtype=np.intp)
+            kept = np.setdiff1d(np.arange(len(cur_d)), moved)
+            new_prefill = prefill_sum + d_as_p_rates[moved].sum(axis=0)
+            new_decode = _decode_sum(d_arrays, s, len(kept), rows=kept)
+            to_p, to_d = tuple(n.name for n in movers), ()
+        else:
+            movers = down_order[: len(cur_p) - p]
+            moved = np.array([cur_p.index(n) for n in movers], dtype=np.intp)
+            new_prefill = prefill_sum - p_rates[moved].sum(axis=0)
+            new_decode = _decode_sum(d_arrays, s, len(cur_d) + len(moved)) + _decode_sum(
+                p_arrays, s, len(cur_d) + len(moved), rows=moved
+            )
+            to_p, to_d = (), tuple(n.name for n in movers)
+        gains = np.minimum(new_prefill, new_decode) - current
+        mean = float(gains.mean())
+        se = float(gains.std(ddof=1)) / math.sqrt(m)
+        candidates.append(
+            Candidate(
+                prefill_count=p,
+                to_prefill=tuple(sorted(to_p)),
+                to_decode=tuple(sorted(to_d)),
+                gains=tuple(float(g) for g in gains),
+                mean_gain=mean,
+                std_error=se,
+                qualifies=mean > policy.significance * se,
+            )
+        )
+
+    throughput = tuple(float(x) for x in current)
+    qualifying = [c for c in candidates if c.qualifies]
+    if not qualifying:
+        best = max(candidates, key=_rank_key, default=None)
+        why = (
+            "no candidate split within the min nodes per phase and pinned nodes"
+            if best is None
+            else f"best candidate {best.prefill_count}P has mean gain {best.mean_gain:.4g}/s, "
+            f"not above {policy.significance:g} x standard error {best.std_error:.4g}/s"
+        )
+        return Decision(Outcome.HOLD, why, prefill, decode, throughput, tuple(candidates))
+    chosen = max(qualifying, key=_rank_key)
+    new_p = tuple(sorted((set(prefill) - set(chosen.to_decode)) | set(chosen.to_prefill)))
+    new_d = tuple(sorted((set(decode) - set(chosen.to_prefill)) | set(chosen.to_decode)))
+    return Decision(
+        outcome=Outcome.SWITCH,
+        reason=(
+            f"{len(prefill)}P{len(decode)}D -> {len(new_p)}P{len(new_d)}D: mean gain "
+            f"{chosen.mean_gain:.4g}/s > {policy.significance:g} x standard error {chosen.std_error:.4g}/s"
+        ),
+        prefill=new_p,
+        decode=new_d,
+        current_throughput=throughput,
+        candidates=tuple(candidates),
+        chosen=chosen,
+        to_prefill=chosen.to_prefill,
+        to_decode=chosen.to_decode,
+    )
+
+
+def _rank_key(c: Candidate) -> tuple[float, int, int]:
+    """Largest mean gain first; then fewer moves; then the smaller prefill count."""
+    return (c.mean_gain, -c.moves, -c.prefill_count)
+
+
+def _decode_sum(
+    arrays: NodeArrays, s: SliceArrays, decode_nodes: int, rows: npt.NDArray[np.intp] | None = None
+) -> FloatArray:
+    """Sum of ``mu_D`` over ``rows`` of ``arrays`` (all rows when None) with ``B = q̄/decode_nodes``."""
+    if decode_nodes == 0:
+        return np.zeros_like(s.occupancy)
+    rates = arrays.decode_rates(s, decode_nodes)
+    if rows is not None:
+        rates = rates[rows]
+    result: FloatArray = rates.sum(axis=0)
+    return result
+
+
+def _mover_order(
+    nodes: Sequence[PlannerNode],
+    prefill_rates: FloatArray,
+    arrays: NodeArrays,
+    s: SliceArrays,
+    decode_nodes: int,
+    toward: Role,
+) -> list[PlannerNode]:
+    """The unpinned ``nodes`` in the order they move to ``toward``.
+
+    A node's prefill strength relative to its decode speed is its mean prefill rate times its
+    mean decode iteration time at the current batch. Nodes move to prefill strongest first and to
+    decode weakest first; equal nodes move in name order, so decisions are deterministic.
+    """
+    if not nodes:
+        return []
+    batch = s.occupancy / float(max(decode_nodes, 1))
+    strength = prefill_rates.mean(axis=1) * arrays.decode_iteration_times(batch).mean(axis=1)
+    sign = -1.0 if toward is Role.PREFILL else 1.0
+    ranked = sorted(range(len(nodes)), key=lambda i: (sign * float(strength[i]), nodes[i].name))
+    return [nodes[i] for i in ranked if not nodes[i].pinned]
+
+
+__all__ = [
+    "Candidate",
+    "Decision",
+    "Outcome",
+    "PlannerInput",
+    "PlannerNode",
+    "PlannerPolicy",
+    "Role",
+    "plan",
+    "split_throughput",
+]

@@ -1,0 +1,129 @@
+"""Node rates and split throughput Θ (evolving-infra §5.1 "node throughput", Eq. 5), vectorized.
+
+The planner evaluates every candidate split on every slice, which is O(N·m) rates per candidate;
+the rates of all nodes on all slices are therefore computed as numpy arrays. The arithmetic is
+exactly that of :class:`agentpool.models.NodeModel` (Eq. 3 and Eq. 4); the unit tests check the
+two against each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from agentpool.models import NodeModel, WorkSlice
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class SliceArrays:
+    """The window's slices as columns: average work components and decode occupancy, shape (m,)."""
+
+    t_uc: FloatArray
+    t_c: FloatArray
+    t_out: FloatArray
+    t_acc: FloatArray
+    occupancy: FloatArray
+
+    @staticmethod
+    def of(slices: Sequence[WorkSlice]) -> SliceArrays:
+        def col(values: list[float]) -> FloatArray:
+            return np.asarray(values, dtype=np.float64)
+
+        return SliceArrays(
+            t_uc=col([s.work.t_uc for s in slices]),
+            t_c=col([s.work.t_c for s in slices]),
+            t_out=col([s.work.t_out for s in slices]),
+            t_acc=col([s.work.t_acc for s in slices]),
+            occupancy=col([s.decode_occupancy for s in slices]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class NodeArrays:
+    """Coefficients of a set of nodes as columns of shape (n, 1), ready to broadcast over slices."""
+
+    c0: FloatArray
+    c1: FloatArray
+    c2: FloatArray
+    c3: FloatArray
+    t_bar: FloatArray
+    f_restore: FloatArray
+    d0: FloatArray
+    d1: FloatArray
+    d2: FloatArray
+    miss_base: FloatArray  # 1 - k/E per node, 0 for a dense model (phi == 1)
+    t_fwd: FloatArray
+
+    @staticmethod
+    def of(models: Sequence[NodeModel]) -> NodeArrays:
+        def col(values: list[float]) -> FloatArray:
+            return np.asarray(values, dtype=np.float64).reshape(-1, 1)
+
+        return NodeArrays(
+            c0=col([m.prefill.c0 for m in models]),
+            c1=col([m.prefill.c1 for m in models]),
+            c2=col([m.prefill.c2 for m in models]),
+            c3=col([m.prefill.c3 for m in models]),
+            t_bar=col([m.t_bar for m in models]),
+            f_restore=col([m.f_restore for m in models]),
+            d0=col([m.decode.d0 for m in models]),
+            d1=col([m.decode.d1 for m in models]),
+            d2=col([m.decode.d2 for m in models]),
+            miss_base=col(
+                [
+                    1.0 - m.decode.experts_active / m.decode.experts_total if m.decode.experts_total else 0.0
+                    for m in models
+                ]
+            ),
+            t_fwd=col([m.decode.t_fwd for m in models]),
+        )
+
+    def prefill_rates(self, s: SliceArrays) -> FloatArray:
+        """``mu_P`` (Eq. 3 inverted) of every node on every slice, shape (n, m)."""
+        pairs = s.t_uc * s.t_c + s.t_uc * (s.t_uc + 1.0) / 2.0
+        seconds = (
+            self.c0 * s.t_uc / self.t_bar
+            + self.c1 * s.t_uc
+            + self.c2 * pairs
+            + self.c3 * self.f_restore * s.t_c
+        )
+        return _inverse(seconds)
+
+    def decode_iteration_times(self, batch: FloatArray) -> FloatArray:
+        """Eq. 2 of every node at per-slice batch sizes ``batch`` (shape (m,)), shape (n, m)."""
+        phi = 1.0 - np.power(self.miss_base, self.t_fwd * batch)
+        result: FloatArray = self.d0 + self.d1 * phi + self.d2 * batch
+        return result
+
+    def decode_rates(self, s: SliceArrays, decode_nodes: int) -> FloatArray:
+        """``mu_D`` (Eq. 4 inverted) of every node at ``B = q̄/decode_nodes``, shape (n, m).
+
+        With no request in decode (``q̄ = 0``) a node completes nothing: rate 0.
+        """
+        if decode_nodes < 1:
+            raise ValueError(f"decode rates need at least one decode node, got {decode_nodes}")
+        batch = s.occupancy / float(decode_nodes)
+        seconds_per_request = (
+            self.decode_iteration_times(batch) * s.t_out / np.where(batch > 0, batch * s.t_acc, 1.0)
+        )
+        rates = _inverse(seconds_per_request)
+        return np.where(batch > 0, rates, 0.0)
+
+
+def _inverse(seconds: FloatArray) -> FloatArray:
+    with np.errstate(divide="ignore"):
+        result: FloatArray = np.where(seconds > 0, 1.0 / np.where(seconds > 0, seconds, 1.0), np.inf)
+    return result
+
+
+def split_throughput(prefill: Sequence[NodeModel], decode: Sequence[NodeModel], s: WorkSlice) -> float:
+    """Eq. 5: ``min(sum mu_P over prefill nodes, sum mu_D over decode nodes)`` on one slice."""
+    arrays = SliceArrays.of([s])
+    p = float(NodeArrays.of(prefill).prefill_rates(arrays).sum()) if prefill else 0.0
+    d = float(NodeArrays.of(decode).decode_rates(arrays, len(decode)).sum()) if decode else 0.0
+    return min(p, d)

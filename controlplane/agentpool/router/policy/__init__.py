@@ -1,1 +1,50 @@
-"""agentpool.router.policy"""
+"""agentpool.router.policy: pure routing policies (one plugin per module) and their contract.
+
+See :mod:`agentpool.router.policy.contract` for the views a policy sees and the decision it returns,
+:mod:`.registry` for the explicit name -> policy registry, :mod:`.decode` for decode binding.
+"""
+
+from agentpool.router.policy.contract import (
+    EMPTY_QUEUE,
+    NO_PREFIX,
+    CachedPrefix,
+    Decision,
+    NoCandidateError,
+    NodeState,
+    Policy,
+    PolicyContext,
+    PolicyError,
+    QueuedPrefill,
+    RequestView,
+    Role,
+    effective_queue,
+    effective_remaining_s,
+    is_fresh,
+    prefill_candidates,
+)
+from agentpool.router.policy.decode import DecodeBinding, bind_decode
+from agentpool.router.policy.registry import POLICIES, create_policy, policy_names
+
+__all__ = [
+    "EMPTY_QUEUE",
+    "NO_PREFIX",
+    "POLICIES",
+    "CachedPrefix",
+    "Decision",
+    "DecodeBinding",
+    "NoCandidateError",
+    "NodeState",
+    "Policy",
+    "PolicyContext",
+    "PolicyError",
+    "QueuedPrefill",
+    "RequestView",
+    "Role",
+    "bind_decode",
+    "create_policy",
+    "effective_queue",
+    "effective_remaining_s",
+    "is_fresh",
+    "policy_names",
+    "prefill_candidates",
+]

@@ -1,0 +1,48 @@
+"""Decode binding for disaggregated pools (evolving-infra App. E.3, line 13).
+
+When the prefill of a request starts, bind it to the decode node that has KV room for the request
+(prompt plus expected output tokens) and the fewest running requests; ties go to the node with the
+most KV room, then the smallest id. Nodes that are draining or not accepting are skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from agentpool.router.policy.contract import NodeState, PolicyContext, RequestView, Role, is_fresh
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeBinding:
+    node_id: str
+    reason: str
+
+
+def kv_tokens_needed(request: RequestView) -> int:
+    return request.prompt_tokens + request.expected_output_tokens
+
+
+def bind_decode(request: RequestView, nodes: Sequence[NodeState], ctx: PolicyContext) -> DecodeBinding | None:
+    """The decode node for ``request``, or ``None`` when no decode node has room for it.
+
+    A node's running-decode count from a stale report (older than ``ctx.max_report_age_s``) is still
+    used: decode binding has no other load signal, and the router adds its own bindings to it.
+    """
+    need = kv_tokens_needed(request)
+    best: NodeState | None = None
+    for n in nodes:
+        if n.role is not Role.DECODE or not n.accepting or n.draining or n.kv_room_tokens < need:
+            continue
+        if best is None or (n.running_decode, -n.kv_room_tokens, n.node_id) < (
+            best.running_decode,
+            -best.kv_room_tokens,
+            best.node_id,
+        ):
+            best = n
+    if best is None:
+        return None
+    stale = "" if is_fresh(best, ctx) else ", stale report"
+    return DecodeBinding(
+        best.node_id, f"kv room {best.kv_room_tokens} >= {need}, {best.running_decode} running{stale}"
+    )

@@ -1,0 +1,106 @@
+"""``evolving``: minimum predicted TTFT (evolving-infra Eq. 7 and Algorithm E.3, inner loop).
+
+For each prefill candidate ``n``::
+
+    local_n = longest prefix of the request held on n (GPU or host)
+    x_n     = cluster_prefix - local_n  if tau fetches it (>= min_tokens) else 0
+    t_c,n   = local_n + x_n ;  t_uc,n = L - t_c,n
+    W_n     = T_rem,n + sum_{j in Q_n} T_P,n(w_j)            (Eq. 3 per queued request)
+    T_n     = W_n + T_P,n(w_n) + max(0, tau(x_n) - W_n) + kappa * x_n
+
+``Q_n`` is the reported queue (if the report is younger than ``max_report_age_s``) plus the
+requests sent but not reported yet. Pick ``argmin T_n``; ties go to the longest local prefix, then
+the smallest node id. Fetched tokens are restored like host tokens, so Eq. 3's ``f_n * t_c`` term
+applies to them unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from agentpool.models import Work, copy_price
+from agentpool.router.policy.contract import (
+    Decision,
+    NodeState,
+    PolicyContext,
+    RequestView,
+    effective_queue,
+    effective_remaining_s,
+    pick_min,
+    require_candidates,
+)
+from agentpool.router.policy.knobs import parse_knobs
+
+NAME = "evolving"
+
+
+@dataclass(frozen=True, slots=True)
+class EvolvingKnobs:
+    """No knobs of its own: tau, kappa and the report age come from the policy context."""
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    wait_s: float
+    service_s: float
+    exposed_fetch_s: float
+    copy_s: float
+    cached_tokens: int
+    fetch_tokens: int
+
+    @property
+    def ttft_s(self) -> float:
+        return self.wait_s + self.service_s + self.exposed_fetch_s + self.copy_s
+
+
+def predict(request: RequestView, node: NodeState, ctx: PolicyContext) -> Prediction:
+    """Predicted TTFT of ``request`` on ``node`` with its parts (Algorithm E.3, lines 6-9)."""
+    local = request.prefix_on(node.node_id).total
+    missing = max(0, max(request.cluster_prefix, local) - local)
+    x = missing if ctx.fetch.fetches(missing) else 0
+    t_c = local + x
+    work = Work(
+        t_uc=float(request.prompt_tokens - t_c), t_c=float(t_c), t_out=float(request.expected_output_tokens)
+    )
+    wait = effective_remaining_s(node, ctx) + effective_queue(node, ctx).service_time(node.model)
+    return Prediction(
+        wait_s=wait,
+        service_s=node.model.prefill_request_time(work),
+        exposed_fetch_s=max(0.0, ctx.fetch.tau(x) - wait),
+        copy_s=copy_price(ctx.kappa_s_per_token, x),
+        cached_tokens=t_c,
+        fetch_tokens=x,
+    )
+
+
+class EvolvingPolicy:
+    def __init__(self, knobs: EvolvingKnobs | None = None) -> None:
+        self.knobs = knobs or EvolvingKnobs()
+
+    @classmethod
+    def from_knobs(cls, knobs: Mapping[str, float] | None) -> EvolvingPolicy:
+        return cls(parse_knobs(NAME, EvolvingKnobs, knobs))
+
+    @property
+    def name(self) -> str:
+        return NAME
+
+    def choose(self, request: RequestView, candidates: Sequence[NodeState], ctx: PolicyContext) -> Decision:
+        require_candidates(candidates)
+        preds = {n.node_id: predict(request, n, ctx) for n in candidates}
+        scores = {nid: p.ttft_s for nid, p in preds.items()}
+        longest_local = {n.node_id: -float(request.prefix_on(n.node_id).total) for n in candidates}
+        best = pick_min(scores, longest_local)
+        p = preds[best]
+        return Decision(
+            node_id=best,
+            policy=NAME,
+            reason=(
+                f"predicted ttft {p.ttft_s:.4f}s = wait {p.wait_s:.4f} + service {p.service_s:.4f}"
+                f" + exposed fetch {p.exposed_fetch_s:.4f} + copy {p.copy_s:.4f}"
+            ),
+            cached_tokens=p.cached_tokens,
+            fetch_tokens=p.fetch_tokens,
+            scores=scores,
+        )

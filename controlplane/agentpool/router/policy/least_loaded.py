@@ -1,0 +1,57 @@
+"""``least-loaded``: join the shortest queue (vLLM's default; SMetric's "load-balance-only").
+
+    load_n = queued prefill requests + running decode requests (colocated nodes only)
+
+Pick ``argmin load_n``; ties go to fewer queued uncached tokens, then the smallest id. Ignores the
+KV cache entirely (the request's local prefix is reported in the decision, not used).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from agentpool.router.policy.contract import (
+    Decision,
+    NodeState,
+    PolicyContext,
+    RequestView,
+    effective_queue,
+    node_load_requests,
+    pick_min,
+    require_candidates,
+)
+from agentpool.router.policy.knobs import parse_knobs
+
+NAME = "least-loaded"
+
+
+@dataclass(frozen=True, slots=True)
+class LeastLoadedKnobs:
+    """No knobs."""
+
+
+class LeastLoadedPolicy:
+    def __init__(self, knobs: LeastLoadedKnobs | None = None) -> None:
+        self.knobs = knobs or LeastLoadedKnobs()
+
+    @classmethod
+    def from_knobs(cls, knobs: Mapping[str, float] | None) -> LeastLoadedPolicy:
+        return cls(parse_knobs(NAME, LeastLoadedKnobs, knobs))
+
+    @property
+    def name(self) -> str:
+        return NAME
+
+    def choose(self, request: RequestView, candidates: Sequence[NodeState], ctx: PolicyContext) -> Decision:
+        require_candidates(candidates)
+        scores = {n.node_id: float(node_load_requests(n, ctx)) for n in candidates}
+        tokens = {n.node_id: effective_queue(n, ctx).t_uc for n in candidates}
+        best = pick_min(scores, tokens)
+        return Decision(
+            node_id=best,
+            policy=NAME,
+            reason=f"fewest requests ({scores[best]:.0f})",
+            cached_tokens=request.prefix_on(best).total,
+            scores=scores,
+        )

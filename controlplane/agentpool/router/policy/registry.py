@@ -1,0 +1,34 @@
+"""The explicit registry of routing policies: name -> factory taking the policy's knobs.
+
+Adding a policy means adding one module and one line here; nothing registers itself on import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from agentpool.router.policy.contract import Policy, PolicyError
+from agentpool.router.policy.evolving import EvolvingPolicy
+from agentpool.router.policy.least_loaded import LeastLoadedPolicy
+from agentpool.router.policy.round_robin import RoundRobinPolicy
+
+PolicyFactory = Callable[[Mapping[str, float] | None], Policy]
+
+POLICIES: Mapping[str, PolicyFactory] = {
+    "evolving": EvolvingPolicy.from_knobs,
+    "least-loaded": LeastLoadedPolicy.from_knobs,
+    "round-robin": RoundRobinPolicy.from_knobs,
+}
+
+
+def policy_names() -> list[str]:
+    return sorted(POLICIES)
+
+
+def create_policy(name: str, knobs: Mapping[str, float] | None = None) -> Policy:
+    """A new policy instance named ``name`` with ``knobs`` validated and bound."""
+    try:
+        factory = POLICIES[name]
+    except KeyError:
+        raise PolicyError(f"unknown routing policy {name!r}; known: {policy_names()}") from None
+    return factory(knobs)

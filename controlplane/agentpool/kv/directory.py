@@ -1,0 +1,250 @@
+"""The directory core: prefix index + branch table (E.1) + branch counts (E.2) + eviction order.
+
+One object that the gRPC service (``agentpool.directory``) wraps and the simulator drives on its virtual
+clock. Every mutating call returns :class:`Changes`: the branch rows to persist or delete, the node
+phases that changed and the new counts per node, so a shell can persist them (Redis) and push count
+updates to engines. Pure: no I/O, time is passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from agentpool.kv.branches import BranchState, BranchTable, Observation, PendingMove
+from agentpool.kv.counts import BranchCounts, CountChanges
+from agentpool.kv.eviction import EvictionCandidate, eviction_order
+from agentpool.kv.hashing import DEFAULT_PAGE_SIZE
+from agentpool.kv.index import HeldBlock, PrefixIndex
+from agentpool.kv.types import Phase, PrefixMatch, Tier, UnknownNodeError
+
+
+@dataclass
+class Changes:
+    """What a mutation changed, for the shell to persist and publish."""
+
+    branches: set[str] = field(default_factory=set)  # rows to (re)write
+    ended: set[str] = field(default_factory=set)  # rows to delete
+    nodes: set[str] = field(default_factory=set)  # node phase rows to (re)write or delete
+    counts: CountChanges = field(default_factory=dict)  # node -> block -> new count
+
+    def __bool__(self) -> bool:
+        return bool(self.branches or self.ended or self.nodes or any(self.counts.values()))
+
+    def merge(self, other: Changes) -> None:
+        self.branches |= other.branches
+        self.ended |= other.ended
+        self.branches -= self.ended
+        self.nodes |= other.nodes
+        for node, blocks in other.counts.items():
+            self.counts.setdefault(node, {}).update(blocks)
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """One-round-trip answer for the router: per-node prefixes plus the branch's E.1 output."""
+
+    prefixes: dict[str, PrefixMatch]
+    observation: Observation | None
+    changes: Changes
+
+
+class Directory:
+    """Cluster-wide KV directory state. Not thread-safe: one caller at a time (an asyncio loop)."""
+
+    def __init__(self, page_size: int = DEFAULT_PAGE_SIZE) -> None:
+        if page_size <= 0:
+            raise ValueError(f"page_size must be positive, got {page_size}")
+        self.page_size = page_size
+        self.index = PrefixIndex()
+        self.branches = BranchTable()
+        self.counts = BranchCounts()
+        self._phases: dict[str, Phase] = {}
+        self._pending_hint: dict[str, set[str]] = {}  # node -> branches that may wait for a move there
+
+    # -- restore -----------------------------------------------------------------------------
+    def restore(self, phases: Mapping[str, Phase], branches: Iterable[BranchState]) -> None:
+        """Load persisted agent state into an empty directory (after a restart)."""
+        if self._phases or len(self.branches):
+            raise RuntimeError("restore needs an empty directory")
+        for node, phase in phases.items():
+            self._phases[node] = phase
+            self.index.add_node(node)
+        for state in branches:
+            self.branches.put(state)
+            self.counts.restore(state)
+            for node in state.pending:
+                self._pending_hint.setdefault(node, set()).add(state.branch_id)
+
+    # -- nodes -------------------------------------------------------------------------------
+    def phases(self) -> dict[str, Phase]:
+        return dict(self._phases)
+
+    def phase(self, node: str) -> Phase:
+        try:
+            return self._phases[node]
+        except KeyError:
+            raise UnknownNodeError(f"node {node!r} is not registered") from None
+
+    def has_node(self, node: str) -> bool:
+        return node in self._phases
+
+    def register_node(self, node: str, phase: Phase) -> Changes:
+        """Add ``node`` in ``phase``; an already registered node switches phase instead."""
+        if node in self._phases:
+            return self.switch_phase(node, phase)
+        self._phases[node] = phase
+        self.index.add_node(node)
+        return Changes(nodes={node})
+
+    def switch_phase(self, node: str, phase: Phase) -> Changes:
+        """D -> P releases every branch's counts on ``node``; every other switch keeps them."""
+        old = self.phase(node)
+        changes = Changes(nodes={node} if old != phase else set())
+        self._phases[node] = phase
+        if old is Phase.DECODE and phase is Phase.PREFILL:
+            for beta in sorted(self._branches_counting_on(node)):
+                self.counts.release(self.branches.get(beta), node, changes.counts)
+                changes.branches.add(beta)
+        return changes
+
+    def drop_node(self, node: str) -> Changes:
+        """``node`` is gone: purge its placements, release its counts, forget its phase."""
+        self.phase(node)
+        changes = Changes(nodes={node})
+        affected = self._branches_counting_on(node) | self._branches_pending_on(node)
+        for beta in sorted(affected):
+            state = self.branches.get(beta)
+            self.counts.release(state, node, changes.counts)
+            state.pending.pop(node, None)
+            changes.branches.add(state.branch_id)
+        changes.counts.pop(node, None)
+        self.index.drop_node(node)
+        self._pending_hint.pop(node, None)
+        del self._phases[node]
+        return changes
+
+    def _branches_counting_on(self, node: str) -> set[str]:
+        return {b for h in self.counts.counts(node) for b in self.counts.branches_on(node, h)}
+
+    def _branches_pending_on(self, node: str) -> set[str]:
+        """Branches with a move to ``node`` waiting; prunes stale hints."""
+        hint = self._pending_hint.get(node)
+        if not hint:
+            return set()
+        live = {b for b in hint if (s := self.branches.find(b)) is not None and node in s.pending}
+        self._pending_hint[node] = live
+        return set(live)
+
+    # -- KV events ---------------------------------------------------------------------------
+    def apply_stored(self, node: str, parent: int, hashes: Sequence[int], tier: Tier, now: float) -> Changes:
+        self.phase(node)
+        self.index.apply_stored(node, parent, hashes, tier, now)
+        changes = Changes()
+        self._settle_moves_to(node, changes)
+        return changes
+
+    def apply_removed(self, node: str, hashes: Iterable[int], tier: Tier) -> Changes:
+        """Blocks that leave ``node`` entirely (no tier left) lose their counts there (E.2 line 20)."""
+        self.phase(node)
+        gone = self.index.apply_removed(node, hashes, tier)
+        return self._zero_counts(node, gone)
+
+    def resync_node(self, node: str, blocks: Iterable[HeldBlock], now: float) -> Changes:
+        """Replace ``node``'s placement with its engine's full block list (atomic for the index)."""
+        self.phase(node)
+        gone = self.index.replace_node(node, blocks, now)
+        changes = self._zero_counts(node, gone)
+        # Counted blocks the node never stored (e.g. before a directory restart) stay counted: the
+        # branch placed there and the prefill will store them.
+        self._settle_moves_to(node, changes)
+        return changes
+
+    def _zero_counts(self, node: str, gone: Iterable[int]) -> Changes:
+        changes = Changes()
+        for h in gone:
+            ids = self.counts.branches_on(node, h)
+            if ids:
+                states = {b: self.branches.get(b) for b in ids}
+                changes.branches.update(self.counts.evicted(node, h, states, changes.counts))
+        return changes
+
+    # -- requests ----------------------------------------------------------------------------
+    def resolve(self, hashes: Sequence[int], branch: str | None, now: float) -> Resolution:
+        """Per-node longest prefixes of ``hashes``; with a branch, also Algorithm E.1 and E.2 lines 5-8."""
+        changes = Changes()
+        observation = None
+        if branch is not None:
+            observation = self.branches.observe(branch, hashes, now)
+            state = self.branches.get(branch)
+            changes.branches.add(branch)
+            if observation.version_bumped:
+                keep = frozenset(observation.new_path)
+                for m in sorted(state.counted):
+                    self.counts.set_counted(state, m, state.counted[m] & keep, changes.counts)
+        return Resolution(self.index.longest_prefixes(hashes), observation, changes)
+
+    def place(self, branch: str, node: str, now: float) -> Changes:
+        """Branch ``branch`` is served on ``node`` (prefill routing or decode binding), E.2 lines 9-12."""
+        phase = self.phase(node)
+        state = self.branches.get(branch)
+        changes = Changes(branches={branch})
+        self.counts.set_counted(state, node, state.path, changes.counts)
+        self.index.touch(node, state.path, now)
+        state.last_seen = now
+        same_phase = [m for m in state.counted if m != node and self._phases.get(m) is phase]
+        for m in list(state.pending):
+            if m != node and self._phases.get(m) is phase:
+                del state.pending[m]  # a newer placement in this phase supersedes older moves
+        if same_phase and state.path:
+            state.pending[node] = PendingMove(state.version, len(state.path))
+            self._pending_hint.setdefault(node, set()).add(branch)
+            self._settle_move(state, node, changes)
+        else:
+            state.pending.pop(node, None)
+        return changes
+
+    def _settle_moves_to(self, node: str, changes: Changes) -> None:
+        for beta in sorted(self._branches_pending_on(node)):
+            self._settle_move(self.branches.get(beta), node, changes)
+
+    def _settle_move(self, state: BranchState, node: str, changes: Changes) -> None:
+        move = state.pending[node]
+        if move.version != state.version:
+            del state.pending[node]  # the branch was rewritten since: its next placement decides
+            changes.branches.add(state.branch_id)
+            return
+        if not self.index.has_node(node) or not self.index.holds_all(node, state.path[: move.blocks]):
+            return
+        del state.pending[node]
+        phase = self._phases[node]
+        for m in sorted(state.counted):
+            if m != node and self._phases.get(m) is phase:
+                self.counts.release(state, m, changes.counts)
+        changes.branches.add(state.branch_id)
+
+    def end_branch(self, branch: str) -> Changes:
+        """E.2 line 13: release every count of the branch and remove it."""
+        state = self.branches.get(branch)
+        changes = Changes(ended={branch})
+        for m in sorted(state.counted):
+            self.counts.release(state, m, changes.counts)
+        self.branches.remove(branch)
+        return changes
+
+    def expire_idle(self, now: float, idle_ttl: float) -> tuple[list[str], Changes]:
+        """End the branches not seen for ``idle_ttl`` (agents that never sent an end)."""
+        expired = self.branches.idle_since(now - idle_ttl)
+        changes = Changes()
+        for b in expired:
+            changes.merge(self.end_branch(b))
+        return expired, changes
+
+    # -- queries -----------------------------------------------------------------------------
+    def count(self, node: str, block: int) -> int:
+        return self.counts.count(node, block)
+
+    def eviction_order(self, node: str, limit: int | None = None) -> list[EvictionCandidate]:
+        """Host blocks of ``node`` by ``(R > 0, last access)`` ascending."""
+        self.phase(node)
+        return eviction_order(self.index.host_blocks(node), lambda h: self.counts.count(node, h), limit)

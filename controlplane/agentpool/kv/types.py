@@ -1,0 +1,53 @@
+"""Value types and errors shared by the KV directory cores."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Tier(enum.IntFlag):
+    """Memory tier of a KV block copy on a node (a bit set: a node may hold a block in both)."""
+
+    GPU = 1
+    HOST = 2
+
+
+ALL_TIERS = Tier.GPU | Tier.HOST
+
+
+class Phase(enum.Enum):
+    """Phase a node serves. ``BOTH`` is a colocated node; all ``BOTH`` nodes form one phase group."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+    BOTH = "both"
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixMatch:
+    """Longest cached prefix of a request on one node, in blocks, by tier.
+
+    ``gpu_blocks``: leading blocks all in GPU memory; ``host_blocks``: leading blocks all in host memory;
+    ``local_blocks``: leading blocks each held in GPU or host memory of the node.
+    """
+
+    gpu_blocks: int
+    host_blocks: int
+    local_blocks: int
+
+
+class KvError(Exception):
+    """Root of the KV directory's domain errors."""
+
+
+class UnknownNodeError(KvError):
+    """The node is not registered with the directory."""
+
+
+class UnknownBranchError(KvError):
+    """The branch is not in the branch table."""
+
+
+class InvalidEventError(KvError):
+    """A KV event contradicts the index (e.g. a block re-stored under another parent)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from agentpool.models import DecodeModel, NodeModel, PrefillModel, Work
 from agentpool.router.policy import CachedPrefix, NodeState, QueuedPrefill, RequestView, Role
 
@@ -71,3 +73,8 @@ def request(
 
 def uncached(tokens: int, cached: int = 0) -> Work:
     return Work(t_uc=float(tokens), t_c=float(cached))
+
+
+def send(n: NodeState, w: Work) -> NodeState:
+    """``n`` after the router sent it ``w`` (not yet reported by the engine)."""
+    return dataclasses.replace(n, unreported=n.unreported.add(w))

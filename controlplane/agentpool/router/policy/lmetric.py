@@ -1,0 +1,64 @@
+"""``lmetric``: LMetric's product of prefill work left and load (SMetric §4.1).
+
+    f_n = (q_n + L - c_n) * l_n
+
+``q_n``: uncached tokens queued for prefill on n; ``L``: prompt tokens; ``c_n``: the request's
+prefix cached on n (GPU or host); ``l_n``: requests on n (queued prefills, plus running decodes on
+colocated nodes). Pick ``argmin f_n``; ties (e.g. every node idle, ``l_n = 0``) go to the smaller
+``q_n + L - c_n``, then the smallest id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from agentpool.router.policy.contract import (
+    Decision,
+    NodeState,
+    PolicyContext,
+    RequestView,
+    effective_queue,
+    node_load_requests,
+    pick_min,
+    require_candidates,
+)
+from agentpool.router.policy.knobs import parse_knobs
+
+NAME = "lmetric"
+
+
+@dataclass(frozen=True, slots=True)
+class LMetricKnobs:
+    """No knobs."""
+
+
+class LMetricPolicy:
+    def __init__(self, knobs: LMetricKnobs | None = None) -> None:
+        self.knobs = knobs or LMetricKnobs()
+
+    @classmethod
+    def from_knobs(cls, knobs: Mapping[str, float] | None) -> LMetricPolicy:
+        return cls(parse_knobs(NAME, LMetricKnobs, knobs))
+
+    @property
+    def name(self) -> str:
+        return NAME
+
+    def choose(self, request: RequestView, candidates: Sequence[NodeState], ctx: PolicyContext) -> Decision:
+        require_candidates(candidates)
+        left = {
+            n.node_id: effective_queue(n, ctx).t_uc
+            + request.prompt_tokens
+            - request.prefix_on(n.node_id).total
+            for n in candidates
+        }
+        scores = {n.node_id: left[n.node_id] * node_load_requests(n, ctx) for n in candidates}
+        best = pick_min(scores, left)
+        return Decision(
+            node_id=best,
+            policy=NAME,
+            reason=f"(q + L - c) * l = {left[best]:.0f} * load = {scores[best]:.0f}",
+            cached_tokens=request.prefix_on(best).total,
+            scores=scores,
+        )

@@ -1,0 +1,117 @@
+"""``smetric``: balanced session-centric routing without session ids (smetric.md §4, DESIGN.md).
+
+    hits_n       = local prefix of the request on n (GPU + host of n)
+    best         = argmax hits_n                  (ties: lower load, then id)
+    cost_n(u, L) = c_linear*u + c_attn*u*(L - u/2)   with c_linear = c1 + c0/t_bar, c_attn = c2 of n
+    queued_n     = T_rem,n + sum of cost_n over n's queue  (+ decode interference on colocated n)
+    load_n       = queued_n + cost_n(L - hits_n, L)      (the request's local hit subtracted)
+    meets_n      = load_n <= SLACK * (b + a*L)           (the pool's TTFT SLO)
+
+    if turn == 1 or hits_best == 0 or hits_best < HIT_RATIO * est_hit:   new or evicted session
+        return argmin load_n
+    if meets_best: return best                                          stick
+    i = argmin load_n
+    return i if meets_i else argmin cost_n(L - hits_n, L)               migrate, or least added load
+
+``est_hit`` is the prompt minus its newly appended turn. Colocated nodes (our extension; the
+paper's §B is not available): each prefill iteration also carries the node's running decodes, so
+``queued_n`` adds ``ceil((queued + own uncached tokens) / t_bar) * d2 * running_decode`` there.
+Knobs: ``slack`` (default 1.0), ``hit_ratio`` (default 0.8).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from agentpool.router.policy.contract import (
+    Decision,
+    NodeState,
+    PolicyContext,
+    RequestView,
+    Role,
+    effective_queue,
+    effective_remaining_s,
+    linear_attention_cost_of,
+    pick_min,
+    require_candidates,
+)
+from agentpool.router.policy.knobs import parse_knobs
+
+NAME = "smetric"
+
+
+@dataclass(frozen=True, slots=True)
+class SMetricKnobs:
+    slack: float = 1.0
+    hit_ratio: float = 0.8
+
+    def __post_init__(self) -> None:
+        if self.slack < 0 or not 0.0 <= self.hit_ratio <= 1.0:
+            raise ValueError(f"need slack >= 0 and 0 <= hit_ratio <= 1: {self}")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeEstimate:
+    hit: int
+    own_cost_s: float
+    load_s: float
+
+
+def estimate(request: RequestView, node: NodeState, ctx: PolicyContext) -> NodeEstimate:
+    hit = request.prefix_on(node.node_id).total
+    length = request.prompt_tokens
+    cost = linear_attention_cost_of(node.model)
+    own = cost.cost(float(length - hit), float(length))
+    queue = effective_queue(node, ctx)
+    queued = effective_remaining_s(node, ctx) + queue.linear_attention_cost(cost)
+    if node.role is Role.BOTH and node.running_decode:
+        iterations = math.ceil((queue.t_uc + length - hit) / node.model.t_bar)
+        queued += iterations * node.model.decode.d2 * node.running_decode
+    return NodeEstimate(hit=hit, own_cost_s=own, load_s=queued + own)
+
+
+class SMetricPolicy:
+    def __init__(self, knobs: SMetricKnobs | None = None) -> None:
+        self.knobs = knobs or SMetricKnobs()
+
+    @classmethod
+    def from_knobs(cls, knobs: Mapping[str, float] | None) -> SMetricPolicy:
+        return cls(parse_knobs(NAME, SMetricKnobs, knobs))
+
+    @property
+    def name(self) -> str:
+        return NAME
+
+    def choose(self, request: RequestView, candidates: Sequence[NodeState], ctx: PolicyContext) -> Decision:
+        require_candidates(candidates)
+        est = {n.node_id: estimate(request, n, ctx) for n in candidates}
+        load = {nid: e.load_s for nid, e in est.items()}
+        deadline = self.knobs.slack * ctx.slo.deadline(request.prompt_tokens)
+        best = pick_min({nid: -float(e.hit) for nid, e in est.items()}, load)
+        least = pick_min(load)
+        hit = est[best].hit
+        expected = self.knobs.hit_ratio * request.expected_hit
+        if request.turn == 1 or hit == 0 or hit < expected:
+            why = "first turn" if request.turn == 1 else f"session not cached (hit {hit} < {expected:.0f})"
+            return self._decision(request, least, f"{why}: least loaded", load)
+        if load[best] <= deadline:
+            return self._decision(request, best, f"stick: load {load[best]:.3f}s <= {deadline:.3f}s", load)
+        if load[least] <= deadline:
+            return self._decision(
+                request, least, f"migrate: {best} would miss {deadline:.3f}s, {least} meets it", load
+            )
+        added = pick_min({nid: e.own_cost_s for nid, e in est.items()}, load)
+        return self._decision(request, added, f"no node meets {deadline:.3f}s: least added load", load)
+
+    def _decision(
+        self, request: RequestView, node_id: str, reason: str, load: Mapping[str, float]
+    ) -> Decision:
+        return Decision(
+            node_id=node_id,
+            policy=NAME,
+            reason=reason,
+            cached_tokens=request.prefix_on(node_id).total,
+            scores=dict(load),
+        )

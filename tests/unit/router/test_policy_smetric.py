@@ -1,0 +1,123 @@
+"""``smetric``: sticks follow-ups, migrates on a missed deadline, first turns and evicted sessions are new."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from router_policy_builders import node, request, uncached
+
+from agentpool.models import TtftSlo
+from agentpool.router.policy import NodeState, PolicyContext, RequestView, Role, create_policy
+from agentpool.router.policy.smetric import estimate
+
+# Deadline 2 s + 0.1 ms/token: 4.4 s for a 24K-token prompt.
+CTX = PolicyContext(slo=TtftSlo(base=2.0, per_token=1e-4))
+FOLLOW_UP = request(24_000, local={"a": 22_000}, turn=5, new_turn=2_000)
+SOME = [uncached(8192)] * 2  # about 0.84 s of queued prefill
+OVERLOAD = [uncached(8192)] * 12  # about 5 s of queued prefill: misses the 4.4 s deadline
+
+CASES: list[tuple[str, list[NodeState], RequestView, PolicyContext, dict[str, float], str]] = [
+    (
+        "follow-up sticks to its session though b is idle",
+        [node("a", queue=SOME), node("b")],
+        FOLLOW_UP,
+        CTX,
+        {},
+        "a",
+    ),
+    (
+        "follow-up migrates to the least loaded when sticking misses the deadline",
+        [node("a", queue=OVERLOAD), node("b", queue=SOME), node("c", queue=[uncached(8192)])],
+        FOLLOW_UP,
+        CTX,
+        {},
+        "c",
+    ),
+    (
+        "first turn is new: least loaded, even with a local hit on a",
+        [node("a", queue=SOME), node("b")],
+        request(24_000, local={"a": 15_000}, turn=1),
+        CTX,
+        {},
+        "b",
+    ),
+    (
+        "first turn: load subtracts the local hit, so an idle tie goes to the hit",
+        [node("b"), node("a")],
+        request(24_000, local={"a": 15_000}, turn=1),
+        CTX,
+        {},
+        "a",
+    ),
+    (
+        "evicted session (hit 2K < 0.8 * 22K expected) is new",
+        [node("a", queue=SOME), node("b")],
+        request(24_000, local={"a": 2_000}, turn=5, new_turn=2_000),
+        CTX,
+        {},
+        "b",
+    ),
+    (
+        "no node meets the deadline: least added load (the session's node)",
+        [node("a", queue=OVERLOAD), node("b", queue=OVERLOAD + SOME)],
+        FOLLOW_UP,
+        CTX,
+        {},
+        "a",
+    ),
+    (
+        "SLACK 0: no node meets the deadline, least added load",
+        [node("a", queue=SOME), node("b")],
+        FOLLOW_UP,
+        CTX,
+        {"slack": 0.0},
+        "a",
+    ),
+    (
+        "HIT_RATIO 0.05 keeps a mostly-evicted session sticky",
+        [node("a", queue=SOME), node("b")],
+        request(24_000, local={"a": 2_000}, turn=5, new_turn=2_000),
+        CTX,
+        {"hit_ratio": 0.05},
+        "a",
+    ),
+    (
+        "colocated: running decodes add interference and push a follow-up away",
+        [
+            node("a", role=Role.BOTH, queue=[uncached(8192)] * 6, running_decode=4000),
+            node("b", role=Role.BOTH),
+        ],
+        FOLLOW_UP,
+        CTX,
+        {},
+        "b",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("nodes", "req", "ctx", "knobs", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_smetric_table(
+    nodes: list[NodeState], req: RequestView, ctx: PolicyContext, knobs: dict[str, float], expected: str
+) -> None:
+    d = create_policy("smetric", knobs).choose(req, nodes, ctx)
+    assert d.node_id == expected, d.reason
+
+
+def test_slack_zero_migrates_every_follow_up() -> None:
+    # With SLACK 0 no node meets the deadline, so it takes the least added load: the session's node.
+    d = create_policy("smetric", {"slack": 0.0}).choose(FOLLOW_UP, [node("a", queue=SOME), node("b")], CTX)
+    assert "least added load" in d.reason
+
+
+def test_colocated_without_decodes_sticks() -> None:
+    nodes = [node("a", role=Role.BOTH, queue=[uncached(8192)] * 6), node("b", role=Role.BOTH)]
+    assert create_policy("smetric").choose(FOLLOW_UP, nodes, CTX).node_id == "a"
+
+
+def test_colocated_interference_is_counted_only_on_colocated_nodes() -> None:
+    disagg = estimate(FOLLOW_UP, node("a", running_decode=100), CTX)
+    colo = estimate(FOLLOW_UP, dataclasses.replace(node("a", running_decode=100), role=Role.BOTH), CTX)
+    assert colo.load_s == pytest.approx(disagg.load_s + 1 * 1e-4 * 100)

@@ -92,6 +92,12 @@ class PlannerInput:
         names = [n.name for n in self.nodes]
         if len(set(names)) != len(names):
             raise ValueError(f"node names must be unique: {sorted(names)}")
+        for n in self.nodes:
+            pm, dm = n.model.prefill, n.model.decode
+            if pm.c0 + pm.c1 + pm.c2 <= 0 or dm.d0 + dm.d1 + dm.d2 <= 0:
+                raise ValueError(
+                    f"node {n.name}: a model with zero time per request predicts infinite throughput"
+                )
         if self.seconds_since_switch is not None and self.seconds_since_switch < 0:
             raise ValueError(f"seconds_since_switch must be >= 0, got {self.seconds_since_switch}")
 
@@ -171,8 +177,6 @@ def plan(inp: PlannerInput, policy: PlannerPolicy) -> Decision:
     d_as_p_rates = d_arrays.prefill_rates(s)  # (|D|, m): decode nodes' prefill rates if moved
     prefill_sum = p_rates.sum(axis=0)
     current = np.minimum(prefill_sum, _decode_sum(d_arrays, s, len(cur_d)))
-    if not np.all(np.isfinite(current)):
-        raise ValueError("the node models predict an infinite throughput; are all coefficients zero?")
 
     up_order = _mover_order(cur_d, d_as_p_rates, d_arrays, s, len(cur_d), toward=Role.PREFILL)
     down_order = _mover_order(cur_p, p_rates, p_arrays, s, len(cur_d), toward=Role.DECODE)

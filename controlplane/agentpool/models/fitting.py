@@ -1,0 +1,226 @@
+"""Online fitting of the iteration-time models (evolving-infra §5.1 "Online fitting").
+
+Engines report one record per iteration: the batch composition and the measured time. During the
+warmup every node serves both phases; the coefficients of Eq. 1 and Eq. 2 are fitted per node by
+nonnegative least squares (``scipy.optimize.nnls``) and then frozen.
+
+Two choices, both documented here because they change the numbers:
+
+- Relative residuals: each row is divided by its measured time, so the fit minimizes relative
+  error. Iteration times span orders of magnitude (a short decode step vs. an 8K-token prefill at
+  a 256K prefix), and the paper judges the models by mean relative error.
+- Column scaling: the regressors (1, tokens, query-key pairs ~1e9) differ by up to ten orders of
+  magnitude; columns are scaled to unit norm before the solve and the coefficients scaled back.
+  A regressor that is zero on every record (e.g. no restored tokens) gets coefficient 0.
+
+The fit report gives the mean absolute percentage error on records held out from the fit: every
+``holdout_every``-th record (deterministic, so a fit is reproducible).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+from scipy.optimize import nnls
+
+from agentpool.models.iteration import DecodeModel, NodeModel, PrefillBatchItem, PrefillModel, moe_fraction
+from agentpool.models.work import attention_pairs
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillIterationRecord:
+    """One prefill iteration of ``node``: the requests of its batch and its measured time (s)."""
+
+    node: str
+    at: float
+    batch: tuple[PrefillBatchItem, ...]
+    seconds: float
+
+    def __post_init__(self) -> None:
+        _check_seconds(self.seconds)
+        if not self.batch:
+            raise ValueError("a prefill iteration record needs at least one request")
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeIterationRecord:
+    """One decode iteration of ``node`` with ``running`` requests and its measured time (s)."""
+
+    node: str
+    at: float
+    running: int
+    seconds: float
+
+    def __post_init__(self) -> None:
+        _check_seconds(self.seconds)
+        if self.running < 1:
+            raise ValueError(f"a decode iteration runs at least one request, got {self.running}")
+
+
+IterationRecord = PrefillIterationRecord | DecodeIterationRecord
+
+
+def _check_seconds(seconds: float) -> None:
+    if not (seconds > 0 and np.isfinite(seconds)):
+        raise ValueError(f"an iteration time must be positive and finite, got {seconds}")
+
+
+@dataclass(frozen=True, slots=True)
+class MoeShape:
+    """How the node's model routes tokens: ``k`` of ``E`` experts, ``t_fwd`` tokens per request.
+
+    ``experts_total = 0`` is a dense model: ``phi`` is 1 and ``d1`` cannot be told from ``d0``;
+    the fit then puts the whole fixed cost in ``d0`` and sets ``d1 = 0``.
+    """
+
+    experts_active: int = 8
+    experts_total: int = 128
+    t_fwd: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class FitReport:
+    """How well a fitted model predicts records it was not fitted on."""
+
+    records_fit: int
+    records_held_out: int
+    mape_held_out: float  # mean |predicted - measured| / measured over the held-out records
+    max_ape_held_out: float
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillFit:
+    model: PrefillModel
+    report: FitReport
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeFit:
+    model: DecodeModel
+    report: FitReport
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFit:
+    """A node's frozen models and the report of each fit."""
+
+    node: str
+    prefill: PrefillFit
+    decode: DecodeFit
+
+    def node_model(self, t_bar: float = 8192.0, f_restore: float = 0.0) -> NodeModel:
+        return NodeModel(
+            prefill=self.prefill.model, decode=self.decode.model, t_bar=t_bar, f_restore=f_restore
+        )
+
+
+def prefill_regressors(batch: Iterable[PrefillBatchItem]) -> tuple[float, float, float, float]:
+    """The row of Eq. 1's design matrix: ``(1, sum t_uc, sum A, sum t_rst)``."""
+    s_uc = s_a = s_rst = 0.0
+    for item in batch:
+        s_uc += item.t_uc
+        s_a += attention_pairs(item.t_uc, item.t_c)
+        s_rst += item.t_rst
+    return (1.0, s_uc, s_a, s_rst)
+
+
+def fit_prefill(records: Sequence[PrefillIterationRecord], holdout_every: int = 5) -> PrefillFit:
+    """Fit Eq. 1 by NNLS on all records but every ``holdout_every``-th; report error on those."""
+    x = np.array([prefill_regressors(r.batch) for r in records], dtype=np.float64).reshape(-1, 4)
+    y = np.array([r.seconds for r in records], dtype=np.float64)
+    coef, report = _fit_and_report(x, y, holdout_every, what="prefill")
+    return PrefillFit(model=PrefillModel(*(float(c) for c in coef)), report=report)
+
+
+def fit_decode(
+    records: Sequence[DecodeIterationRecord], shape: MoeShape = MoeShape(), holdout_every: int = 5
+) -> DecodeFit:
+    """Fit Eq. 2 (``d0 + d1*phi(B) + d2*B``) by NNLS; report error on the held-out records."""
+    rows = [
+        (
+            1.0,
+            moe_fraction(r.running, shape.experts_active, shape.experts_total, shape.t_fwd),
+            float(r.running),
+        )
+        for r in records
+    ]
+    x = np.array(rows, dtype=np.float64).reshape(-1, 3)
+    if shape.experts_total == 0:
+        x[:, 1] = 0.0  # phi == 1 duplicates the constant column: keep the fixed cost in d0
+    y = np.array([r.seconds for r in records], dtype=np.float64)
+    coef, report = _fit_and_report(x, y, holdout_every, what="decode")
+    model = DecodeModel(
+        d0=float(coef[0]),
+        d1=float(coef[1]),
+        d2=float(coef[2]),
+        experts_active=shape.experts_active,
+        experts_total=shape.experts_total,
+        t_fwd=shape.t_fwd,
+    )
+    return DecodeFit(model=model, report=report)
+
+
+def fit_nodes(
+    records: Iterable[IterationRecord], shape: MoeShape = MoeShape(), holdout_every: int = 5
+) -> dict[str, NodeFit]:
+    """Fit both models of every node that reported records; a node needs records of both phases."""
+    prefill: dict[str, list[PrefillIterationRecord]] = {}
+    decode: dict[str, list[DecodeIterationRecord]] = {}
+    for r in records:
+        if isinstance(r, PrefillIterationRecord):
+            prefill.setdefault(r.node, []).append(r)
+        else:
+            decode.setdefault(r.node, []).append(r)
+    missing = sorted(set(prefill) ^ set(decode))
+    if missing:
+        raise ValueError(f"nodes without records of both phases cannot be fitted: {', '.join(missing)}")
+    return {
+        node: NodeFit(
+            node=node,
+            prefill=fit_prefill(prefill[node], holdout_every),
+            decode=fit_decode(decode[node], shape, holdout_every),
+        )
+        for node in sorted(prefill)
+    }
+
+
+def mape(x: FloatArray, y: FloatArray, coef: FloatArray) -> tuple[float, float]:
+    """Mean and max absolute percentage error of ``x @ coef`` against ``y``."""
+    ape = np.abs(x @ coef - y) / y
+    return float(ape.mean()), float(ape.max())
+
+
+def _fit_and_report(
+    x: FloatArray, y: FloatArray, holdout_every: int, what: str
+) -> tuple[FloatArray, FitReport]:
+    if holdout_every < 2:
+        raise ValueError(f"holdout_every must be >= 2 to hold records out, got {holdout_every}")
+    held = np.arange(len(y)) % holdout_every == holdout_every - 1
+    n_fit, n_held = int((~held).sum()), int(held.sum())
+    if n_fit < x.shape[1] or n_held < 1:
+        raise ValueError(
+            f"{what} fit needs at least {x.shape[1]} fitted and 1 held-out record, got {n_fit} and {n_held}"
+        )
+    coef = nnls_relative(x[~held], y[~held])
+    mean_ape, max_ape = mape(x[held], y[held], coef)
+    return coef, FitReport(
+        records_fit=n_fit, records_held_out=n_held, mape_held_out=mean_ape, max_ape_held_out=max_ape
+    )
+
+
+def nnls_relative(x: FloatArray, y: FloatArray) -> FloatArray:
+    """Nonnegative ``coef`` minimizing ``sum(((x @ coef - y) / y)**2)``, with unit-norm columns."""
+    if np.any(y <= 0):
+        raise ValueError("measured times must be positive")
+    weighted = x / y[:, None]
+    norms = np.linalg.norm(weighted, axis=0)
+    used = norms > 0
+    scaled_coef, _ = nnls(weighted[:, used] / norms[used], np.ones_like(y))
+    coef = np.zeros(x.shape[1], dtype=np.float64)
+    coef[used] = scaled_coef / norms[used]
+    return coef

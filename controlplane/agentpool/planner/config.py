@@ -1,0 +1,39 @@
+"""The planner's own configuration (Algorithm E.3 parameters), independent of the pool spec's shape."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agentpool.planner.core import PlannerPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerConfig:
+    """Window ``T_win`` cut into ``slices``; warmup ``T_learn``; cooldown; min nodes per phase.
+
+    Defaults are the paper's runs: 600 s windows of ten 60 s slices, 1800 s warmup, 120 s cooldown.
+    ``initial_prefill`` is the prefill count of the split that disaggregation starts from.
+    """
+
+    window_s: float = 600.0
+    slices: int = 10
+    warmup_s: float = 1800.0
+    cooldown_s: float = 120.0
+    min_prefill: int = 1
+    min_decode: int = 1
+    initial_prefill: int = 1
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        if self.window_s <= 0 or self.warmup_s < 0:
+            raise ValueError(f"window must be > 0 s and warmup >= 0 s: {self}")
+        if self.slices < 2:
+            raise ValueError(f"the gain test needs at least 2 slices per window, got {self.slices}")
+        if self.initial_prefill < self.min_prefill:
+            raise ValueError(f"initial prefill count {self.initial_prefill} is below min {self.min_prefill}")
+        self.policy()  # validates cooldown and min nodes per phase
+
+    def policy(self) -> PlannerPolicy:
+        return PlannerPolicy(
+            cooldown_s=self.cooldown_s, min_prefill=self.min_prefill, min_decode=self.min_decode
+        )

@@ -1,0 +1,225 @@
+"""The planner's I/O shell (Algorithm E.3 line 1 and the outer loop): warmup, fit, windows, apply.
+
+1. Warmup: every unpinned engine pod is set to ``both`` (colocated) and serves both phases for
+   ``warmup_s``; the engines' iteration records are fitted per node (NNLS) and frozen.
+2. Disaggregation starts from the initial split: ``initial_prefill`` prefill nodes (pinned pods
+   keep their role; the others in name order), the rest decode.
+3. Every window: slices of average work and decode occupancy from the router's records, each
+   node's ``t_bar``/``f_n`` remeasured from its prefill iterations, the pure core
+   (:func:`agentpool.planner.core.plan`) decides, and a switch is applied by patching the pods'
+   ``agentpool.io/role`` annotations. Every evaluation updates the metrics; one that changes or
+   nearly changes the split also records a Kubernetes Event.
+
+The configuration is read again at every window, so changes apply without a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from agentpool.models import (
+    NodeModel,
+    PrefillBatchItem,
+    measure_prefill_window,
+    slice_window,
+    with_window_stats,
+)
+from agentpool.models.fitting import IterationRecord, MoeShape, NodeFit, PrefillIterationRecord, fit_nodes
+from agentpool.planner.config import PlannerConfig
+from agentpool.planner.core import Decision, Outcome, PlannerInput, PlannerNode, Role, plan
+from agentpool.planner.inbox import PlannerInbox
+from agentpool.planner.kube import ObjectRef, PodRoles, PodRoleState
+from agentpool.planner.metrics import PlannerMetrics
+
+log = logging.getLogger(__name__)
+
+COLOCATED = "both"
+
+
+class PlannerError(Exception):
+    """The planner cannot proceed: the pool's state contradicts its configuration."""
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """One window's decision plus the pods the controller left out of it, and why."""
+
+    decision: Decision
+    excluded: tuple[str, ...]
+
+
+class PlannerController:
+    def __init__(
+        self,
+        pods: PodRoles,
+        inbox: PlannerInbox,
+        config: Callable[[], PlannerConfig],
+        pool: ObjectRef,
+        metrics: PlannerMetrics,
+        shape: MoeShape,
+        clock: Callable[[], float] = time.time,
+    ):
+        self._pods = pods
+        self._inbox = inbox
+        self._config = config
+        self._pool = pool
+        self._metrics = metrics
+        self._shape = shape
+        self._clock = clock
+        self._models: dict[str, NodeModel] = {}
+        self._last_switch_at: float | None = None
+        self.fits: dict[str, NodeFit] = {}
+        self.last: Evaluation | None = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Warmup, fit, start from the initial split, then evaluate every window until ``stop``."""
+        await self.begin_warmup()
+        start = self._clock()
+        if await _wait(stop, self._config().warmup_s):
+            return
+        await asyncio.to_thread(self.fit, start, self._clock())
+        await self.start_disaggregation()
+        while not stop.is_set():
+            start = self._clock()
+            if await _wait(stop, self._config().window_s):
+                return
+            await self.evaluate_window(start, self._clock())
+
+    async def begin_warmup(self) -> None:
+        """Set every unpinned pod to serve both phases (colocated) for the warmup."""
+        for pod in await self._pods.list():
+            if not pod.pinned and pod.desired_role != COLOCATED:
+                await self._pods.set_role(pod.name, COLOCATED)
+
+    def fit(self, start: float, end: float) -> dict[str, NodeFit]:
+        """Fit and freeze each node's models from the iteration records of ``[start, end)``."""
+        fits = fit_nodes(self._inbox.iterations(start, end), self._shape)
+        if not fits:
+            raise PlannerError(f"no iteration records between {start:.0f} and {end:.0f}: nothing to fit")
+        self.fits = fits
+        self._models = {}
+        for name, f in fits.items():
+            batches = _prefill_batches(self._inbox.iterations(start, end), name)
+            self._models[name] = with_window_stats(f.node_model(), measure_prefill_window(batches))
+            log.info(
+                "fitted %s: prefill MAPE %.1f%%, decode MAPE %.1f%% on held-out records",
+                name,
+                100 * f.prefill.report.mape_held_out,
+                100 * f.decode.report.mape_held_out,
+            )
+        return fits
+
+    async def start_disaggregation(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Apply the initial split; returns (prefill pods, decode pods)."""
+        cfg = self._config()
+        pods = await self._pods.list()
+        pinned = {p.name: p.desired_role for p in pods if p.pinned}
+        bad = sorted(n for n, r in pinned.items() if r not in (Role.PREFILL, Role.DECODE))
+        if bad:
+            raise PlannerError(f"pinned pods must be pinned to prefill or decode to disaggregate: {bad}")
+        free = [p.name for p in pods if not p.pinned]
+        need = cfg.initial_prefill - sum(1 for r in pinned.values() if r == Role.PREFILL)
+        if not 0 <= need <= len(free):
+            raise PlannerError(f"cannot reach {cfg.initial_prefill} prefill nodes with pinned pods {pinned}")
+        roles = {n: Role(r) for n, r in pinned.items() if r is not None}
+        roles |= {n: Role.PREFILL if i < need else Role.DECODE for i, n in enumerate(free)}
+        decode_count = sum(1 for r in roles.values() if r is Role.DECODE)
+        if decode_count < cfg.min_decode:
+            raise PlannerError(f"initial split leaves {decode_count} decode nodes, min is {cfg.min_decode}")
+        for pod in pods:
+            if not pod.pinned and pod.desired_role != roles[pod.name]:
+                await self._pods.set_role(pod.name, roles[pod.name].value)
+        prefill = tuple(sorted(n for n, r in roles.items() if r is Role.PREFILL))
+        decode = tuple(sorted(n for n, r in roles.items() if r is Role.DECODE))
+        await self._pods.record_event(
+            self._pool, "PlannerStarted", f"disaggregation starts at {len(prefill)}P{len(decode)}D"
+        )
+        return prefill, decode
+
+    async def evaluate_window(self, start: float, end: float) -> Evaluation | None:
+        """Evaluate ``[start, end)``; apply and report the decision. None when the planner is disabled."""
+        cfg = self._config()
+        if not cfg.enabled:
+            log.info("planner disabled: window %.0f-%.0f not evaluated", start, end)
+            return None
+        pods = await self._pods.list()
+        nodes, excluded = self._planner_nodes(pods, start, end)
+        sliced = slice_window(
+            self._inbox.requests(start, end), self._inbox.occupancy(start, end), start, end, cfg.slices
+        )
+        since = None if self._last_switch_at is None else max(0.0, end - self._last_switch_at)
+        decision = plan(
+            PlannerInput(nodes=nodes, slices=sliced.slices, seconds_since_switch=since), cfg.policy()
+        )
+        if decision.outcome is Outcome.SWITCH:
+            for name in decision.to_prefill:
+                await self._pods.set_role(name, Role.PREFILL.value)
+            for name in decision.to_decode:
+                await self._pods.set_role(name, Role.DECODE.value)
+            self._last_switch_at = end
+        self._metrics.observe(decision)
+        if decision.outcome is Outcome.SWITCH or decision.near_switch:
+            reason = "PhaseSplitChanged" if decision.outcome is Outcome.SWITCH else "PhaseSplitNearlyChanged"
+            await self._pods.record_event(self._pool, reason, _event_message(decision, excluded))
+        log.info("planner window %.0f-%.0f: %s: %s", start, end, decision.outcome.value, decision.reason)
+        self.last = Evaluation(decision=decision, excluded=tuple(excluded))
+        return self.last
+
+    def _planner_nodes(
+        self, pods: list[PodRoleState], start: float, end: float
+    ) -> tuple[tuple[PlannerNode, ...], list[str]]:
+        records = self._inbox.iterations(start, end)
+        nodes: list[PlannerNode] = []
+        excluded: list[str] = []
+        for pod in pods:
+            model = self._models.get(pod.name)
+            if model is None or pod.desired_role not in (Role.PREFILL, Role.DECODE):
+                why = "no fitted model" if model is None else f"role {pod.desired_role!r}"
+                excluded.append(f"{pod.name} ({why})")
+                continue
+            batches = _prefill_batches(records, pod.name)
+            model = with_window_stats(model, measure_prefill_window(batches))
+            self._models[pod.name] = model
+            nodes.append(
+                PlannerNode(
+                    name=pod.name,
+                    model=model,
+                    role=Role(pod.desired_role),
+                    draining=pod.draining,
+                    pinned=pod.pinned,
+                )
+            )
+        if excluded:
+            log.warning("pods left out of planning: %s", ", ".join(excluded))
+        return tuple(nodes), excluded
+
+
+def _prefill_batches(records: list[IterationRecord], node: str) -> list[tuple[PrefillBatchItem, ...]]:
+    return [r.batch for r in records if isinstance(r, PrefillIterationRecord) and r.node == node]
+
+
+def _event_message(decision: Decision, excluded: list[str]) -> str:
+    best = decision.best
+    parts = [decision.reason]
+    if decision.to_prefill:
+        parts.append(f"to prefill: {', '.join(decision.to_prefill)}")
+    if decision.to_decode:
+        parts.append(f"to decode: {', '.join(decision.to_decode)}")
+    if best is not None:
+        parts.append(f"gains per slice {', '.join(f'{g:.3g}' for g in best.gains)}")
+    if excluded:
+        parts.append(f"left out: {', '.join(excluded)}")
+    return "; ".join(parts)
+
+
+async def _wait(stop: asyncio.Event, seconds: float) -> bool:
+    """Sleep ``seconds`` or until ``stop``; True when stopped."""
+    try:
+        await asyncio.wait_for(stop.wait(), timeout=seconds)
+    except TimeoutError:
+        return False
+    return True

@@ -1,0 +1,132 @@
+"""The planner's Kubernetes writes: desired-role annotations on engine pods, and Events.
+
+Client choice: the synchronous ``kubernetes`` client, each call run in a worker thread
+(``asyncio.to_thread``), so the event loop never blocks. It is already a dependency, and it
+brings kubeconfig and in-cluster authentication and TLS handling that a hand-written aiohttp
+client would have to repeat. The planner makes one list and a few patches per window (minutes
+apart), so a thread per call costs nothing that matters.
+
+The planner writes only ``metadata.annotations["agentpool.io/role"]`` on pods (a JSON merge
+patch that touches no other field) and creates core/v1 Events. It reads:
+
+- ``agentpool.io/role``: the desired role (``prefill``, ``decode``; ``both`` while colocated);
+- ``agentpool.io/role-pinned``: any value except ``"false"`` pins the pod; the planner never
+  changes a pinned pod's role (a typo therefore pins rather than unpins);
+- ``agentpool.io/observed-role``: the role the engine reports it serves. While it differs from
+  the desired role, or is missing, the node counts as draining.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from kubernetes import client as k8s
+
+ROLE_ANNOTATION = "agentpool.io/role"
+PINNED_ANNOTATION = "agentpool.io/role-pinned"
+OBSERVED_ROLE_ANNOTATION = "agentpool.io/observed-role"
+MERGE_PATCH = "application/merge-patch+json"
+
+
+@dataclass(frozen=True, slots=True)
+class PodRoleState:
+    """What the planner reads from one engine pod."""
+
+    name: str
+    desired_role: str | None
+    observed_role: str | None
+    pinned: bool
+
+    @property
+    def draining(self) -> bool:
+        return self.observed_role != self.desired_role
+
+    @staticmethod
+    def of(name: str, annotations: Mapping[str, str] | None) -> PodRoleState:
+        notes = dict(annotations or {})
+        pinned_value = notes.get(PINNED_ANNOTATION)
+        return PodRoleState(
+            name=name,
+            desired_role=notes.get(ROLE_ANNOTATION),
+            observed_role=notes.get(OBSERVED_ROLE_ANNOTATION),
+            pinned=pinned_value is not None and pinned_value.strip().lower() != "false",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectRef:
+    """The object an Event is about (the AgentServingPool, normally)."""
+
+    api_version: str
+    kind: str
+    name: str
+    namespace: str
+    uid: str | None = None
+
+
+class PodRoles:
+    """Reads engine pods' role annotations, patches desired roles, records Events."""
+
+    def __init__(
+        self, api: k8s.ApiClient, namespace: str, label_selector: str, component: str = "agentpool-planner"
+    ):
+        self._core = k8s.CoreV1Api(api)
+        self._namespace = namespace
+        self._selector = label_selector
+        self._component = component
+
+    @property
+    def namespace(self) -> str:
+        return self._namespace
+
+    async def list(self) -> list[PodRoleState]:
+        """The engine pods that match the pool's label selector, by name."""
+        pods = await asyncio.to_thread(
+            self._core.list_namespaced_pod, namespace=self._namespace, label_selector=self._selector
+        )
+        states = [
+            PodRoleState.of(str(p.metadata.name), p.metadata.annotations)
+            for p in pods.items
+            if p.metadata is not None
+        ]
+        return sorted(states, key=lambda s: s.name)
+
+    async def set_role(self, pod: str, role: str) -> None:
+        """Merge-patch the desired-role annotation of ``pod``; nothing else on the pod changes."""
+        body = {"metadata": {"annotations": {ROLE_ANNOTATION: role}}}
+        await asyncio.to_thread(
+            self._core.patch_namespaced_pod,
+            name=pod,
+            namespace=self._namespace,
+            body=body,
+            _content_type=MERGE_PATCH,
+        )
+
+    async def record_event(self, about: ObjectRef, reason: str, message: str, warning: bool = False) -> None:
+        """Create a core/v1 Event about ``about`` (message cut to the API's 1 KiB limit)."""
+        now = dt.datetime.now(tz=dt.UTC)
+        event = k8s.CoreV1Event(
+            metadata=k8s.V1ObjectMeta(
+                name=f"{about.name}.planner.{uuid.uuid4().hex[:12]}", namespace=about.namespace
+            ),
+            involved_object=k8s.V1ObjectReference(
+                api_version=about.api_version,
+                kind=about.kind,
+                name=about.name,
+                namespace=about.namespace,
+                uid=about.uid,
+            ),
+            reason=reason,
+            message=message[:1024],
+            type="Warning" if warning else "Normal",
+            source=k8s.V1EventSource(component=self._component),
+            reporting_component=self._component,
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+        )
+        await asyncio.to_thread(self._core.create_namespaced_event, namespace=about.namespace, body=event)

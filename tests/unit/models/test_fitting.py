@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agentpool.models import DecodeModel, NodeModel, PrefillModel
+from agentpool.models.fitting import (
+    DecodeIterationRecord,
+    MoeShape,
+    PrefillIterationRecord,
+    fit_decode,
+    fit_nodes,
+    fit_prefill,
+)
+from agentpool.models.synthetic import decode_records, prefill_records
+
+TRUE = NodeModel(
+    prefill=PrefillModel(c0=0.015, c1=4e-5, c2=2e-10, c3=1e-6),
+    decode=DecodeModel(d0=0.012, d1=0.018, d2=2.5e-4, experts_active=8, experts_total=256),
+)
+SHAPE = MoeShape(experts_active=8, experts_total=256)
+
+
+def _coefs(m: PrefillModel | DecodeModel) -> list[float]:
+    if isinstance(m, PrefillModel):
+        return [m.c0, m.c1, m.c2, m.c3]
+    return [m.d0, m.d1, m.d2]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fit_recovers_known_coefficients_within_two_percent(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    pf = fit_prefill(prefill_records("a", TRUE, 1500, noise=0.015, rng=rng))
+    df = fit_decode(decode_records("a", TRUE, 1500, noise=0.015, rng=rng), SHAPE)
+    assert _coefs(pf.model) == pytest.approx(_coefs(TRUE.prefill), rel=0.02)
+    assert _coefs(df.model) == pytest.approx(_coefs(TRUE.decode), rel=0.02)
+    assert (df.model.experts_active, df.model.experts_total) == (8, 256)
+    # With 1.5% noise the held-out error is about 0.8 * 1.5% (mean |N(0, s)| = 0.8 s).
+    assert 0.005 < pf.report.mape_held_out < 0.02
+    assert 0.005 < df.report.mape_held_out < 0.02
+
+
+def test_reported_held_out_error_is_the_error_on_every_fifth_record() -> None:
+    rng = np.random.default_rng(4)
+    recs = prefill_records("a", TRUE, 103, noise=0.05, rng=rng)
+    pf = fit_prefill(recs, holdout_every=5)
+    held = [r for i, r in enumerate(recs) if i % 5 == 4]
+    apes = [abs(pf.model.iteration_time(r.batch) - r.seconds) / r.seconds for r in held]
+    assert pf.report.records_held_out == len(held) == 20
+    assert pf.report.records_fit == 83
+    assert pf.report.mape_held_out == pytest.approx(float(np.mean(apes)), rel=1e-9)
+    assert pf.report.max_ape_held_out == pytest.approx(max(apes), rel=1e-9)
+
+    drecs = decode_records("a", TRUE, 50, noise=0.05, rng=rng)
+    df = fit_decode(drecs, SHAPE, holdout_every=4)
+    dheld = [r for i, r in enumerate(drecs) if i % 4 == 3]
+    dapes = [abs(df.model.iteration_time(r.running) - r.seconds) / r.seconds for r in dheld]
+    assert df.report.mape_held_out == pytest.approx(float(np.mean(dapes)), rel=1e-9)
+
+
+def test_held_out_records_do_not_influence_the_fit() -> None:
+    rng = np.random.default_rng(5)
+    recs = prefill_records("a", TRUE, 100, noise=0.02, rng=rng)
+    spoiled = [
+        PrefillIterationRecord(r.node, r.at, r.batch, r.seconds * 10) if i % 5 == 4 else r
+        for i, r in enumerate(recs)
+    ]
+    clean, dirty = fit_prefill(recs), fit_prefill(spoiled)
+    assert dirty.model == clean.model
+    assert dirty.report.mape_held_out == pytest.approx(0.9, abs=0.01)  # measured 10x: |1 - 10| / 10
+
+
+def test_unused_regressor_gets_zero_and_dense_decode_keeps_fixed_cost_in_d0() -> None:
+    rng = np.random.default_rng(6)
+    no_restore = PrefillModel(c0=0.02, c1=3e-5, c2=1e-10, c3=0.0)
+    recs = [
+        PrefillIterationRecord(
+            r.node, r.at, tuple(type(i)(t_uc=i.t_uc, t_c=i.t_c, t_rst=0) for i in r.batch), r.seconds
+        )
+        for r in prefill_records("a", NodeModel(no_restore, TRUE.decode), 300, noise=0.01, rng=rng)
+    ]
+    assert fit_prefill(recs).model.c3 == 0.0
+    dense = DecodeModel(d0=0.03, d1=0.0, d2=3e-4, experts_total=0, experts_active=0)
+    drecs = decode_records("a", NodeModel(TRUE.prefill, dense), 300, noise=0.01, rng=rng)
+    fitted = fit_decode(drecs, MoeShape(experts_active=0, experts_total=0)).model
+    assert fitted.d1 == 0.0
+    assert [fitted.d0, fitted.d2] == pytest.approx([0.03, 3e-4], rel=0.02)
+
+
+def test_fit_nodes_fits_each_node_from_its_own_records() -> None:
+    rng = np.random.default_rng(8)
+    slow = NodeModel(
+        PrefillModel(0.03, 8e-5, 4e-10, 2e-6),
+        DecodeModel(0.024, 0.036, 5e-4, experts_active=8, experts_total=256),
+    )
+    records = [
+        *prefill_records("fast", TRUE, 400, 0.01, rng),
+        *decode_records("fast", TRUE, 400, 0.01, rng),
+        *prefill_records("slow", slow, 400, 0.01, rng),
+        *decode_records("slow", slow, 400, 0.01, rng),
+    ]
+    fits = fit_nodes(records, SHAPE)
+    assert sorted(fits) == ["fast", "slow"]
+    assert fits["slow"].prefill.model.c1 == pytest.approx(8e-5, rel=0.02)
+    assert fits["fast"].prefill.model.c1 == pytest.approx(4e-5, rel=0.02)
+    assert fits["slow"].decode.model.d2 == pytest.approx(5e-4, rel=0.05)
+    assert fits["fast"].node_model(t_bar=4096).t_bar == 4096
+
+
+def test_fitting_rejects_what_it_cannot_fit() -> None:
+    rng = np.random.default_rng(9)
+    with pytest.raises(ValueError, match="both phases"):
+        fit_nodes(prefill_records("a", TRUE, 20, 0.01, rng))
+    with pytest.raises(ValueError, match="at least 4 fitted"):
+        fit_prefill(prefill_records("a", TRUE, 4, 0.01, rng))
+    with pytest.raises(ValueError, match="holdout_every"):
+        fit_prefill(prefill_records("a", TRUE, 20, 0.01, rng), holdout_every=1)
+    with pytest.raises(ValueError):
+        DecodeIterationRecord("a", 0.0, running=0, seconds=0.01)
+    with pytest.raises(ValueError):
+        DecodeIterationRecord("a", 0.0, running=1, seconds=0.0)

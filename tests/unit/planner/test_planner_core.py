@@ -1,0 +1,157 @@
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from planner_scenarios import (
+    NODE,
+    OSWORLD,
+    PUTNAM,
+    best_prefill_count,
+    nodes,
+    noisy_slices,
+    oracle_throughput,
+)
+
+from agentpool.models import DecodeModel, NodeModel, PrefillModel, WorkSlice
+from agentpool.planner.core import Outcome, PlannerInput, PlannerNode, PlannerPolicy, Role, plan
+
+POLICY = PlannerPolicy()
+
+
+def test_scenarios_have_the_documented_best_splits() -> None:
+    # Guards the premises of the burst/shift tests below.
+    assert best_prefill_count([WorkSlice(*PUTNAM)]) == 2
+    assert best_prefill_count([WorkSlice(*OSWORLD)]) == 6
+
+
+def test_sustained_shift_to_prefill_heavy_switches_to_the_split_that_maximizes_theta() -> None:
+    rng = np.random.default_rng(7)
+    slices = noisy_slices(OSWORLD, 10, 0.05, rng)
+    d = plan(PlannerInput(nodes=nodes(prefill=2), slices=tuple(slices)), POLICY)
+    assert d.outcome is Outcome.SWITCH
+    assert d.chosen is not None
+    assert d.chosen.prefill_count == best_prefill_count(slices) == 6
+    assert d.prefill == ("n0", "n1", "n2", "n3", "n4", "n5")
+    assert d.to_prefill == ("n2", "n3", "n4", "n5") and d.to_decode == ()
+    assert d.chosen.mean_gain > 2 * d.chosen.std_error
+
+
+def test_short_prefill_burst_does_not_switch() -> None:
+    # §3.2: several sub-agents start together; for one slice the work looks prefill-heavy.
+    rng = np.random.default_rng(11)
+    slices = noisy_slices(PUTNAM, 9, 0.05, rng)
+    burst = WorkSlice(work=OSWORLD[0], decode_occupancy=PUTNAM[1])
+    # On the burst slice alone another split is better: a planner that followed it would switch.
+    assert best_prefill_count([burst]) != 2
+    slices.insert(4, burst)
+    d = plan(PlannerInput(nodes=nodes(prefill=2), slices=tuple(slices)), POLICY)
+    assert d.outcome is Outcome.HOLD, d.reason
+    assert d.prefill == ("n0", "n1") and d.to_prefill == d.to_decode == ()
+    assert d.best is not None and any(g > 0 for g in d.best.gains)  # the burst slice did gain
+
+
+@pytest.mark.parametrize("workload,best", [(PUTNAM, 2), (OSWORLD, 6)])
+def test_workload_whose_best_split_is_current_never_switches(workload: tuple, best: int) -> None:
+    for seed in range(40):
+        slices = noisy_slices(workload, 10, 0.08, np.random.default_rng(seed))
+        d = plan(PlannerInput(nodes=nodes(prefill=best), slices=tuple(slices)), POLICY)
+        assert d.outcome is Outcome.HOLD, (seed, d.reason)
+        assert all(c.mean_gain < 0 for c in d.candidates), seed
+
+
+def test_gains_are_eq6_against_an_independent_oracle() -> None:
+    slices = noisy_slices(OSWORLD, 6, 0.1, np.random.default_rng(3))
+    d = plan(PlannerInput(nodes=nodes(prefill=3), slices=tuple(slices)), POLICY)
+    for c in d.candidates:
+        expected = [oracle_throughput(c.prefill_count, 9, s) - oracle_throughput(3, 9, s) for s in slices]
+        assert c.gains == pytest.approx(expected, rel=1e-9, abs=1e-12)
+        assert c.mean_gain == pytest.approx(float(np.mean(expected)))
+        assert c.std_error == pytest.approx(float(np.std(expected, ddof=1)) / np.sqrt(6))
+        assert c.qualifies == (c.mean_gain > 2 * c.std_error)
+    assert d.current_throughput == pytest.approx([oracle_throughput(3, 9, s) for s in slices])
+
+
+def test_candidates_move_the_fewest_nodes_in_one_direction() -> None:
+    d = plan(PlannerInput(nodes=nodes(prefill=4), slices=(WorkSlice(*PUTNAM),) * 3), POLICY)
+    assert sorted(c.prefill_count for c in d.candidates) == [1, 2, 3, 5, 6, 7, 8]
+    for c in d.candidates:
+        assert c.moves == abs(c.prefill_count - 4)
+        assert not (c.to_prefill and c.to_decode)
+        assert set(c.to_prefill) <= {f"n{i}" for i in range(4, 9)}
+        assert set(c.to_decode) <= {f"n{i}" for i in range(4)}
+
+
+def test_min_nodes_per_phase_bound_the_candidates() -> None:
+    policy = PlannerPolicy(min_prefill=3, min_decode=4)
+    d = plan(PlannerInput(nodes=nodes(prefill=4), slices=(WorkSlice(*PUTNAM),) * 3), policy)
+    assert sorted(c.prefill_count for c in d.candidates) == [3, 5]
+    # Putnam wants 2P; the floor of 3 prefill nodes makes 3P the best allowed move.
+    assert d.outcome is Outcome.SWITCH and len(d.prefill) == 3 and len(d.to_decode) == 1
+
+
+def test_pinned_nodes_never_move_and_limit_the_candidates() -> None:
+    pinned = frozenset({"n0", "n1", "n2", "n7"})
+    d = plan(PlannerInput(nodes=nodes(prefill=4, pinned=pinned), slices=(WorkSlice(*PUTNAM),) * 3), POLICY)
+    assert sorted(c.prefill_count for c in d.candidates) == [3, 5, 6, 7, 8]
+    for c in d.candidates:
+        assert not pinned & (set(c.to_prefill) | set(c.to_decode))
+    assert d.outcome is Outcome.SWITCH and d.to_decode == ("n3",)
+
+
+def test_draining_node_skips_the_window() -> None:
+    slices = tuple(noisy_slices(OSWORLD, 10, 0.05, np.random.default_rng(1)))
+    d = plan(PlannerInput(nodes=nodes(prefill=2, draining=frozenset({"n5"})), slices=slices), POLICY)
+    assert d.outcome is Outcome.DRAINING and "n5" in d.reason
+    assert d.candidates == () and d.to_prefill == () and d.prefill == ("n0", "n1")
+
+
+def test_cooldown_after_a_switch() -> None:
+    slices = tuple(noisy_slices(OSWORLD, 10, 0.05, np.random.default_rng(1)))
+    policy = PlannerPolicy(cooldown_s=120)
+    inside = plan(PlannerInput(nodes=nodes(prefill=2), slices=slices, seconds_since_switch=119.9), policy)
+    assert inside.outcome is Outcome.COOLDOWN and inside.candidates == ()
+    after = plan(PlannerInput(nodes=nodes(prefill=2), slices=slices, seconds_since_switch=120.0), policy)
+    assert after.outcome is Outcome.SWITCH
+
+
+def test_too_few_slices_cannot_be_tested() -> None:
+    d = plan(PlannerInput(nodes=nodes(prefill=2), slices=(WorkSlice(*OSWORLD),)), POLICY)
+    assert d.outcome is Outcome.TOO_FEW_SLICES
+
+
+def test_decisions_are_deterministic_and_independent_of_node_order() -> None:
+    slices = tuple(noisy_slices(OSWORLD, 10, 0.1, np.random.default_rng(5)))
+    ns = nodes(prefill=3)
+    first = plan(PlannerInput(nodes=ns, slices=slices), POLICY)
+    again = plan(PlannerInput(nodes=ns, slices=slices), POLICY)
+    shuffled = plan(PlannerInput(nodes=tuple(reversed(ns)), slices=slices), POLICY)
+    assert first == again == shuffled
+
+
+def test_heterogeneous_nodes_move_the_strongest_prefill_node_first() -> None:
+    fast = dataclasses.replace(NODE, prefill=PrefillModel(c0=0.0075, c1=2e-5, c2=1e-10, c3=5e-7))
+    ns = list(nodes(prefill=2))
+    ns[7] = PlannerNode(name="n7", model=fast, role=Role.DECODE)
+    slices = tuple(noisy_slices(OSWORLD, 10, 0.05, np.random.default_rng(2)))
+    d = plan(PlannerInput(nodes=tuple(ns), slices=slices), POLICY)
+    one_more = next(c for c in d.candidates if c.prefill_count == 3)
+    assert one_more.to_prefill == ("n7",)
+
+
+def test_no_decode_occupancy_means_no_evidence() -> None:
+    slices = tuple(WorkSlice(work=OSWORLD[0], decode_occupancy=0.0) for _ in range(5))
+    d = plan(PlannerInput(nodes=nodes(prefill=2), slices=slices), POLICY)
+    assert d.outcome is Outcome.HOLD
+    assert all(c.mean_gain == 0 for c in d.candidates)
+
+
+def test_bad_input_is_rejected() -> None:
+    with pytest.raises(ValueError, match="unique"):
+        PlannerInput(nodes=nodes(prefill=1) + nodes(prefill=1), slices=())
+    with pytest.raises(ValueError, match="at least one node per phase"):
+        PlannerPolicy(min_decode=0)
+    zero = NodeModel(prefill=PrefillModel(0, 0, 0, 1e-6), decode=DecodeModel(0.01, 0, 0))
+    with pytest.raises(ValueError, match="infinite throughput"):
+        PlannerInput(nodes=nodes(prefill=2, model=zero), slices=(WorkSlice(*OSWORLD),) * 2)

@@ -1,1 +1,112 @@
-"""agentpool.api"""
+"""The `AgentServingPool` API: pydantic spec and status (the single source of the CRD schema).
+
+Wire names are camelCase (`gpusPerNode`), Python names snake_case (`gpus_per_node`). Durations are
+strings such as `250ms`, `2s`, `10m`, `1h30m` (see :mod:`agentpool.api.values`). Each section
+converts to the plain values the planner and router take (:mod:`agentpool.api.settings`).
+"""
+
+from agentpool.api.base import ApiModel, CrossFieldRule
+from agentpool.api.control import (
+    POLICY_NAMES,
+    CacheAwareKnobs,
+    CopyPriceSpec,
+    DynamoKnobs,
+    FetchSpec,
+    KvPoolSpec,
+    LinearKnobs,
+    ManagedRedisSpec,
+    MinNodesSpec,
+    PlannerSpec,
+    PolicyName,
+    RedisSpec,
+    RouterSpec,
+    SloSpec,
+    SmetricKnobs,
+    TtftSpec,
+)
+from agentpool.api.engine import (
+    BACKENDS,
+    EngineSpec,
+    ExpertsSpec,
+    ModelSpec,
+    ResourceRequirements,
+    SchedulingSpec,
+    Toleration,
+)
+from agentpool.api.settings import FetchSettings, PlannerSettings, RouterSettings
+from agentpool.api.spec import (
+    API_VERSION,
+    GROUP,
+    KIND,
+    PLURAL,
+    POOL_MODES,
+    SHORT_NAMES,
+    VERSION,
+    AgentServingPool,
+    AgentServingPoolSpec,
+    InitialSplitSpec,
+)
+from agentpool.api.status import (
+    CONDITION_TYPES,
+    ROLES,
+    AgentServingPoolStatus,
+    Condition,
+    ModelFitStatus,
+    NodeStatus,
+    Reason,
+    SplitStatus,
+    SwitchStatus,
+)
+from agentpool.api.values import byte_quantity, duration_seconds
+
+__all__ = [
+    "API_VERSION",
+    "BACKENDS",
+    "CONDITION_TYPES",
+    "GROUP",
+    "KIND",
+    "PLURAL",
+    "POLICY_NAMES",
+    "POOL_MODES",
+    "ROLES",
+    "SHORT_NAMES",
+    "VERSION",
+    "AgentServingPool",
+    "AgentServingPoolSpec",
+    "AgentServingPoolStatus",
+    "ApiModel",
+    "CacheAwareKnobs",
+    "Condition",
+    "CopyPriceSpec",
+    "CrossFieldRule",
+    "DynamoKnobs",
+    "EngineSpec",
+    "ExpertsSpec",
+    "FetchSettings",
+    "FetchSpec",
+    "InitialSplitSpec",
+    "KvPoolSpec",
+    "LinearKnobs",
+    "ManagedRedisSpec",
+    "MinNodesSpec",
+    "ModelFitStatus",
+    "ModelSpec",
+    "NodeStatus",
+    "PlannerSettings",
+    "PlannerSpec",
+    "PolicyName",
+    "Reason",
+    "RedisSpec",
+    "ResourceRequirements",
+    "RouterSettings",
+    "RouterSpec",
+    "SchedulingSpec",
+    "SloSpec",
+    "SmetricKnobs",
+    "SplitStatus",
+    "SwitchStatus",
+    "Toleration",
+    "TtftSpec",
+    "byte_quantity",
+    "duration_seconds",
+]

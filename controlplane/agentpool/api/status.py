@@ -1,0 +1,163 @@
+"""`AgentServingPool` status: what the operator and planner observed, written by the operator."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Literal, get_args
+
+from pydantic import Field
+
+from agentpool.api.base import ApiModel
+
+ConditionType = Literal["Ready", "Progressing", "Degraded"]
+CONDITION_TYPES: tuple[str, ...] = get_args(ConditionType)
+Role = Literal["prefill", "decode", "both"]
+ROLES: tuple[str, ...] = get_args(Role)
+
+CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+
+
+class Reason(StrEnum):
+    """Reasons the operator sets on conditions (`Ready`, `Progressing`, `Degraded`)."""
+
+    ALL_NODES_SERVING = "AllNodesServing"
+    """Ready=True: every node serves its desired role and the control plane answers."""
+    NODES_STARTING = "NodesStarting"
+    """Ready=False / Progressing=True: engine pods are being created or are not ready yet."""
+    RECONCILING = "Reconciling"
+    """Progressing=True: the operator is applying a spec change to the children."""
+    LEARNING = "Learning"
+    """Progressing=True: the planner's warmup, fitting the iteration models in colocated mode."""
+    SWITCHING = "Switching"
+    """Progressing=True: nodes are switching phase after a planner decision."""
+    STABLE = "Stable"
+    """Progressing=False: nothing to change."""
+    HEALTHY = "Healthy"
+    """Degraded=False."""
+    INVALID_SPEC = "InvalidSpec"
+    """Degraded=True: the spec cannot be served as written (the message says why); no retry."""
+    ENGINE_FAILING = "EngineFailing"
+    """Degraded=True: engine pods crash or stay unready."""
+    REDIS_UNAVAILABLE = "RedisUnavailable"
+    """Degraded=True: the directory cannot reach Redis."""
+    DIRECTORY_UNAVAILABLE = "DirectoryUnavailable"
+    """Degraded=True: the router or engines cannot reach the KV directory."""
+
+
+class Condition(ApiModel):
+    """A standard Kubernetes condition."""
+
+    type: ConditionType
+    """`Ready`, `Progressing` or `Degraded`."""
+    status: Literal["True", "False", "Unknown"]
+    """`True`, `False` or `Unknown`."""
+    reason: str = Field(pattern=CONDITION_REASON_PATTERN, min_length=1, max_length=1024)
+    """CamelCase reason; the operator uses the values of `agentpool.api.Reason`."""
+    message: str = Field(default="", max_length=32768)
+    """Human-readable detail."""
+    last_transition_time: datetime | None = None
+    """When `status` last changed."""
+    observed_generation: int | None = Field(default=None, ge=0)
+    """`metadata.generation` the condition was computed for."""
+
+
+class SplitStatus(ApiModel):
+    """Nodes per role now."""
+
+    prefill: int = Field(ge=0)
+    """Nodes serving prefill."""
+    decode: int = Field(ge=0)
+    """Nodes serving decode."""
+    colocated: int = Field(default=0, ge=0)
+    """Nodes serving both phases (a colocated pool, or every node during the planner's warmup)."""
+    label: str = Field(max_length=64)
+    """Short form shown by `kubectl get`: `4P5D`, or `9C` when colocated."""
+
+
+class NodeStatus(ApiModel):
+    """One engine node."""
+
+    name: str = Field(min_length=1, max_length=253)
+    """Engine pod name."""
+    desired_role: Role
+    """Role the planner set (pod annotation `agentpool.io/role`)."""
+    observed_role: Role | None = None
+    """Role the engine reports serving; differs from the desired role while it switches."""
+    ready: bool = False
+    """Whether the engine serves requests."""
+
+
+class SwitchStatus(ApiModel):
+    """Phase switches the planner has made."""
+
+    total: int = Field(default=0, ge=0)
+    """Switch decisions since the pool was created."""
+    last_time: datetime | None = None
+    """When the last switch was decided."""
+    last_from: str | None = Field(default=None, max_length=64)
+    """Split before the last switch, e.g. `6P3D`."""
+    last_to: str | None = Field(default=None, max_length=64)
+    """Split after the last switch, e.g. `4P5D`."""
+
+
+class PrefillFit(ApiModel):
+    """Fitted Eq. 1 coefficients (seconds, per token, per query-key pair, per restored token)."""
+
+    c0: float
+    """Fixed cost of an iteration (s)."""
+    c1: float
+    """Per uncached token (s)."""
+    c2: float
+    """Per query-key pair of attention (s)."""
+    c3: float
+    """Per token restored from host memory (s)."""
+
+
+class DecodeFit(ApiModel):
+    """Fitted Eq. 2 coefficients (seconds)."""
+
+    d0: float
+    """Fixed cost of an iteration (s)."""
+    d1: float
+    """Cost of reading the routed experts, times `phi(B)` (s)."""
+    d2: float
+    """Per running request (s)."""
+
+
+class ModelFitStatus(ApiModel):
+    """The planner's iteration-time models (fitted by NNLS during the warmup, then frozen)."""
+
+    state: Literal["Learning", "Fitted"]
+    """`Learning` during the warmup, `Fitted` once frozen."""
+    records: int = Field(default=0, ge=0)
+    """Iteration records used so far."""
+    fitted_at: datetime | None = None
+    """When the models were frozen."""
+    prefill: PrefillFit | None = None
+    """Prefill iteration model (Eq. 1)."""
+    decode: DecodeFit | None = None
+    """Decode iteration model (Eq. 2)."""
+
+
+class AgentServingPoolStatus(ApiModel):
+    """Observed state of the pool."""
+
+    observed_generation: int | None = Field(default=None, ge=0)
+    """`metadata.generation` the operator last reconciled."""
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    """`Ready`, `Progressing` and `Degraded`, each with a reason."""
+    split: SplitStatus | None = None
+    """Current split."""
+    nodes: list[NodeStatus] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    """Every engine node with its desired and observed role."""
+    switches: SwitchStatus | None = None
+    """Phase switches."""
+    model_fit: ModelFitStatus | None = None
+    """Iteration-time models the planner uses."""

@@ -62,13 +62,18 @@ class Directory:
         self._phases: dict[str, Phase] = {}
         self._pending_hint: dict[str, set[str]] = {}  # node -> branches that may wait for a move there
 
-    # -- restore -----------------------------------------------------------------------------
-    def restore(self, phases: Mapping[str, Phase], branches: Iterable[BranchState]) -> None:
-        """Load persisted agent state into an empty directory (after a restart)."""
-        if self._phases or len(self.branches):
-            raise RuntimeError("restore needs an empty directory")
-        for node, phase in phases.items():
-            self._phases[node] = phase
+    # -- persisted agent state ------------------------------------------------------------
+    def load_agent_state(self, phases: Mapping[str, Phase], branches: Iterable[BranchState]) -> None:
+        """Replace node phases, branch table and counts with persisted ones (after a restart, or after a
+        store outage). The index keeps the placements of the nodes in ``phases`` and drops the others."""
+        self.branches = BranchTable()
+        self.counts = BranchCounts()
+        self._pending_hint = {}
+        for node in self.index.nodes():
+            if node not in phases:
+                self.index.drop_node(node)
+        self._phases = dict(phases)
+        for node in phases:
             self.index.add_node(node)
         for state in branches:
             self.branches.put(state)

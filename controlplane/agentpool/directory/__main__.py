@@ -1,0 +1,3 @@
+from agentpool.directory.server import main
+
+main()

@@ -1,0 +1,315 @@
+"""Asyncio client of the directory service, with typed results (for the router, engines and tests).
+
+    async with DirectoryClient("127.0.0.1:50061") as d:
+        res = await d.resolve(block_hashes(tokens), branch="agent-7")
+        await d.place("agent-7", "node-3")
+
+Errors come back as :class:`DirectoryRpcError` carrying the gRPC status code and the server's reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+
+from agentpool.directory.convert import phase_from_pb, phase_to_pb, tier_to_pb
+from agentpool.kv import HeldBlock, Phase, Tier
+from agentpool.v1 import directory_pb2 as pb
+from agentpool.v1 import directory_pb2_grpc as pb_grpc
+
+T = TypeVar("T")
+_EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]
+
+
+class DirectoryRpcError(Exception):
+    def __init__(self, code: grpc.StatusCode, reason: str) -> None:
+        super().__init__(f"{code.name}: {reason}")
+        self.code = code
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class NodePrefix:
+    node: str
+    phase: Phase | None
+    gpu_blocks: int
+    host_blocks: int
+    local_blocks: int
+    gpu_tokens: int
+    host_tokens: int
+    local_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class BranchView:
+    branch: str
+    version: int
+    is_new: bool
+    version_bumped: bool
+    previous_path: tuple[int, ...]
+    new_path: tuple[int, ...]
+    counted_nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ResolveResult:
+    nodes: dict[str, NodePrefix]  # nodes holding at least the first block
+    branch: BranchView | None
+    page_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class PlaceResult:
+    version: int
+    counted_blocks: int
+    counted_nodes: tuple[str, ...]
+    move_pending: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    node: str
+    seq: int
+    resync_requested: bool
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class EvictionEntry:
+    block_hash: int
+    count: int
+    last_access: float
+
+
+@dataclass(frozen=True, slots=True)
+class CountUpdate:
+    node: str
+    snapshot: bool  # True: every positive count of the node; False: changed counts only (0 = released)
+    counts: dict[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    serving: bool
+    store_ok: bool
+    nodes: int
+    branches: int
+    blocks: int
+
+
+def _phase_or_none(value: int) -> Phase | None:
+    return None if value == pb.PHASE_UNSPECIFIED else phase_from_pb(value)
+
+
+def stored_event(parent: int, hashes: Sequence[int], tier: Tier) -> pb.KvEvent:
+    return pb.KvEvent(stored=pb.BlocksStored(parent_hash=parent, block_hashes=hashes, tier=tier_to_pb(tier)))
+
+
+def removed_event(hashes: Sequence[int], tier: Tier) -> pb.KvEvent:
+    return pb.KvEvent(removed=pb.BlocksRemoved(block_hashes=hashes, tier=tier_to_pb(tier)))
+
+
+def resync_batch(node: str, seq: int, phase: Phase, blocks: Iterable[HeldBlock]) -> pb.KvEventBatch:
+    return pb.KvEventBatch(
+        node=node,
+        seq=seq,
+        phase=phase_to_pb(phase),
+        resync=pb.Resync(
+            blocks=[
+                pb.HeldBlock(block_hash=b.block_hash, parent_hash=b.parent_hash, tiers=tier_to_pb(b.tiers))
+                for b in blocks
+            ]
+        ),
+    )
+
+
+def _ack(a: pb.PublishAck) -> Ack:
+    return Ack(a.node, a.seq, a.resync_requested, a.reason)
+
+
+class EventStream:
+    """One open ``PublishEvents`` stream: each batch sent gets one ack, in order."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+
+    async def send(self, batch: pb.KvEventBatch) -> Ack:
+        try:
+            await self._call.write(batch)
+            ack = await self._call.read()
+        except grpc.aio.AioRpcError as e:
+            raise DirectoryRpcError(e.code(), e.details() or "") from None
+        if ack is _EOF:
+            code = await self._call.code()
+            raise DirectoryRpcError(code, await self._call.details() or "stream closed")
+        return _ack(ack)
+
+    async def send_many(self, batches: Sequence[pb.KvEventBatch]) -> list[Ack]:
+        """Pipeline ``batches``: write them all while reading the acks."""
+
+        async def write_all() -> None:
+            for b in batches:
+                await self._call.write(b)
+
+        writer = asyncio.create_task(write_all())
+        acks: list[Ack] = []
+        try:
+            for _ in batches:
+                ack = await self._call.read()
+                if ack is _EOF:
+                    code = await self._call.code()
+                    raise DirectoryRpcError(code, await self._call.details() or "stream closed")
+                acks.append(_ack(ack))
+            await writer
+        except grpc.aio.AioRpcError as e:
+            raise DirectoryRpcError(e.code(), e.details() or "") from None
+        finally:
+            writer.cancel()
+        return acks
+
+    async def close(self) -> None:
+        await self._call.done_writing()
+
+
+class NodePublisher:
+    """Publishes one engine's events with consecutive sequence numbers over an :class:`EventStream`."""
+
+    def __init__(self, stream: EventStream, node: str, phase: Phase) -> None:
+        self.stream = stream
+        self.node = node
+        self.phase = phase
+        self.seq = 0
+
+    async def resync(self, blocks: Iterable[HeldBlock]) -> Ack:
+        self.seq += 1
+        return await self.stream.send(resync_batch(self.node, self.seq, self.phase, blocks))
+
+    async def events(self, events: Sequence[pb.KvEvent]) -> Ack:
+        self.seq += 1
+        return await self.stream.send(pb.KvEventBatch(node=self.node, seq=self.seq, events=events))
+
+    async def stored(self, parent: int, hashes: Sequence[int], tier: Tier) -> Ack:
+        return await self.events([stored_event(parent, hashes, tier)])
+
+    async def removed(self, hashes: Sequence[int], tier: Tier) -> Ack:
+        return await self.events([removed_event(hashes, tier)])
+
+    async def heartbeat(self) -> Ack:
+        return await self.stream.send(pb.KvEventBatch(node=self.node, seq=self.seq, heartbeat=True))
+
+
+class DirectoryClient:
+    def __init__(
+        self,
+        target: str,
+        token: str | None = None,
+        root_certificates: bytes | None = None,
+        timeout_s: float = 5.0,
+        max_message_bytes: int = 64 << 20,
+    ) -> None:
+        opts = [
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ]
+        if root_certificates is not None:
+            creds = grpc.ssl_channel_credentials(root_certificates=root_certificates)
+            self.channel = grpc.aio.secure_channel(target, creds, options=opts)
+        else:
+            self.channel = grpc.aio.insecure_channel(target, options=opts)
+        self.stub = pb_grpc.DirectoryStub(self.channel)  # type: ignore[no-untyped-call]
+        self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self.timeout_s = timeout_s
+
+    async def __aenter__(self) -> DirectoryClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self.channel.close(None)
+
+    async def _call(self, method: Any, request: Any) -> Any:
+        try:
+            return await method(request, timeout=self.timeout_s, metadata=self.metadata)
+        except grpc.aio.AioRpcError as e:
+            raise DirectoryRpcError(e.code(), e.details() or "") from None
+
+    async def resolve(self, block_hashes: Sequence[int], branch: str | None = None) -> ResolveResult:
+        r = await self._call(
+            self.stub.Resolve, pb.ResolveRequest(block_hashes=block_hashes, branch=branch or "")
+        )
+        nodes = {
+            n.node: NodePrefix(
+                n.node,
+                _phase_or_none(n.phase),
+                n.gpu_blocks,
+                n.host_blocks,
+                n.local_blocks,
+                n.gpu_tokens,
+                n.host_tokens,
+                n.local_tokens,
+            )
+            for n in r.nodes
+        }
+        view = None
+        if r.HasField("branch"):
+            b = r.branch
+            view = BranchView(
+                b.branch,
+                b.version,
+                b.is_new,
+                b.version_bumped,
+                tuple(b.previous_path),
+                tuple(b.new_path),
+                tuple(b.counted_nodes),
+            )
+        return ResolveResult(nodes, view, r.page_size)
+
+    async def place(self, branch: str, node: str) -> PlaceResult:
+        r = await self._call(self.stub.Place, pb.PlaceRequest(branch=branch, node=node))
+        return PlaceResult(r.version, r.counted_blocks, tuple(r.counted_nodes), r.move_pending)
+
+    async def end_branch(self, branch: str) -> int:
+        """Returns how many nodes the branch held counts on."""
+        r = await self._call(self.stub.EndBranch, pb.EndBranchRequest(branch=branch))
+        return int(r.released_nodes)
+
+    async def switch_phase(self, node: str, phase: Phase) -> Phase | None:
+        """Returns the previous phase (None: the node was not registered)."""
+        r = await self._call(
+            self.stub.SwitchPhase, pb.SwitchPhaseRequest(node=node, phase=phase_to_pb(phase))
+        )
+        return _phase_or_none(r.previous_phase)
+
+    async def drop_node(self, node: str) -> tuple[int, int]:
+        """Returns (branches released, blocks purged)."""
+        r = await self._call(self.stub.DropNode, pb.DropNodeRequest(node=node))
+        return int(r.released_branches), int(r.purged_blocks)
+
+    async def eviction_order(self, node: str, limit: int = 0) -> list[EvictionEntry]:
+        r = await self._call(self.stub.EvictionOrder, pb.EvictionOrderRequest(node=node, limit=limit))
+        return [EvictionEntry(e.block_hash, e.count, e.last_access) for e in r.blocks]
+
+    async def health(self) -> Health:
+        r = await self._call(self.stub.Health, pb.HealthRequest())
+        return Health(r.serving, r.store_ok, r.nodes, r.branches, r.blocks)
+
+    async def watch_counts(self, node: str) -> AsyncIterator[CountUpdate]:
+        """Count updates for ``node``: a snapshot first, then changes (a new snapshot after overflow)."""
+        call = self.stub.WatchCounts(pb.WatchCountsRequest(node=node), metadata=self.metadata)
+        try:
+            async for u in call:
+                yield CountUpdate(u.node, u.snapshot, {c.block_hash: c.count for c in u.counts})
+        except grpc.aio.AioRpcError as e:
+            raise DirectoryRpcError(e.code(), e.details() or "") from None
+        finally:
+            call.cancel()
+
+    def open_events(self) -> EventStream:
+        """Open a ``PublishEvents`` stream (close it with :meth:`EventStream.close`)."""
+        return EventStream(self.stub.PublishEvents(metadata=self.metadata))

@@ -1,0 +1,102 @@
+"""Redis storage of the directory's agent state.
+
+Key layout (``ns`` is the configured namespace, default ``agentpool:dir``):
+
+``<ns>:branch:{<branch id>}``  HASH, one per branch, every field of the branch row:
+    ``v`` version, ``p`` path (little-endian u64 block hashes), ``s`` last seen (unix seconds),
+    ``c:<node>`` blocks the branch counts on node (``C[beta, node]``, u64 LE), ``m:<node>`` pending
+    same-phase move ``"<version>:<blocks>"``. The ``{<branch id>}`` hash tag puts every key of a branch
+    in one Redis Cluster slot. TTL: ``idle_ttl_s`` after the last write, so agents that never send an
+    end disappear even while the directory is down (the directory also sweeps them, releasing counts).
+``<ns>:nodes``  HASH node -> phase (``prefill``/``decode``/``both``).
+
+Counts ``R[b, n]`` are the sizes of the ``C`` sets and are rebuilt on load. Each save is one
+``MULTI``/``EXEC`` round trip: per branch ``DEL`` + ``HSET`` + ``EXPIRE`` (the row is replaced as a
+whole, atomically), ``DEL`` for ended branches, ``HSET``/``HDEL`` for node phases.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from agentpool.directory.store import Snapshot, StoreUnavailableError, decode_branch
+from agentpool.kv import BranchState, Phase
+
+_REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+class RedisBranchStore:
+    def __init__(self, client: aioredis.Redis, namespace: str = "agentpool:dir", idle_ttl_s: float = 3600.0):
+        if "{" in namespace or "}" in namespace:
+            raise ValueError("namespace must not contain hash-tag braces")
+        self.client = client
+        self.namespace = namespace
+        self.idle_ttl_ms = max(1, int(idle_ttl_s * 1000))
+        self.round_trips = 0
+
+    @classmethod
+    def from_url(
+        cls, url: str, namespace: str = "agentpool:dir", idle_ttl_s: float = 3600.0
+    ) -> RedisBranchStore:
+        client = aioredis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
+        return cls(client, namespace, idle_ttl_s)
+
+    def branch_key(self, branch: str) -> str:
+        return f"{self.namespace}:branch:{{{branch}}}"
+
+    @property
+    def nodes_key(self) -> str:
+        return f"{self.namespace}:nodes"
+
+    async def load(self) -> tuple[dict[str, Phase], list[BranchState]]:
+        try:
+            raw_phases = cast(dict[bytes, bytes], await self.client.hgetall(self.nodes_key))
+            prefix = f"{self.namespace}:branch:{{"
+            states = []
+            async for key in self.client.scan_iter(match=f"{prefix}*", count=1000):
+                k = key.decode()
+                if not k.endswith("}"):
+                    continue
+                row = cast(dict[bytes, bytes], await self.client.hgetall(key))
+                if row:  # expired between SCAN and HGETALL
+                    states.append(decode_branch(k[len(prefix) : -1], row))
+        except _REDIS_DOWN as e:
+            raise StoreUnavailableError(f"redis: {e}") from e
+        return {n.decode(): Phase(p.decode()) for n, p in raw_phases.items()}, states
+
+    async def save(self, snap: Snapshot) -> None:
+        if not (snap.branches or snap.ended or snap.phases):
+            return
+        pipe = self.client.pipeline(transaction=True)
+        for b, row in snap.branches.items():
+            key = self.branch_key(b)
+            pipe.delete(key)
+            pipe.hset(key, mapping=row)  # type: ignore[arg-type]
+            pipe.pexpire(key, self.idle_ttl_ms)
+        for b in snap.ended:
+            pipe.delete(self.branch_key(b))
+        for node, phase in snap.phases.items():
+            if phase is None:
+                pipe.hdel(self.nodes_key, node)
+            else:
+                pipe.hset(self.nodes_key, node, phase)
+        try:
+            self.round_trips += 1
+            await pipe.execute()
+        except _REDIS_DOWN as e:
+            raise StoreUnavailableError(f"redis: {e}") from e
+        finally:
+            await pipe.reset()  # type: ignore[no-untyped-call]
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self.client.ping())
+        except _REDIS_DOWN:
+            return False
+
+    async def close(self) -> None:
+        await self.client.aclose()

@@ -1,0 +1,488 @@
+"""The directory gRPC servicer: a thin asyncio shell around :class:`agentpool.kv.Directory`.
+
+Every mutation runs on the core synchronously, is encoded at once (:func:`~.store.snapshot`) and written
+to the store in order (one write lock, FIFO) before the RPC answers; count changes then go to the
+engines' count streams. While the store is down, mutating RPCs answer UNAVAILABLE; when it is back the
+agent state is reloaded from it (what it persisted wins over what the failed writes left in memory).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import grpc
+
+from agentpool.directory.convert import (
+    InvalidRequestError,
+    block_list,
+    branch_id,
+    eviction_entry,
+    held_blocks,
+    node_name,
+    node_prefix,
+    phase_from_pb,
+    phase_to_pb,
+    tier_from_pb,
+)
+from agentpool.directory.metrics import DirectoryMetrics
+from agentpool.directory.store import BranchStore, StoreUnavailableError, snapshot
+from agentpool.kv import Changes, CountChanges, Directory, InvalidEventError, Tier
+from agentpool.v1 import directory_pb2 as pb
+from agentpool.v1 import directory_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServiceLimits:
+    max_blocks_per_request: int = 1 << 16
+    max_events_per_batch: int = 4096
+    max_resync_blocks: int = 1 << 22
+    max_eviction_limit: int = 1 << 20
+    watch_queue: int = 1024
+
+
+@dataclass(frozen=True)
+class ServiceTimers:
+    idle_ttl_s: float = 3600.0  # branches idle this long are ended
+    node_timeout_s: float = 30.0  # nodes silent this long are dropped
+    sweep_interval_s: float = 1.0
+    store_check_interval_s: float = 0.5
+
+
+T = TypeVar("T")
+
+if TYPE_CHECKING:
+    Ctx = grpc.aio.ServicerContext[Any, Any]
+
+
+class _Watcher:
+    def __init__(self, size: int) -> None:
+        self.queue: asyncio.Queue[dict[int, int]] = asyncio.Queue(size)
+        self.overflow = False
+        self.wake = asyncio.Event()
+
+
+class _Abort(Exception):
+    def __init__(self, code: grpc.StatusCode, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+class DirectoryService(pb_grpc.DirectoryServicer):
+    def __init__(
+        self,
+        directory: Directory,
+        store: BranchStore,
+        metrics: DirectoryMetrics | None = None,
+        limits: ServiceLimits | None = None,
+        timers: ServiceTimers | None = None,
+        wall_clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.dir = directory
+        self.store = store
+        self.metrics = metrics or DirectoryMetrics()
+        self.limits = limits or ServiceLimits()
+        self.timers = timers or ServiceTimers()
+        self.wall = wall_clock
+        self.mono = monotonic
+        self.store_ok = False
+        self._reload_needed = False
+        self._write_lock = asyncio.Lock()
+        self._seq: dict[str, int | None] = {}  # node -> last applied seq; None: waiting for a resync
+        self._last_heard: dict[str, float] = {}
+        self._watchers: dict[str, set[_Watcher]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Load the agent state from the store (raises StoreUnavailableError) and start the sweeps."""
+        phases, branches = await self.store.load()
+        self.dir.load_agent_state(phases, branches)
+        now = self.mono()
+        self._last_heard = {n: now for n in phases}
+        self.store_ok = True
+        self.metrics.store_up.set(1)
+        self._update_gauges()
+        self._tasks = [
+            asyncio.create_task(self._store_monitor(), name="directory-store-monitor"),
+            asyncio.create_task(self._sweeper(), name="directory-sweeper"),
+        ]
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    async def _store_monitor(self) -> None:
+        while True:
+            await asyncio.sleep(self.timers.store_check_interval_s)
+            ok = await self.store.ping()
+            if ok and self._reload_needed:
+                try:
+                    await self._reload()
+                except StoreUnavailableError:
+                    ok = False
+            self.store_ok = ok and not self._reload_needed
+            self.metrics.store_up.set(1 if self.store_ok else 0)
+
+    async def _reload(self) -> None:
+        async with self._write_lock:
+            phases, branches = await self.store.load()
+            self.dir.load_agent_state(phases, branches)
+            for node in list(self._seq):
+                if node not in phases:
+                    self._forget_node(node)
+            self._reload_needed = False
+        log.info("directory agent state reloaded from the store: %d branches", len(self.dir.branches))
+        for watchers in self._watchers.values():
+            for w in watchers:
+                w.overflow = True  # send a fresh snapshot
+                w.wake.set()
+        self._update_gauges()
+
+    async def _sweeper(self) -> None:
+        while True:
+            await asyncio.sleep(self.timers.sweep_interval_s)
+            await self.sweep()
+
+    async def sweep(self) -> None:
+        """End idle branches and drop silent nodes (one pass; the sweeper task calls it periodically)."""
+        if not self.store_ok:
+            return
+        expired, changes = self.dir.expire_idle(self.wall(), self.timers.idle_ttl_s)
+        self.metrics.expired_branches.inc(len(expired))
+        cutoff = self.mono() - self.timers.node_timeout_s
+        for node in [n for n, t in self._last_heard.items() if t < cutoff]:
+            log.warning("node %s silent for %.1fs: purging it", node, self.timers.node_timeout_s)
+            if self.dir.has_node(node):
+                changes.merge(self.dir.drop_node(node))
+            self._forget_node(node)
+            self.metrics.dropped_nodes.labels("timeout").inc()
+        if changes:
+            await self._commit(changes, strict=False)
+
+    def _forget_node(self, node: str) -> None:
+        self._seq.pop(node, None)
+        self._last_heard.pop(node, None)
+
+    # -- persistence and publication ---------------------------------------------------------
+    async def _commit(self, changes: Changes, strict: bool = True) -> None:
+        """Persist ``changes`` in call order, then publish count changes. ``strict``: raise UNAVAILABLE."""
+        snap = snapshot(self.dir, changes)
+        async with self._write_lock:
+            try:
+                await self.store.save(snap)
+                self.metrics.store_writes.labels("ok").inc()
+            except StoreUnavailableError as e:
+                self.metrics.store_writes.labels("error").inc()
+                self.store_ok = False
+                self._reload_needed = True
+                self.metrics.store_up.set(0)
+                log.error("directory store write failed: %s", e)
+                if strict:
+                    raise _Abort(grpc.StatusCode.UNAVAILABLE, f"store unavailable: {e}") from e
+                return
+        self._publish(changes.counts)
+        self._update_gauges()
+
+    def _require_store(self) -> None:
+        if not self.store_ok:
+            raise _Abort(grpc.StatusCode.UNAVAILABLE, "store (Redis) unavailable; retry later")
+
+    def _publish(self, counts: CountChanges) -> None:
+        for node, blocks in counts.items():
+            if not blocks:
+                continue
+            for w in self._watchers.get(node, ()):
+                try:
+                    w.queue.put_nowait(dict(blocks))
+                except asyncio.QueueFull:
+                    w.overflow = True
+                w.wake.set()
+
+    def _update_gauges(self) -> None:
+        self.metrics.nodes.set(len(self.dir.phases()))
+        self.metrics.branches.set(len(self.dir.branches))
+        self.metrics.index_blocks.set(len(self.dir.index))
+
+    # -- RPC plumbing ------------------------------------------------------------------------
+    async def _run(self, method: str, context: Ctx, work: Awaitable[T]) -> T:
+        t0 = time.perf_counter()
+        code = grpc.StatusCode.OK
+        reason = ""
+        try:
+            return await work
+        except InvalidRequestError as e:
+            code, reason = grpc.StatusCode.INVALID_ARGUMENT, str(e)
+        except _Abort as e:
+            code, reason = e.code, e.reason
+        finally:
+            self.metrics.latency.labels(method).observe(time.perf_counter() - t0)
+            self.metrics.requests.labels(method, code.name).inc()
+        await context.abort(code, reason)
+        raise AssertionError("context.abort returned")
+
+    def _known_node(self, name: str) -> str:
+        node = node_name(name)
+        if not self.dir.has_node(node):
+            raise _Abort(grpc.StatusCode.NOT_FOUND, f"unknown node {node!r}: it has not registered (resync)")
+        return node
+
+    def _known_branch(self, name: str) -> str:
+        branch = branch_id(name)
+        if branch not in self.dir.branches:
+            raise _Abort(
+                grpc.StatusCode.NOT_FOUND, f"unknown branch {branch!r}: Resolve a request of it first"
+            )
+        return branch
+
+    # -- Resolve / Place / EndBranch ---------------------------------------------------------
+    async def Resolve(self, request: pb.ResolveRequest, context: Ctx) -> pb.ResolveResponse:
+        return await self._run("Resolve", context, self._resolve(request))
+
+    async def _resolve(self, request: pb.ResolveRequest) -> pb.ResolveResponse:
+        hashes = block_list(request.block_hashes, self.limits.max_blocks_per_request)
+        branch = branch_id(request.branch) if request.branch else None
+        if branch is not None:
+            self._require_store()
+        res = self.dir.resolve(hashes, branch, self.wall())
+        if branch is not None:
+            await self._commit(res.changes)
+        phases = self.dir.phases()
+        page = self.dir.page_size
+        out = pb.ResolveResponse(
+            nodes=[node_prefix(n, phases.get(n), m, page) for n, m in sorted(res.prefixes.items())],
+            page_size=page,
+        )
+        obs = res.observation
+        if branch is not None and obs is not None:
+            state = self.dir.branches.find(branch)
+            out.branch.CopyFrom(
+                pb.BranchInfo(
+                    branch=branch,
+                    version=obs.version,
+                    is_new=obs.is_new,
+                    version_bumped=obs.version_bumped,
+                    previous_path=obs.old_path,
+                    new_path=obs.new_path,
+                    counted_nodes=sorted(state.counted) if state is not None else [],
+                )
+            )
+        return out
+
+    async def Place(self, request: pb.PlaceRequest, context: Ctx) -> pb.PlaceResponse:
+        return await self._run("Place", context, self._place(request))
+
+    async def _place(self, request: pb.PlaceRequest) -> pb.PlaceResponse:
+        branch = self._known_branch(request.branch)
+        node = self._known_node(request.node)
+        self._require_store()
+        changes = self.dir.place(branch, node, self.wall())
+        await self._commit(changes)
+        state = self.dir.branches.get(branch)
+        return pb.PlaceResponse(
+            version=state.version,
+            counted_blocks=len(state.counted.get(node, ())),
+            counted_nodes=sorted(state.counted),
+            move_pending=node in state.pending,
+        )
+
+    async def EndBranch(self, request: pb.EndBranchRequest, context: Ctx) -> pb.EndBranchResponse:
+        return await self._run("EndBranch", context, self._end_branch(request))
+
+    async def _end_branch(self, request: pb.EndBranchRequest) -> pb.EndBranchResponse:
+        branch = self._known_branch(request.branch)
+        self._require_store()
+        nodes = len(self.dir.branches.get(branch).counted)
+        await self._commit(self.dir.end_branch(branch))
+        return pb.EndBranchResponse(released_nodes=nodes)
+
+    # -- nodes -------------------------------------------------------------------------------
+    async def SwitchPhase(self, request: pb.SwitchPhaseRequest, context: Ctx) -> pb.SwitchPhaseResponse:
+        return await self._run("SwitchPhase", context, self._switch_phase(request))
+
+    async def _switch_phase(self, request: pb.SwitchPhaseRequest) -> pb.SwitchPhaseResponse:
+        node = node_name(request.node)
+        phase = phase_from_pb(request.phase)
+        self._require_store()
+        previous = phase_to_pb(self.dir.phase(node)) if self.dir.has_node(node) else pb.PHASE_UNSPECIFIED
+        changes = self.dir.register_node(node, phase)
+        self._last_heard.setdefault(node, self.mono())
+        await self._commit(changes)
+        return pb.SwitchPhaseResponse(previous_phase=previous, released_branches=len(changes.branches))
+
+    async def DropNode(self, request: pb.DropNodeRequest, context: Ctx) -> pb.DropNodeResponse:
+        return await self._run("DropNode", context, self._drop_node(request))
+
+    async def _drop_node(self, request: pb.DropNodeRequest) -> pb.DropNodeResponse:
+        node = self._known_node(request.node)
+        self._require_store()
+        purged = self.dir.index.node_block_count(node) if self.dir.index.has_node(node) else 0
+        changes = self.dir.drop_node(node)
+        self._forget_node(node)
+        self.metrics.dropped_nodes.labels("request").inc()
+        await self._commit(changes)
+        return pb.DropNodeResponse(released_branches=len(changes.branches), purged_blocks=purged)
+
+    async def EvictionOrder(self, request: pb.EvictionOrderRequest, context: Ctx) -> pb.EvictionOrderResponse:
+        return await self._run("EvictionOrder", context, self._eviction_order(request))
+
+    async def _eviction_order(self, request: pb.EvictionOrderRequest) -> pb.EvictionOrderResponse:
+        node = self._known_node(request.node)
+        if request.limit > self.limits.max_eviction_limit:
+            raise InvalidRequestError(f"limit {request.limit} exceeds {self.limits.max_eviction_limit}")
+        order = self.dir.eviction_order(node, request.limit or None)
+        return pb.EvictionOrderResponse(blocks=[eviction_entry(c) for c in order])
+
+    async def Health(self, request: pb.HealthRequest, context: Ctx) -> pb.HealthResponse:
+        return pb.HealthResponse(
+            serving=self.store_ok,
+            store_ok=self.store_ok,
+            nodes=len(self.dir.phases()),
+            branches=len(self.dir.branches),
+            blocks=len(self.dir.index),
+        )
+
+    # -- engine event stream -----------------------------------------------------------------
+    async def PublishEvents(
+        self, request_iterator: AsyncIterator[pb.KvEventBatch], context: Ctx
+    ) -> AsyncIterator[pb.PublishAck]:
+        async for batch in request_iterator:
+            t0 = time.perf_counter()
+            try:
+                ack = await self.apply_batch(batch)
+            except InvalidRequestError as e:
+                self.metrics.requests.labels("PublishEvents", "INVALID_ARGUMENT").inc()
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+                return
+            self.metrics.latency.labels("PublishEvents").observe(time.perf_counter() - t0)
+            yield ack
+
+    def _request_resync(self, node: str, reason: str, label: str) -> pb.PublishAck:
+        self._seq[node] = None
+        self.metrics.resyncs_requested.labels(label).inc()
+        return pb.PublishAck(node=node, seq=0, resync_requested=True, reason=reason)
+
+    async def apply_batch(self, batch: pb.KvEventBatch) -> pb.PublishAck:
+        """Apply one engine batch (validated first, as a whole); returns its ack."""
+        node = node_name(batch.node)
+        if batch.HasField("resync"):
+            phase = phase_from_pb(batch.phase)
+            blocks = held_blocks(batch.resync, self.limits.max_resync_blocks)
+            changes = Changes()
+            if not self.dir.has_node(node) or self.dir.phase(node) is not phase:
+                changes.merge(self.dir.register_node(node, phase))
+            try:
+                changes.merge(self.dir.resync_node(node, blocks, self.wall()))
+            except InvalidEventError as e:
+                raise InvalidRequestError(f"resync of {node}: {e}") from None
+            self._seq[node] = batch.seq
+            self._last_heard[node] = self.mono()
+            self.metrics.resyncs.inc()
+            await self._commit(changes, strict=False)
+            return pb.PublishAck(node=node, seq=batch.seq)
+        events = self._parse_events(batch)
+        last = self._seq.get(node)
+        if last is None or not self.dir.has_node(node):
+            return self._request_resync(node, f"node {node} is unknown to the directory: resync", "unknown")
+        self._last_heard[node] = self.mono()
+        if batch.heartbeat:
+            return pb.PublishAck(node=node, seq=last)
+        if batch.seq != last + 1:
+            return self._request_resync(node, f"sequence gap: expected {last + 1}, got {batch.seq}", "gap")
+        changes = Changes()
+        now = self.wall()
+        try:
+            for kind, parent, hashes, tier in events:
+                if kind == "stored":
+                    changes.merge(self.dir.apply_stored(node, parent, hashes, tier, now))
+                else:
+                    changes.merge(self.dir.apply_removed(node, hashes, tier))
+                self.metrics.events.labels(kind).inc()
+                self.metrics.blocks.inc(len(hashes))
+        except InvalidEventError as e:
+            if changes:
+                await self._commit(changes, strict=False)
+            return self._request_resync(node, f"inconsistent event: {e}", "inconsistent")
+        self._seq[node] = batch.seq
+        if changes:
+            await self._commit(changes, strict=False)
+        return pb.PublishAck(node=node, seq=batch.seq)
+
+    def _parse_events(self, batch: pb.KvEventBatch) -> list[tuple[str, int, list[int], Tier]]:
+        if len(batch.events) > self.limits.max_events_per_batch:
+            raise InvalidRequestError(
+                f"batch has {len(batch.events)} events, more than {self.limits.max_events_per_batch}"
+            )
+        out: list[tuple[str, int, list[int], Tier]] = []
+        limit = self.limits.max_blocks_per_request
+        for ev in batch.events:
+            kind = ev.WhichOneof("kind")
+            if kind == "stored":
+                out.append(
+                    (
+                        "stored",
+                        ev.stored.parent_hash,
+                        block_list(ev.stored.block_hashes, limit),
+                        tier_from_pb(ev.stored.tier),
+                    )
+                )
+            elif kind == "removed":
+                out.append(
+                    ("removed", 0, block_list(ev.removed.block_hashes, limit), tier_from_pb(ev.removed.tier))
+                )
+            else:
+                raise InvalidRequestError("event has neither stored nor removed")
+        return out
+
+    # -- count streams -----------------------------------------------------------------------
+    async def WatchCounts(
+        self, request: pb.WatchCountsRequest, context: Ctx
+    ) -> AsyncIterator[pb.CountUpdate]:
+        try:
+            node = self._known_node(request.node)
+        except (InvalidRequestError, _Abort) as e:
+            code = e.code if isinstance(e, _Abort) else grpc.StatusCode.INVALID_ARGUMENT
+            await context.abort(code, str(e))
+            return
+        w = _Watcher(self.limits.watch_queue)
+        self._watchers.setdefault(node, set()).add(w)
+        self.metrics.watchers.inc()
+        try:
+            yield self._count_snapshot(node)
+            while True:
+                await w.wake.wait()
+                w.wake.clear()
+                if w.overflow:
+                    w.overflow = False
+                    while not w.queue.empty():
+                        w.queue.get_nowait()
+                    yield self._count_snapshot(node)
+                    continue
+                merged: dict[int, int] = {}
+                while not w.queue.empty():
+                    merged.update(w.queue.get_nowait())
+                if merged:
+                    yield pb.CountUpdate(
+                        node=node,
+                        snapshot=False,
+                        counts=[pb.BlockCount(block_hash=h, count=c) for h, c in merged.items()],
+                    )
+        finally:
+            self._watchers[node].discard(w)
+            self.metrics.watchers.dec()
+
+    def _count_snapshot(self, node: str) -> pb.CountUpdate:
+        counts = self.dir.counts.counts(node)
+        return pb.CountUpdate(
+            node=node, snapshot=True, counts=[pb.BlockCount(block_hash=h, count=c) for h, c in counts.items()]
+        )

@@ -1,0 +1,121 @@
+"""The directory over real gRPC on loopback with its state in the real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from agentpool.directory.client import DirectoryClient, DirectoryRpcError, NodePublisher
+from agentpool.directory.server import DirectoryServer
+from agentpool.kv import HeldBlock, Phase, Tier
+from agentpool.kv.hashing import ROOT_HASH, block_hashes
+from agentpool.v1 import directory_pb2 as pb
+
+pytestmark = pytest.mark.integration
+
+GH = Tier.GPU | Tier.HOST
+
+
+async def test_figure4_c_through_the_service(client: DirectoryClient) -> None:
+    chain = block_hashes(list(range(4 * 3)), 4)  # 3 blocks, page 4
+    s = client.open_events()
+    p1 = NodePublisher(s, "p1", Phase.PREFILL)
+    p2 = NodePublisher(s, "p2", Phase.PREFILL)
+    assert not (await p1.resync([])).resync_requested
+    assert not (await p2.resync([])).resync_requested
+    res = await client.resolve(chain[:2], branch="b1")
+    assert res.branch is not None and res.branch.version == 1 and res.branch.is_new
+    assert res.nodes == {}
+    await client.place("b1", "p1")
+    await p1.stored(ROOT_HASH, chain[:2], GH)
+    res = await client.resolve(chain, branch="b1")
+    assert res.branch is not None and res.branch.previous_path == tuple(chain[:2])
+    assert res.branch.new_path == tuple(chain) and not res.branch.version_bumped
+    assert res.nodes["p1"].local_blocks == 2 and res.nodes["p1"].gpu_tokens == 8
+    assert res.nodes["p1"].phase is Phase.PREFILL
+    placed = await client.place("b1", "p2")
+    assert placed.move_pending and placed.counted_nodes == ("p1", "p2")
+    await p2.stored(ROOT_HASH, chain, Tier.GPU)
+    res = await client.resolve(chain, branch="b1")
+    assert res.branch is not None and res.branch.counted_nodes == ("p2",)
+    order = await client.eviction_order("p1")
+    assert sorted((e.block_hash, e.count) for e in order) == sorted([(chain[0], 0), (chain[1], 0)])
+    assert await client.end_branch("b1") == 1
+    await s.close()
+
+
+async def test_sequence_gap_and_unknown_node_request_a_resync(client: DirectoryClient) -> None:
+    chain = block_hashes(list(range(8)), 4)
+    s = client.open_events()
+    pub = NodePublisher(s, "n1", Phase.DECODE)
+    ack = await pub.stored(ROOT_HASH, chain, Tier.GPU)  # never resynced: unknown
+    assert ack.resync_requested and "unknown" in ack.reason
+    assert not (await pub.resync([HeldBlock(chain[0], ROOT_HASH, Tier.HOST)])).resync_requested
+    assert not (await pub.stored(chain[0], chain[1:], Tier.GPU)).resync_requested
+    pub.seq += 1  # lose a batch
+    ack = await pub.removed(chain[:1], Tier.HOST)
+    assert ack.resync_requested and "gap" in ack.reason
+    ack = await pub.stored(ROOT_HASH, chain, Tier.GPU)  # still waiting for the resync
+    assert ack.resync_requested
+    assert not (await pub.resync([HeldBlock(chain[0], ROOT_HASH, GH)])).resync_requested
+    res = await client.resolve(chain)
+    assert res.nodes["n1"].local_blocks == 1 and res.branch is None
+    await s.close()
+
+
+@pytest.mark.parametrize(
+    ("call", "reason"),
+    [
+        (lambda c: c.resolve([0, 1]), "root hash"),
+        (lambda c: c.resolve([1], branch="bad branch id"), "branch id"),
+        (lambda c: c.resolve(list(range(1, 70_000))), "limit"),
+        (lambda c: c.place("nope", "n1"), "unknown branch"),
+        (lambda c: c.eviction_order("ghost"), "unknown node"),
+        (lambda c: c.end_branch("ghost"), "unknown branch"),
+        (lambda c: c.drop_node("-bad-"), "node name"),
+    ],
+)
+async def test_bad_requests_get_a_status_and_a_reason(
+    client: DirectoryClient, call: object, reason: str
+) -> None:
+    with pytest.raises(DirectoryRpcError) as err:
+        await call(client)  # type: ignore[operator]
+    assert err.value.code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND)
+    assert reason in err.value.reason
+    assert (await client.health()).serving  # never a crash
+
+
+async def test_count_stream_gets_snapshot_then_changes(
+    server: DirectoryServer, client: DirectoryClient
+) -> None:
+    chain = block_hashes(list(range(8)), 4)
+    await client.switch_phase("w1", Phase.PREFILL)
+    await client.resolve(chain, branch="a")
+    await client.place("a", "w1")
+    stream = client.watch_counts("w1")
+    first = await anext(stream)
+    assert first.snapshot and first.counts == {chain[0]: 1, chain[1]: 1}
+    await client.resolve(chain, branch="b")
+    await client.place("b", "w1")
+    upd = await asyncio.wait_for(anext(stream), 5)
+    assert not upd.snapshot and upd.counts == {chain[0]: 2, chain[1]: 2}
+    await client.end_branch("a")
+    await client.end_branch("b")
+    upd = await asyncio.wait_for(anext(stream), 5)
+    while upd.counts != {chain[0]: 0, chain[1]: 0}:  # the two ends may arrive merged or not
+        assert upd.counts == {chain[0]: 1, chain[1]: 1}
+        upd = await asyncio.wait_for(anext(stream), 5)
+    await stream.aclose()
+
+
+async def test_oversized_eviction_limit_and_bad_phase(client: DirectoryClient) -> None:
+    await client.switch_phase("n1", Phase.PREFILL)
+    with pytest.raises(DirectoryRpcError) as err:
+        await client.eviction_order("n1", limit=10**8)
+    assert err.value.code is grpc.StatusCode.INVALID_ARGUMENT and "limit" in err.value.reason
+    bad = client.stub.SwitchPhase(pb.SwitchPhaseRequest(node="n1", phase=pb.PHASE_UNSPECIFIED))
+    with pytest.raises(grpc.aio.AioRpcError) as rpc_err:
+        await bad
+    assert rpc_err.value.code() is grpc.StatusCode.INVALID_ARGUMENT

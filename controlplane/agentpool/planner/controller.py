@@ -62,7 +62,9 @@ class PlannerController:
         metrics: PlannerMetrics,
         shape: MoeShape,
         clock: Callable[[], float] = time.time,
+        on_evaluation: Callable[[Evaluation], None] | None = None,
     ):
+        """``on_evaluation`` receives every window's evaluation (e.g. to put it in the pool's status)."""
         self._pods = pods
         self._inbox = inbox
         self._config = config
@@ -70,6 +72,7 @@ class PlannerController:
         self._metrics = metrics
         self._shape = shape
         self._clock = clock
+        self._on_evaluation = on_evaluation
         self._models: dict[str, NodeModel] = {}
         self._last_switch_at: float | None = None
         self.fits: dict[str, NodeFit] = {}
@@ -167,6 +170,8 @@ class PlannerController:
             await self._pods.record_event(self._pool, reason, _event_message(decision, excluded))
         log.info("planner window %.0f-%.0f: %s: %s", start, end, decision.outcome.value, decision.reason)
         self.last = Evaluation(decision=decision, excluded=tuple(excluded))
+        if self._on_evaluation is not None:
+            self._on_evaluation(self.last)
         return self.last
 
     def _planner_nodes(

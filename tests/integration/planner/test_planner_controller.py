@@ -1,0 +1,260 @@
+"""The planner controller against a Kubernetes API server (KMock's emulator on loopback).
+
+Engines are played by the test: they report iteration records into the planner's inbox (records
+generated from known models with noise) and their observed role as a pod annotation; the router's
+work records and decode occupancy go into the same inbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+import pytest
+import pytest_asyncio
+from kubernetes import client as k8s
+from prometheus_client import CollectorRegistry
+
+from agentpool.models import DecodeModel, NodeModel, OccupancySample, PrefillModel, RequestWorkRecord, Work
+from agentpool.models.fitting import MoeShape
+from agentpool.models.synthetic import decode_records, prefill_records
+from agentpool.planner.config import PlannerConfig
+from agentpool.planner.controller import PlannerController
+from agentpool.planner.core import Outcome
+from agentpool.planner.inbox import PlannerInbox
+from agentpool.planner.kube import ObjectRef, PodRoles
+from agentpool.planner.metrics import PlannerMetrics
+
+pytestmark = pytest.mark.integration
+
+NS = "agents"
+POOL = ObjectRef(
+    api_version="agentpool.io/v1alpha1", kind="AgentServingPool", name="demo", namespace=NS, uid="pool-uid"
+)
+NODE = NodeModel(
+    prefill=PrefillModel(c0=0.015, c1=4e-5, c2=2e-10, c3=1e-6),
+    decode=DecodeModel(d0=0.012, d1=0.018, d2=2.5e-4, experts_active=8, experts_total=256),
+)
+SHAPE = MoeShape(experts_active=8, experts_total=256)
+PUTNAM = (Work(t_uc=6000, t_c=30000, t_out=2000), 300.0)  # best split 2P7D on 9 nodes
+OSWORLD = (Work(t_uc=12000, t_c=80000, t_out=300), 60.0)  # best split 6P3D
+PODS = [f"engine-{i}" for i in range(9)]
+PINNED = "engine-8"
+
+
+def pod_body(name: str, role: str, pinned: bool) -> dict[str, Any]:
+    notes = {"agentpool.io/role": role, "agentpool.io/observed-role": role, "example.com/keep": "yes"}
+    if pinned:
+        notes["agentpool.io/role-pinned"] = "true"
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "labels": {"agentpool.io/pool": "demo"},
+            "annotations": notes,
+            "uid": f"uid-{name}",
+            "resourceVersion": "1",
+            "generation": 1,
+        },
+        "spec": {"containers": [{"name": "engine", "image": "engine:dev"}]},
+    }
+
+
+@dataclasses.dataclass
+class Harness:
+    kmock: Any
+    controller: PlannerController
+    inbox: PlannerInbox
+    registry: CollectorRegistry
+    config: list[PlannerConfig]
+    evaluated: asyncio.Event
+
+    def pod(self, name: str) -> dict[str, Any]:
+        return dict(self.kmock.objects[self.kmock.resource("v1", "pods"), NS, name].raw)
+
+    def role(self, name: str) -> str:
+        return str(self.pod(name)["metadata"]["annotations"]["agentpool.io/role"])
+
+    def engines_report_observed_roles(self) -> None:
+        for name in PODS:
+            key = (self.kmock.resource("v1", "pods"), NS, name)
+            self.kmock.objects[key].patch(
+                {"metadata": {"annotations": {"agentpool.io/observed-role": self.role(name)}}}
+            )
+
+    def patches(self) -> list[Any]:
+        return [r for r in self.kmock if r.method == "PATCH"]
+
+    def events(self) -> list[dict[str, Any]]:
+        res = self.kmock.resource("v1", "events")
+        return [dict(obj.raw) for (r, _, _), obj in self.kmock.objects.items() if r == res]
+
+    def decisions(self, outcome: str) -> float:
+        value = self.registry.get_sample_value("agentpool_planner_decisions_total", {"outcome": outcome})
+        return 0.0 if value is None else value
+
+    def route(self, start: float, end: float, workload: tuple[Work, float], rng: np.random.Generator) -> None:
+        """The router's records for ``[start, end)``: 20 requests and 10 occupancy samples per minute."""
+        work, q = workload
+        requests, samples = [], []
+        for t in np.arange(start, end, 3.0):
+            f = 1.0 + 0.1 * rng.standard_normal(3)
+            requests.append(
+                RequestWorkRecord(
+                    float(t), Work(t_uc=work.t_uc * f[0], t_c=work.t_c * f[1], t_out=work.t_out * f[2])
+                )
+            )
+        for t in np.arange(start, end, 6.0):
+            samples.append(OccupancySample(float(t), q * (1.0 + 0.1 * rng.standard_normal())))
+        self.inbox.add_requests(requests)
+        self.inbox.add_occupancy(samples)
+
+
+@pytest_asyncio.fixture()
+async def harness(kmock: Any) -> AsyncIterator[Harness]:
+    for i, name in enumerate(PODS):
+        role = "decode" if name == PINNED else ("prefill" if i == 0 else "both")
+        kmock.objects[kmock.resource("v1", "pods"), NS, name] = pod_body(name, role, pinned=name == PINNED)
+    kmock.resources["v1/events"] = {}
+    api = k8s.ApiClient(k8s.Configuration(host=str(kmock.url).rstrip("/")))
+    inbox = PlannerInbox()
+    registry = CollectorRegistry()
+    evaluated = asyncio.Event()
+    config = [PlannerConfig(window_s=600, slices=10, warmup_s=1800, cooldown_s=120, initial_prefill=2)]
+    controller = PlannerController(
+        pods=PodRoles(api, NS, "agentpool.io/pool=demo"),
+        inbox=inbox,
+        config=lambda: config[0],
+        pool=POOL,
+        metrics=PlannerMetrics(registry),
+        shape=SHAPE,
+        on_evaluation=lambda _: evaluated.set(),
+    )
+    yield Harness(kmock, controller, inbox, registry, config, evaluated)
+    await asyncio.to_thread(api.close)
+
+
+def warmup_records(inbox: PlannerInbox, start: float, seconds: float, rng: np.random.Generator) -> None:
+    for name in PODS:
+        inbox.add_iterations(prefill_records(name, NODE, 300, 0.02, rng, start=start, spacing=seconds / 300))
+        inbox.add_iterations(decode_records(name, NODE, 300, 0.02, rng, start=start, spacing=seconds / 300))
+
+
+async def test_warmup_fit_initial_split_then_a_shift_patches_exactly_the_switched_pods(
+    harness: Harness,
+) -> None:
+    h, rng = harness, np.random.default_rng(42)
+
+    await h.controller.begin_warmup()
+    assert [h.role(n) for n in PODS] == ["both"] * 8 + ["decode"]  # pinned pod untouched
+    assert len(h.patches()) == 1  # only engine-0 was not colocated yet
+
+    warmup_records(h.inbox, 0.0, 1800.0, rng)
+    fits = await asyncio.to_thread(h.controller.fit, 0.0, 1800.0)
+    assert sorted(fits) == PODS
+    for f in fits.values():
+        assert f.prefill.report.mape_held_out < 0.05 and f.decode.report.mape_held_out < 0.05
+        assert f.prefill.model.c1 == pytest.approx(4e-5, rel=0.05)
+
+    prefill, _ = await h.controller.start_disaggregation()
+    assert prefill == ("engine-0", "engine-1")
+    assert [h.role(n) for n in PODS] == ["prefill"] * 2 + ["decode"] * 7
+    assert [e["reason"] for e in h.events()] == ["PlannerStarted"]
+    h.engines_report_observed_roles()
+
+    # Window 1: Putnam-like work, for which 2P7D is best: hold, no write to any pod.
+    patches_before = len(h.patches())
+    h.route(1800, 2400, PUTNAM, rng)
+    ev = await h.controller.evaluate_window(1800, 2400)
+    assert ev is not None and ev.decision.outcome is Outcome.HOLD, ev.decision.reason
+    assert len(h.patches()) == patches_before
+    assert h.decisions("hold") == 1
+
+    # Window 2: a sustained shift to OSWorld-like work: switch to 6P3D.
+    h.route(2400, 3000, OSWORLD, rng)
+    ev = await h.controller.evaluate_window(2400, 3000)
+    assert ev is not None and ev.decision.outcome is Outcome.SWITCH, ev.decision.reason
+    new_patches = h.patches()[patches_before:]
+    switched = sorted(p.url.path.rsplit("/", 1)[-1] for p in new_patches)
+    assert switched == sorted(ev.decision.to_prefill) and len(switched) == 4
+    assert PINNED not in switched and not {"engine-0", "engine-1"} & set(switched)
+    for p in new_patches:
+        assert p.headers["Content-Type"].startswith("application/merge-patch+json")
+        assert p.data == {"metadata": {"annotations": {"agentpool.io/role": "prefill"}}}
+    roles = {n: h.role(n) for n in PODS}
+    assert sorted(n for n, r in roles.items() if r == "prefill") == sorted(
+        ["engine-0", "engine-1", *switched]
+    )
+    assert all(h.pod(n)["metadata"]["annotations"]["example.com/keep"] == "yes" for n in PODS)
+    event = h.events()[-1]
+    assert event["reason"] == "PhaseSplitChanged" and event["type"] == "Normal"
+    assert (
+        event["involvedObject"]["kind"] == "AgentServingPool" and event["involvedObject"]["uid"] == "pool-uid"
+    )
+    assert "2P7D -> 6P3D" in event["message"]
+    assert h.registry.get_sample_value("agentpool_planner_prefill_nodes") == 6
+    assert h.registry.get_sample_value("agentpool_planner_switched_nodes_total") == 4
+
+    # Window 3: the switched engines have not reported their new role yet: they drain, no evaluation.
+    h.route(3000, 3600, OSWORLD, rng)
+    ev = await h.controller.evaluate_window(3000, 3600)
+    assert ev is not None and ev.decision.outcome is Outcome.DRAINING
+    assert len(h.patches()) == patches_before + 4
+
+    # Window 4 ends 100 s after the switch: cooldown (window shortened by a config change).
+    h.engines_report_observed_roles()
+    ev = await h.controller.evaluate_window(3000, 3100)
+    assert ev is not None and ev.decision.outcome is Outcome.COOLDOWN
+
+    # Disabling the planner in the config applies at the next window, without a restart.
+    h.config[0] = dataclasses.replace(h.config[0], enabled=False)
+    requests_before = len(list(h.kmock))
+    assert await h.controller.evaluate_window(3600, 4200) is None
+    assert len(list(h.kmock)) == requests_before
+
+
+async def test_pods_without_a_fitted_model_are_left_out_and_reported(harness: Harness) -> None:
+    h, rng = harness, np.random.default_rng(1)
+    for name in PODS[:-2]:
+        h.inbox.add_iterations(prefill_records(name, NODE, 100, 0.02, rng, start=0, spacing=1))
+        h.inbox.add_iterations(decode_records(name, NODE, 100, 0.02, rng, start=0, spacing=1))
+    h.controller.fit(0, 100)
+    h.engines_report_observed_roles()
+    for name in PODS:  # move all pods out of colocation by hand: prefill for the first three
+        key = (h.kmock.resource("v1", "pods"), NS, name)
+        role = "prefill" if name in PODS[:3] else "decode"
+        h.kmock.objects[key].patch(
+            {"metadata": {"annotations": {"agentpool.io/role": role, "agentpool.io/observed-role": role}}}
+        )
+    h.route(200, 800, PUTNAM, rng)
+    ev = await h.controller.evaluate_window(200, 800)
+    assert ev is not None
+    assert ev.excluded == ("engine-7 (no fitted model)", "engine-8 (no fitted model)")
+    assert len(ev.decision.prefill) + len(ev.decision.decode) == 7
+
+
+async def test_run_loop_warms_up_fits_and_evaluates_windows(harness: Harness) -> None:
+    h, rng = harness, np.random.default_rng(3)
+    h.config[0] = PlannerConfig(window_s=0.4, slices=4, warmup_s=0.4, cooldown_s=0, initial_prefill=2)
+    t0 = time.time()
+    warmup_records(h.inbox, t0, 0.35, rng)
+    h.route(t0 + 0.4, t0 + 5.0, OSWORLD, rng)
+    for name in PODS:  # engines follow their desired role at once
+        key = (h.kmock.resource("v1", "pods"), NS, name)
+        h.kmock.objects[key].patch({"metadata": {"annotations": {"agentpool.io/observed-role": "decode"}}})
+    stop = asyncio.Event()
+    task = asyncio.create_task(h.controller.run(stop))
+    await asyncio.wait_for(h.evaluated.wait(), timeout=5.0)
+    stop.set()
+    await asyncio.wait_for(task, timeout=5.0)
+    assert sorted(h.controller.fits) == PODS
+    assert h.events()[0]["reason"] == "PlannerStarted"
+    assert h.controller.last is not None
+    # The first window sees engines 0 and 1 still reporting "decode" after the initial split: draining.
+    assert h.controller.last.decision.outcome is Outcome.DRAINING

@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agentpool.api import AgentServingPool
+from agentpool.models.fitting import MoeShape
+from agentpool.planner.config import PlannerConfig
+from agentpool.planner.from_spec import moe_shape, planner_config
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+
+
+def _pool(name: str) -> AgentServingPool:
+    return AgentServingPool.model_validate(yaml.safe_load((EXAMPLES / name).read_text()))
+
+
+def test_planner_config_from_the_sim_example() -> None:
+    spec = _pool("pool-sim.yaml").spec
+    cfg = planner_config(spec)
+    assert cfg == PlannerConfig(
+        window_s=120.0,
+        slices=6,
+        warmup_s=60.0,
+        cooldown_s=30.0,
+        min_prefill=spec.planner.min_nodes.prefill,
+        min_decode=spec.planner.min_nodes.decode,
+        initial_prefill=3,
+        enabled=True,
+    )
+    assert moe_shape(spec) == MoeShape(experts_active=8, experts_total=128, t_fwd=1.0)
+
+
+def test_dense_model_and_colocated_pool() -> None:
+    spec = _pool("pool-sim.yaml").spec
+    dense = spec.model_copy(update={"model": spec.model.model_copy(update={"experts": None})})
+    assert moe_shape(dense) == MoeShape(experts_active=0, experts_total=0)
+    colocated = spec.model_copy(update={"mode": "colocated", "initial_split": None})
+    with pytest.raises(ValueError, match="colocated"):
+        planner_config(colocated)

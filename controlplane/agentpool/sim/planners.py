@@ -1,0 +1,189 @@
+"""Split planners the simulator runs: agentpool's (the pure planner core) and the baselines'.
+
+- ``evolving``: :func:`agentpool.planner.core.plan` every window (Eq. 5, Eq. 6 gain test, cooldown,
+  no switch while a node drains), on the window's slices of average work and decode occupancy, with
+  each prefill node's ``t_bar`` and ``f_n`` remeasured from its iterations. The coefficients are the
+  preset's (the online NNLS fit of the warmup is not simulated: the planner sees the true model).
+- ``dynamo``: Dynamo-like, driven by prefill queue depth and decode KV utilization: every interval,
+  if the decode nodes' KV utilization is above ``kv_high`` move one prefill node to decode, else if
+  the prefill queue per node is above ``queue_high`` move one decode node to prefill; one
+  relaunch at a time.
+- ``arrow``: Arrow-like, TTFT-driven: predicts each prefill node's TTFT from the *full* input
+  length of its queued requests (cached prefixes counted as work) and reacts at once: a predicted
+  TTFT above the deadline moves a decode node to prefill; a TTFT far below it while decode
+  iterations approach the TPOT limit moves one back.
+- ``oracle``: the split with the best Eq. 5 throughput for each window's measured work, applied at
+  once with free switches (an upper bound together with the oracle's unlimited shared cache).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from agentpool.models import WorkSlice, mean_work, measure_prefill_window, slice_window, with_window_stats
+from agentpool.planner.core import Outcome, PlannerInput, PlannerNode, PlannerPolicy, plan, split_throughput
+from agentpool.planner.core import Role as PlannerRole
+from agentpool.sim.node import NodeStatus, Role
+from agentpool.sim.simulator import Simulator
+from agentpool.sim.systems import PlannerKind
+
+Tick = Callable[[float], None]
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerSettings:
+    window_s: float = 600.0
+    slices: int = 10
+    cooldown_s: float = 120.0
+    dynamo_interval_s: float = 180.0
+    dynamo_kv_high: float = 0.7
+    dynamo_queue_high: float = 2.0
+    arrow_interval_s: float = 30.0
+    arrow_low: float = 0.2
+    arrow_tpot_fraction: float = 0.9
+
+
+def attach(kind: PlannerKind, sim: Simulator, settings: PlannerSettings) -> None:
+    """Schedule ``kind``'s periodic decisions on ``sim`` (nothing for ``none``)."""
+    if kind is PlannerKind.NONE:
+        return
+    if kind is PlannerKind.EVOLVING:
+        sim.every(settings.window_s, settings.window_s, _evolving(sim, settings))
+    elif kind is PlannerKind.ORACLE:
+        sim.every(settings.window_s, settings.window_s, _oracle(sim, settings))
+    elif kind is PlannerKind.DYNAMO:
+        sim.every(settings.dynamo_interval_s, settings.dynamo_interval_s, _dynamo(sim, settings))
+    else:
+        sim.every(settings.arrow_interval_s, settings.arrow_interval_s, _arrow(sim, settings))
+
+
+def _remeasure(sim: Simulator) -> None:
+    """Each node's ``t_bar`` and ``f_n`` from its prefill iterations since the last window."""
+    for node in sim.nodes:
+        batches = sim.window.iterations.pop(node.index, [])
+        sim.models[node.index] = with_window_stats(sim.models[node.index], measure_prefill_window(batches))
+
+
+def _window_slices(sim: Simulator, start: float, end: float, m: int) -> tuple[WorkSlice, ...]:
+    w = sim.window
+    w.works = [r for r in w.works if r.at >= start]
+    w.occupancy = [s for s in w.occupancy if s.at >= start]
+    return slice_window(w.works, w.occupancy, start, end, m).slices
+
+
+def _apply(sim: Simulator, to_prefill: tuple[str, ...], to_decode: tuple[str, ...]) -> None:
+    by_name = {n.name: n.index for n in sim.nodes}
+    for name in to_prefill:
+        sim.begin_switch(by_name[name], Role.PREFILL)
+    for name in to_decode:
+        sim.begin_switch(by_name[name], Role.DECODE)
+
+
+def _planner_nodes(sim: Simulator) -> tuple[PlannerNode, ...]:
+    return tuple(
+        PlannerNode(
+            n.name,
+            sim.models[n.index],
+            PlannerRole.PREFILL if n.role is Role.PREFILL else PlannerRole.DECODE,
+            draining=sim.switching and n.status is not NodeStatus.SERVING,
+        )
+        for n in sim.nodes
+    )
+
+
+def _evolving(sim: Simulator, s: PlannerSettings) -> Tick:
+    policy = PlannerPolicy(cooldown_s=s.cooldown_s)
+
+    def tick(now: float) -> None:
+        _remeasure(sim)
+        slices = _window_slices(sim, now - s.window_s, now, s.slices)
+        since = None if sim.last_switch_at is None else now - sim.last_switch_at
+        decision = plan(PlannerInput(_planner_nodes(sim), slices, since), policy)
+        sim.metrics.planner_log.append(
+            {"at": now, "outcome": decision.outcome.value, "reason": decision.reason}
+        )
+        if decision.outcome is Outcome.SWITCH:
+            _apply(sim, decision.to_prefill, decision.to_decode)
+
+    return tick
+
+
+def _oracle(sim: Simulator, s: PlannerSettings) -> Tick:
+    def tick(now: float) -> None:
+        _remeasure(sim)
+        slices = _window_slices(sim, now - s.window_s, now, s.slices)
+        if not slices or sim.switching:
+            return
+        whole = WorkSlice(
+            mean_work([x.work for x in slices]), sum(x.decode_occupancy for x in slices) / len(slices)
+        )
+        order = sorted(sim.nodes, key=lambda n: (n.role is not Role.PREFILL, n.name))
+        best_p, best = -1, -1.0
+        for p in range(1, len(order)):
+            theta = split_throughput(
+                [sim.models[n.index] for n in order[:p]], [sim.models[n.index] for n in order[p:]], whole
+            )
+            if theta > best:
+                best_p, best = p, theta
+        prefill_now = [n for n in order if n.role is Role.PREFILL]
+        to_p = tuple(n.name for n in order[:best_p] if n.role is not Role.PREFILL)
+        to_d = tuple(n.name for n in order[best_p:] if n.role is Role.PREFILL)
+        if best_p != len(prefill_now):
+            _apply(sim, to_p, to_d)
+
+    return tick
+
+
+def _dynamo(sim: Simulator, s: PlannerSettings) -> Tick:
+    def tick(now: float) -> None:
+        del now
+        if sim.switching:
+            return
+        prefill = [n for n in sim.nodes if n.role is Role.PREFILL]
+        decode = [n for n in sim.nodes if n.role is Role.DECODE]
+        if not prefill or not decode:
+            return
+        kv_util = sum(n.kv_used_tokens / n.kv_capacity_tokens for n in decode) / len(decode)
+        queue = sum(sim.queued[n.index].requests for n in prefill) / len(prefill)
+        if kv_util > s.dynamo_kv_high and len(prefill) > 1:
+            mover = min(prefill, key=lambda n: (sim.queued[n.index].requests, n.name))
+            sim.begin_switch(mover.index, Role.DECODE)
+        elif queue > s.dynamo_queue_high and len(decode) > 1:
+            mover = min(decode, key=lambda n: (len(n.running), n.name))
+            sim.begin_switch(mover.index, Role.PREFILL)
+
+    return tick
+
+
+def _arrow(sim: Simulator, s: PlannerSettings) -> Tick:
+    def tick(now: float) -> None:
+        del now
+        if sim.switching:
+            return
+        prefill = [n for n in sim.nodes if n.role is Role.PREFILL]
+        decode = [n for n in sim.nodes if n.role is Role.DECODE]
+        if not prefill or not decode:
+            return
+        worst, lengths = 0.0, list[int]()
+        for n in prefill:
+            p = n.prefill_model
+            t = sum(
+                p.c0 + p.c1 * r.input_tokens + p.c2 * r.input_tokens * (r.input_tokens + 1) / 2
+                for r in n.queue
+            )
+            worst = max(worst, t)
+            lengths.extend(r.input_tokens for r in n.queue)
+        typical = sum(lengths) / len(lengths) if lengths else 0.0
+        iteration = sum(n.decode_iter_s for n in decode) / len(decode)
+        decode_slow = (
+            iteration * sim.preset.t_acc > 0
+            and iteration / sim.preset.t_acc > s.arrow_tpot_fraction * sim.cfg.slo_tpot_s
+        )
+        deadline = sim.metrics.slo.deadline(typical)
+        if worst > deadline and len(decode) > 1:
+            sim.begin_switch(min(decode, key=lambda n: (len(n.running), n.name)).index, Role.PREFILL)
+        elif worst < s.arrow_low * deadline and len(prefill) > 1 and decode_slow:
+            sim.begin_switch(min(prefill, key=lambda n: (len(n.queue), n.name)).index, Role.DECODE)
+
+    return tick

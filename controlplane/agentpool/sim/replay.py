@@ -1,0 +1,183 @@
+"""Replay of agent conversations into the simulator, like the papers do.
+
+- Closed loop (evolving-infra §6.1): a fixed number of concurrent agents; a finished conversation is
+  replaced by the next one. A schedule of phases can change the target mix over time (§6.3: 288
+  Putnam, then 144 Putnam + 72 OSWorld, then 144 OSWorld): a workload above its new target is not
+  replaced until it falls below it.
+- Open loop (App. D.3): agents arrive in a Poisson process; at most ``max_agents`` run at once and
+  the rest wait for admission, which counts toward the TTFT of their first request.
+
+Within a conversation a request is sent when the request it depends on has completed and its
+recorded pause has elapsed; output lengths are the recorded ones. Sources cycle: when a list of
+conversations is exhausted it starts over, and every replayed instance gets fresh block keys.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from agentpool.sim.node import SimRequest
+from agentpool.sim.simulator import Issue, Simulator
+from agentpool.sim.trace import Conversation
+
+ConversationSource = Callable[[], Conversation]
+
+
+def cycle(conversations: Sequence[Conversation]) -> ConversationSource:
+    """A source that hands out ``conversations`` in order, starting over at the end."""
+    if not conversations:
+        raise ValueError("no conversations to replay")
+    it: Iterator[Conversation] = itertools.cycle(conversations)
+    return lambda: next(it)
+
+
+@dataclass(slots=True)
+class _Instance:
+    conv: Conversation
+    instance: int
+    workload: str
+    arrived_at: float
+    remaining: int
+    started: bool = False
+    prev_tokens: dict[int, int] = field(default_factory=dict)  # agent -> input + output of its last turn
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """From ``start_s`` on, keep ``concurrency[workload]`` agents of each workload running."""
+
+    start_s: float
+    concurrency: Mapping[str, int]
+
+
+class Replay:
+    """Feeds conversations into a simulator and reacts to completed requests."""
+
+    def __init__(
+        self,
+        sim: Simulator,
+        sources: Mapping[str, ConversationSource],
+        shared_prefix_blocks: int = 0,
+    ) -> None:
+        self.sim = sim
+        self.sources = dict(sources)
+        self.shared_prefix_blocks = shared_prefix_blocks
+        self._next_instance = 1
+        self._next_rid = 0
+        self.active: dict[str, int] = dict.fromkeys(self.sources, 0)
+        self.target: dict[str, int] = dict.fromkeys(self.sources, 0)
+        self.closed = True
+        self.max_agents = 0
+        self._waiting: deque[_Instance] = deque()
+        self.agents_started = 0
+        self.agents_finished = 0
+
+    # -- closed loop --------------------------------------------------------------------------
+    def closed_loop(self, phases: Sequence[Phase]) -> None:
+        if not phases or phases[0].start_s != 0.0:
+            raise ValueError("a closed-loop schedule starts with a phase at 0 s")
+        for ph in phases:
+            unknown = set(ph.concurrency) - set(self.sources)
+            if unknown:
+                raise ValueError(f"phase at {ph.start_s} s names unknown workloads {sorted(unknown)}")
+        self.closed = True
+        for ph in phases:
+            self.sim.call_at(ph.start_s, functools.partial(self._enter_phase, ph))
+
+    def _enter_phase(self, ph: Phase, now: float) -> None:
+        self.target = {w: ph.concurrency.get(w, 0) for w in self.sources}
+        self._fill(now)
+
+    def _fill(self, now: float) -> None:
+        for w in sorted(self.sources):
+            while self.active[w] < self.target[w]:
+                self._start(w, now, now)
+
+    # -- open loop ----------------------------------------------------------------------------
+    def open_loop(
+        self, workload: str, agents_per_min: float, max_agents: int, until_s: float, seed: int
+    ) -> None:
+        if agents_per_min <= 0 or max_agents <= 0:
+            raise ValueError("arrival rate and max agents must be positive")
+        self.closed = False
+        self.max_agents = max_agents
+        rng = np.random.default_rng(seed)
+        t = 0.0
+        while True:
+            t += float(rng.exponential(60.0 / agents_per_min))
+            if t >= until_s:
+                break
+            self.sim.call_at(t, functools.partial(self._arrive, workload))
+
+    def _arrive(self, workload: str, now: float) -> None:
+        inst = self._instance(workload, now)
+        if sum(self.active.values()) < self.max_agents:
+            self._launch(inst, now)
+        else:
+            self._waiting.append(inst)
+
+    # -- conversations ------------------------------------------------------------------------
+    def _instance(self, workload: str, now: float) -> _Instance:
+        conv = self.sources[workload]()
+        inst = _Instance(conv, self._next_instance, workload, now, len(conv.requests))
+        self._next_instance += 1
+        return inst
+
+    def _start(self, workload: str, now: float, arrived: float) -> None:
+        inst = self._instance(workload, arrived)
+        self._launch(inst, now)
+
+    def _launch(self, inst: _Instance, now: float) -> None:
+        self.active[inst.workload] += 1
+        self.agents_started += 1
+        inst.started = True
+        for i in inst.conv.roots:
+            delay = inst.conv.requests[i].delay_s if i else 0.0
+            self._issue(inst, i, now + delay, arrived=inst.arrived_at if not self.closed and i == 0 else None)
+
+    def _issue(self, inst: _Instance, i: int, at: float, arrived: float | None = None) -> None:
+        tr = inst.conv.requests[i]
+        instance = 1 if inst.conv.kind == "mooncake" else inst.instance
+        shared = 0 if inst.conv.kind == "mooncake" else self.shared_prefix_blocks
+        blocks, produced = inst.conv.block_keys(i, instance, shared)
+        self._next_rid += 1
+        req = SimRequest(
+            rid=self._next_rid,
+            input_tokens=tr.input_tokens,
+            output_tokens=tr.output_tokens,
+            blocks=blocks,
+            produced=produced,
+            branch=f"{inst.instance}.{tr.agent}",
+            issued_at=at if arrived is None else arrived,
+        )
+        prev = inst.prev_tokens.get(tr.agent)
+        new_turn = tr.input_tokens if prev is None else max(0, tr.input_tokens - prev)
+        inst.prev_tokens[tr.agent] = tr.input_tokens + tr.output_tokens
+        issue = Issue(
+            req=req,
+            turn=tr.turn,
+            new_turn_tokens=new_turn,
+            last_of_branch=tr.last_of_agent,
+            on_done=functools.partial(self._done, inst, i),
+        )
+        self.sim.metrics.issued += 1
+        self.sim.issue_at(at, issue)
+
+    def _done(self, inst: _Instance, i: int, req: SimRequest, now: float) -> None:
+        del req
+        for j in inst.conv.children[i]:
+            self._issue(inst, j, now + inst.conv.requests[j].delay_s)
+        inst.remaining -= 1
+        if inst.remaining == 0:
+            self.active[inst.workload] -= 1
+            self.agents_finished += 1
+            if self.closed:
+                self._fill(now)
+            elif self._waiting and sum(self.active.values()) < self.max_agents:
+                self._launch(self._waiting.popleft(), now)

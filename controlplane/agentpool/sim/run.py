@@ -1,0 +1,133 @@
+"""One simulated run of one system, and a comparison of several systems on the same workload."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from agentpool.models import TtftSlo
+from agentpool.sim.metrics import Metrics
+from agentpool.sim.planners import PlannerSettings, attach
+from agentpool.sim.presets import preset
+from agentpool.sim.replay import ConversationSource, Phase, Replay, cycle
+from agentpool.sim.simulator import SimConfig, Simulator
+from agentpool.sim.synthetic import generator
+from agentpool.sim.systems import system
+from agentpool.sim.trace import Conversation, load_claude_code
+
+BUNDLED_TRACE = "claude-code-sample.jsonl.gz"
+WORKLOADS = ("claude-code", "putnam", "osworld", "shifting")
+
+
+def bundled_trace_path() -> Path:
+    return Path(str(resources.files("agentpool.sim").joinpath(f"data/{BUNDLED_TRACE}")))
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """Everything but the system: pool, node preset, workload, replay mode and timing."""
+
+    workload: str = "claude-code"
+    trace: str | None = None  # Claude Code trace path; None: the bundled sample
+    conversations: int | None = None
+    agents: int = 126
+    arrival_per_min: float | None = None  # open loop when set
+    max_agents: int = 258
+    shared_prefix_tokens: int = 15000
+    preset: str = "glm52-4xgb300"
+    sim: SimConfig = field(default_factory=SimConfig)
+    planner: PlannerSettings = field(default_factory=PlannerSettings)
+    warmup_s: float = 1800.0
+    duration_s: float = 3600.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"unknown workload {self.workload!r}; known: {list(WORKLOADS)}")
+        if self.duration_s <= 0 or self.warmup_s < 0 or self.agents < 0:
+            raise ValueError("duration must be positive, warmup and agents non-negative")
+
+
+def _sources(sc: Scenario, conversations: Sequence[Conversation] | None) -> dict[str, ConversationSource]:
+    if sc.workload == "claude-code":
+        assert conversations is not None
+        return {"claude-code": cycle(conversations)}
+    if sc.workload in ("putnam", "osworld"):
+        return {sc.workload: generator(sc.workload, sc.seed, sc.sim.block_size)}
+    return {
+        "putnam": generator("putnam", sc.seed, sc.sim.block_size),
+        "osworld": generator("osworld", sc.seed + 1, sc.sim.block_size),
+    }
+
+
+def _phases(sc: Scenario) -> list[Phase]:
+    if sc.workload != "shifting":
+        return [Phase(0.0, {sc.workload: sc.agents})]
+    third = sc.duration_s / 3.0
+    n = sc.agents
+    return [
+        Phase(0.0, {"putnam": n}),
+        Phase(sc.warmup_s + third, {"putnam": n // 2, "osworld": n // 4}),
+        Phase(sc.warmup_s + 2 * third, {"osworld": n // 2}),
+    ]
+
+
+def load_conversations(sc: Scenario) -> list[Conversation] | None:
+    if sc.workload != "claude-code":
+        return None
+    path = Path(sc.trace) if sc.trace else bundled_trace_path()
+    return load_claude_code(path, limit=sc.conversations)
+
+
+def run_system(
+    name: str,
+    sc: Scenario,
+    conversations: Sequence[Conversation] | None = None,
+    progress: Callable[[float], None] | None = None,
+) -> dict[str, Any]:
+    """Run system ``name`` on scenario ``sc``; returns its summary, timelines and wall time."""
+    cfg = system(name)
+    p = preset(sc.preset)
+    if conversations is None:
+        conversations = load_conversations(sc)
+    metrics = Metrics(
+        TtftSlo(sc.sim.slo_ttft_base_s, sc.sim.slo_ttft_per_token_s),
+        sc.sim.slo_tpot_s,
+        sc.warmup_s,
+        sc.duration_s,
+    )
+    sim = Simulator(cfg, p, sc.sim, metrics)
+    replay = Replay(sim, _sources(sc, conversations), sc.shared_prefix_tokens // sc.sim.block_size)
+    end = sc.warmup_s + sc.duration_s
+    if sc.arrival_per_min is not None:
+        replay.open_loop(sc.workload, sc.arrival_per_min, sc.max_agents, end, sc.seed)
+    else:
+        replay.closed_loop(_phases(sc))
+    attach(cfg.planner, sim, sc.planner)
+    if progress is not None:
+        sim.every(60.0, 60.0, lambda now: progress(now / end))
+    wall = time.perf_counter()
+    sim.run(end)
+    wall = time.perf_counter() - wall
+    summary = metrics.summary()
+    return {
+        "system": name,
+        "description": cfg.description,
+        "summary": summary,
+        "split_timeline": [list(x) for x in metrics.split_timeline],
+        "switches": metrics.switches,
+        "planner_log": metrics.planner_log,
+        "ttft_samples": metrics.ttfts(),
+        "requests_simulated": metrics.completed_total,
+        "agents_started": replay.agents_started,
+        "wall_s": wall,
+        "sim_requests_per_wall_s": metrics.completed_total / wall if wall > 0 else 0.0,
+    }
+
+
+def scenario_dict(sc: Scenario) -> dict[str, Any]:
+    return asdict(sc)

@@ -1,0 +1,402 @@
+"""The discrete-event loop: a heap of timed events over nodes, router, directory, planner and replay.
+
+Deterministic for a seed: events at equal times run in the order they were scheduled, the replay's
+random draws come from one seeded generator, and no wall clock is read.
+
+Request path (disaggregated pool): issue -> directory resolve (E.1) -> policy picks the prefill
+node -> the branch is placed there (E.2) -> fetch from a peer (async: overlaps the queue; sync: the
+prefill iteration waits) -> chunked prefill -> the node stores the prompt's blocks (GPU cache, host
+tier via a KV event to the directory) -> decode binding (KV room, fewest running) -> P->D hand-over
+-> decode -> the decode node stores the prompt and the output's blocks -> the replay issues the
+requests that waited for this one. Colocated pools decode on the prefill node.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import cast
+
+from agentpool.kv import ROOT_HASH, Directory, Phase, Tier, eviction_order
+from agentpool.models import NodeModel, OccupancySample, PrefillBatchItem, RequestWorkRecord, Work
+from agentpool.router.policy import CachedPrefix, NoCandidateError, PolicyContext, create_policy
+from agentpool.router.policy.contract import prefill_candidates
+from agentpool.sim.metrics import Metrics
+from agentpool.sim.node import NodeStatus, Role, SimNode, SimRequest
+from agentpool.sim.presets import Preset
+from agentpool.sim.routing import (
+    QueueSums,
+    choose_decode,
+    fetchable_blocks,
+    node_state,
+    prefixes,
+    request_view,
+)
+from agentpool.sim.systems import Eviction, FetchMode, Pool, SwitchMode, SystemConfig
+
+_ISSUE, _WAKE, _JOIN, _SWITCH_DONE, _TICK, _CALL = range(6)
+_PHASE = {Role.PREFILL: Phase.PREFILL, Role.DECODE: Phase.DECODE, Role.BOTH: Phase.BOTH}
+_UNLIMITED_BLOCKS = 1 << 40
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """Pool shape and run settings shared by every system of a comparison."""
+
+    nodes: int = 9
+    prefill_nodes: int = 6
+    block_size: int = 64
+    slo_ttft_base_s: float = 2.0
+    slo_ttft_per_token_s: float = 1e-4
+    slo_tpot_s: float = 0.1
+    host_evict_fraction: float = 0.1
+    occupancy_sample_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or not 0 <= self.prefill_nodes <= self.nodes:
+            raise ValueError(f"need 1 <= nodes and 0 <= prefill_nodes <= nodes, got {self}")
+
+
+@dataclass(slots=True)
+class Issue:
+    """A request ready to be sent, with what the router knows from the harness."""
+
+    req: SimRequest
+    turn: int
+    new_turn_tokens: int
+    last_of_branch: bool
+    on_done: Callable[[SimRequest, float], None]
+
+
+@dataclass(slots=True)
+class _Switch:
+    node: int
+    to: Role
+    decided_at: float
+    drained_at: float = -1.0
+
+
+@dataclass(slots=True)
+class WindowLog:
+    """What the planners read: request works and decode occupancy since the run began."""
+
+    works: list[RequestWorkRecord] = field(default_factory=list)
+    occupancy: list[OccupancySample] = field(default_factory=list)
+    iterations: dict[int, list[list[PrefillBatchItem]]] = field(default_factory=dict)
+
+
+class Simulator:
+    def __init__(self, system: SystemConfig, preset: Preset, cfg: SimConfig, metrics: Metrics) -> None:
+        self.system = system
+        self.preset = preset
+        self.cfg = cfg
+        self.metrics = metrics
+        self.now = 0.0
+        self._events: list[tuple[float, int, int, object]] = []
+        self._seq = 0
+        self.policy = create_policy(system.policy, dict(system.policy_knobs))
+        self.ctx = PolicyContext(slo=metrics.slo, max_queue_per_node=1 << 30, page_size=cfg.block_size)
+        self.directory = Directory(page_size=cfg.block_size)
+        unlimited = system.unlimited_cache
+        block = cfg.block_size
+        self.host_cap_blocks = _UNLIMITED_BLOCKS if unlimited else preset.host_kv_tokens // block
+        gpu_blocks = _UNLIMITED_BLOCKS if unlimited else preset.gpu_kv_tokens // block
+        self.nodes: list[SimNode] = []
+        for i in range(cfg.nodes):
+            if system.pool is Pool.COLOCATED:
+                role = Role.BOTH
+            else:
+                role = Role.PREFILL if i < cfg.prefill_nodes else Role.DECODE
+            node = SimNode(
+                i,
+                f"n{i}",
+                preset.prefill_model(),
+                preset.decode_model(),
+                role=role,
+                chunk_tokens=preset.chunk_tokens,
+                t_acc=preset.t_acc,
+                gpu_cache_blocks=gpu_blocks,
+                kv_capacity_tokens=preset.gpu_kv_tokens,
+            )
+            self.nodes.append(node)
+            self.directory.register_node(node.name, _PHASE[role])
+        base_model = NodeModel(
+            preset.prefill_model(), preset.decode_model(), t_bar=float(preset.chunk_tokens)
+        )
+        self.models: list[NodeModel] = [base_model for _ in self.nodes]
+        self.queued: list[QueueSums] = [QueueSums() for _ in self.nodes]
+        self._wake_version = [0] * len(self.nodes)
+        self._pending_decode: deque[tuple[SimRequest, Issue]] = deque()
+        self._issues: dict[int, Issue] = {}
+        self._switches: dict[int, _Switch] = {}
+        self.last_switch_at: float | None = None
+        self.window = WindowLog()
+        self.in_decode = 0
+        self.fetch = self.ctx.fetch
+        metrics.record_split(0.0, self.split())
+
+    # -- event plumbing ---------------------------------------------------------------------------
+    def schedule(self, at: float, kind: int, payload: object) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (at, self._seq, kind, payload))
+
+    def issue_at(self, at: float, issue: Issue) -> None:
+        self.schedule(at, _ISSUE, issue)
+
+    def every(self, period_s: float, first_at: float, fn: Callable[[float], None]) -> None:
+        """Call ``fn(now)`` every ``period_s`` from ``first_at`` on."""
+        self.schedule(first_at, _TICK, (period_s, fn))
+
+    def call_at(self, at: float, fn: Callable[[float], None]) -> None:
+        """Call ``fn(now)`` once at ``at``."""
+        self.schedule(at, _CALL, fn)
+
+    def _wake(self, node: SimNode) -> None:
+        t = node.wake_time()
+        self._wake_version[node.index] += 1
+        if t < math.inf:
+            self.schedule(max(t, self.now), _WAKE, (node.index, self._wake_version[node.index]))
+
+    def run(self, until: float) -> None:
+        self.every(self.cfg.occupancy_sample_s, 0.0, self._sample)
+        events = self._events
+        while events and events[0][0] <= until:
+            at, _, kind, payload = heapq.heappop(events)
+            self.now = at
+            if kind == _WAKE:
+                idx, version = cast(tuple[int, int], payload)
+                if version == self._wake_version[idx]:
+                    self._on_wake(self.nodes[idx])
+            elif kind == _ISSUE:
+                self._route(cast(Issue, payload))
+            elif kind == _JOIN:
+                target, req = cast(tuple[int, SimRequest], payload)
+                self._on_join(target, req)
+            elif kind == _SWITCH_DONE:
+                self._on_switch_done(cast(int, payload))
+            elif kind == _CALL:
+                cast(Callable[[float], None], payload)(at)
+            else:
+                period, fn = cast(tuple[float, Callable[[float], None]], payload)
+                fn(at)
+                self.schedule(at + period, _TICK, payload)
+        self.now = until
+
+    # -- routing ----------------------------------------------------------------------------------
+    def _route(self, issue: Issue) -> None:
+        req, now, block = issue.req, self.now, self.cfg.block_size
+        cap = max(0, (req.input_tokens - 1) // block)
+        branch = req.branch if self.system.branch_ids else None
+        per_node, cluster = prefixes(self.directory, req, self.nodes, cap, block, branch, now)
+        ideal = self.metrics.ideal_prefix(req.blocks, cap)
+        local = {
+            self.nodes[i].name: CachedPrefix(gpu=g * block, total=t * block) for i, (g, t) in per_node.items()
+        }
+        visible = cluster * block if self.system.fetch is not FetchMode.NONE else 0
+        view = request_view(req, issue.turn, issue.new_turn_tokens, local, visible, self.system.branch_ids)
+        states = [
+            node_state(n, self.models[n.index], self.queued[n.index], now)
+            for n in self.nodes
+            if n.role in (Role.PREFILL, Role.BOTH) and n.status is NodeStatus.SERVING
+        ]
+        candidates = prefill_candidates(states, self.ctx)
+        try:
+            decision = self.policy.choose(view, candidates, self.ctx)
+        except NoCandidateError:
+            self.schedule(now + 1.0, _ISSUE, issue)  # every prefill node is switching: retry
+            return
+        idx = int(decision.node_id[1:])
+        node = self.nodes[idx]
+        gpu, have = per_node.get(idx, (0, 0))
+        fetch_blocks = fetchable_blocks(self.system.fetch, self.fetch, cluster - have, block)
+        req.cached_tokens = (have + fetch_blocks) * block
+        req.fetch_tokens = fetch_blocks * block
+        req.restore_tokens = (have - gpu + fetch_blocks) * block
+        req.ideal_cached_tokens = ideal * block
+        req.prefill_node = idx
+        tau = (
+            self.fetch.tau(req.fetch_tokens)
+            if self.system.fetch in (FetchMode.ASYNC, FetchMode.SYNC)
+            else 0.0
+        )
+        req.fetch_ready_at = now + tau if self.system.fetch is FetchMode.ASYNC else now
+        req.sync_fetch_s = tau if self.system.fetch is FetchMode.SYNC else 0.0
+        if branch is not None:
+            self.directory.place(branch, node.name, now)
+        self._issues[req.rid] = issue
+        self.window.works.append(
+            RequestWorkRecord(
+                now,
+                Work(
+                    t_uc=float(req.uncached_tokens),
+                    t_c=float(req.cached_tokens),
+                    t_out=float(max(1, req.output_tokens - 1)),
+                    t_acc=self.preset.t_acc,
+                ),
+            )
+        )
+        self.queued[idx].add(req, +1)
+        node.enqueue(req, now)
+        node.kick(now)
+        self._after_step(node)
+
+    # -- node events ------------------------------------------------------------------------------
+    def _on_wake(self, node: SimNode) -> None:
+        out = node.advance(self.now)
+        if out.iteration is not None:
+            self.window.iterations.setdefault(node.index, []).append(out.iteration[1])
+        for r in out.prefilled:
+            self._on_prefilled(node, r)
+        for r in out.decoded:
+            self._on_decoded(node, r)
+        if out.decoded:
+            self._retry_pending_decode()
+        self._after_step(node)
+
+    def _after_step(self, node: SimNode) -> None:
+        if node.started:  # requests whose first chunk started leave the queued sums
+            for r in node.started:
+                self.queued[node.index].add(r, -1)
+            node.started.clear()
+        self._wake(node)
+        sw = self._switches.get(node.index)
+        if sw is not None and sw.drained_at < 0 and node.status is NodeStatus.DRAINING and node.idle:
+            self._drained(node, sw)
+
+    def _store(self, node: SimNode, blocks: list[int], parent: int) -> None:
+        if not blocks:
+            return
+        self.directory.apply_stored(node.name, parent, blocks, Tier.HOST, self.now)
+        node.gpu.touch(blocks)
+        count = self.directory.index.node_block_count(node.name)
+        if count > self.host_cap_blocks:
+            self._evict_host(node, count - int(self.host_cap_blocks * (1 - self.cfg.host_evict_fraction)))
+
+    def _evict_host(self, node: SimNode, n: int) -> None:
+        if self.system.eviction is Eviction.BRANCH_COUNT:
+            order = self.directory.eviction_order(node.name, limit=n)
+        else:
+            order = eviction_order(self.directory.index.host_blocks(node.name), lambda _h: 0, limit=n)
+        hashes = [c.block_hash for c in order]
+        self.directory.apply_removed(node.name, hashes, Tier.HOST)
+        node.gpu.discard(hashes)
+        self.metrics.evicted_blocks += len(hashes)
+
+    def _on_prefilled(self, node: SimNode, req: SimRequest) -> None:
+        full = req.blocks
+        self._store(node, full, ROOT_HASH)
+        self.metrics.first_token(req)
+        issue = self._issues[req.rid]
+        if req.output_tokens <= 1:
+            req.done_at = req.first_token_at
+            self._complete(req, issue)
+            return
+        if node.role is Role.BOTH:
+            node.join_decode(req, self.now)
+            self.in_decode += 1
+            return
+        self._bind_decode(req, issue)
+
+    def _bind_decode(self, req: SimRequest, issue: Issue) -> None:
+        target = choose_decode(req, self.nodes, self.models, self.ctx, self.now)
+        if target is None:
+            self._pending_decode.append((req, issue))
+            return
+        dnode = self.nodes[target]
+        req.decode_node = target
+        dnode.kv_used_tokens += req.kv_tokens  # reserve now; join_decode re-adds, so release below
+        if self.system.branch_ids:
+            self.directory.place(req.branch, dnode.name, self.now)
+        self.schedule(self.now + self.preset.handover_s(req.input_tokens), _JOIN, (target, req))
+
+    def _retry_pending_decode(self) -> None:
+        pending, self._pending_decode = self._pending_decode, deque()
+        for req, issue in pending:
+            self._bind_decode(req, issue)
+
+    def _on_join(self, target: int, req: SimRequest) -> None:
+        dnode = self.nodes[target]
+        dnode.kv_used_tokens -= req.kv_tokens
+        self._store(dnode, req.blocks, ROOT_HASH)
+        dnode.join_decode(req, self.now)
+        self.in_decode += 1
+        self._after_step(dnode)
+
+    def _on_decoded(self, node: SimNode, req: SimRequest) -> None:
+        self.in_decode -= 1
+        if req.produced:
+            parent = req.blocks[-1] if req.blocks else ROOT_HASH
+            self._store(node, req.produced, parent)
+        self._complete(req, self._issues[req.rid])
+
+    def _complete(self, req: SimRequest, issue: Issue) -> None:
+        del self._issues[req.rid]
+        self.metrics.ideal_add(req.blocks, req.produced)
+        self.metrics.done(req, self.nodes)
+        if issue.last_of_branch and self.system.branch_ids:
+            self.directory.end_branch(req.branch)
+        issue.on_done(req, self.now)
+
+    # -- occupancy ----------------------------------------------------------------------------
+    def _sample(self, now: float) -> None:
+        self.window.occupancy.append(OccupancySample(now, float(self.in_decode)))
+        self.metrics.sample(now, self.nodes, self.queued)
+
+    # -- phase switches -----------------------------------------------------------------------
+    def split(self) -> tuple[int, int, int]:
+        """(prefill, decode, out of service) counts by current role."""
+        p = sum(
+            1 for n in self.nodes if n.role in (Role.PREFILL, Role.BOTH) and n.status is not NodeStatus.DOWN
+        )
+        d = sum(1 for n in self.nodes if n.role is Role.DECODE and n.status is not NodeStatus.DOWN)
+        return p, d, len(self.nodes) - p - d
+
+    @property
+    def switching(self) -> bool:
+        return bool(self._switches)
+
+    def begin_switch(self, index: int, to: Role) -> None:
+        node = self.nodes[index]
+        if index in self._switches or node.role is to:
+            return
+        sw = _Switch(index, to, self.now)
+        self._switches[index] = sw
+        self.last_switch_at = self.now
+        node.status = NodeStatus.DRAINING
+        for r in node.take_queue():
+            self.queued[index].add(r, -1)
+            r.reroutes += 1
+            self._route(self._issues.pop(r.rid))
+        self._after_step(node)
+
+    def _drained(self, node: SimNode, sw: _Switch) -> None:
+        sw.drained_at = self.now
+        mode = self.system.switch
+        node.status = NodeStatus.DOWN
+        if mode in (SwitchMode.RELAUNCH, SwitchMode.STRANDED):
+            held = [h for h, _ in self.directory.index.host_blocks(node.name)]
+            self.directory.apply_removed(node.name, held, Tier.HOST)
+            node.reset_after_relaunch()
+        delay = {
+            SwitchMode.IN_PLACE: self.preset.switch_in_place_s,
+            SwitchMode.STRANDED: self.preset.switch_in_place_s,
+            SwitchMode.RELAUNCH: self.preset.relaunch_s,
+            SwitchMode.FREE: 0.0,
+        }[mode]
+        self.metrics.record_split(self.now, self.split())
+        self.schedule(self.now + delay, _SWITCH_DONE, node.index)
+
+    def _on_switch_done(self, index: int) -> None:
+        node = self.nodes[index]
+        sw = self._switches.pop(index)
+        node.role = sw.to
+        node.status = NodeStatus.SERVING
+        self.directory.switch_phase(node.name, _PHASE[sw.to])
+        self.metrics.switch(sw.decided_at, sw.drained_at, self.now, self.system.switch)
+        self.metrics.record_split(self.now, self.split())
+        if sw.to is Role.DECODE:
+            self._retry_pending_decode()
+        self._after_step(node)

@@ -1,0 +1,153 @@
+"""The systems the simulator compares: each one is a configuration of the same plugins.
+
+A system picks a pool layout, a routing policy from :mod:`agentpool.router.policy`'s registry, a
+split planner, how a node switches phase, how a node gets KV that a peer holds, and the host-memory
+eviction order. Nothing else differs: the same node model, directory and event loop run them all.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+class Pool(enum.StrEnum):
+    DISAGGREGATED = "disaggregated"
+    COLOCATED = "colocated"
+
+
+class SwitchMode(enum.StrEnum):
+    IN_PLACE = "in-place"  # drain, switch in place; KV stays readable (symmetric engines + pool)
+    RELAUNCH = "relaunch"  # drain, node out of service for the relaunch time, its KV lost (Dynamo)
+    STRANDED = "stranded"  # drain, switch in place, but its KV is unreachable afterwards (Arrow)
+    FREE = "free"  # oracle: drain, switch at no cost, KV stays
+
+
+class FetchMode(enum.StrEnum):
+    ASYNC = "async"  # fetch from a peer's host memory while the request waits (agentpool)
+    SYNC = "sync"  # load at prefill start; the batch waits (upstream HiCache + memory pool)
+    NONE = "none"  # no peer pool: recompute what the node lacks
+    FREE = "free"  # oracle: every peer prefix is available at no cost
+
+
+class PlannerKind(enum.StrEnum):
+    NONE = "none"
+    EVOLVING = "evolving"
+    DYNAMO = "dynamo"
+    ARROW = "arrow"
+    ORACLE = "oracle"
+
+
+class Eviction(enum.StrEnum):
+    BRANCH_COUNT = "branch-count"  # (R > 0, last access): Algorithm E.2 with branch ids
+    LRU = "lru"
+
+
+@dataclass(frozen=True, slots=True)
+class SystemConfig:
+    name: str
+    description: str
+    pool: Pool
+    policy: str
+    planner: PlannerKind
+    switch: SwitchMode
+    fetch: FetchMode
+    eviction: Eviction
+    policy_knobs: Mapping[str, float] = field(default_factory=dict)
+    unlimited_cache: bool = False
+
+    @property
+    def branch_ids(self) -> bool:
+        """Whether the harness tags requests with branch ids (needed for branch counts)."""
+        return self.eviction is Eviction.BRANCH_COUNT
+
+
+def _d(name: str, description: str, **kw: object) -> SystemConfig:
+    base: dict[str, object] = {
+        "pool": Pool.DISAGGREGATED,
+        "planner": PlannerKind.NONE,
+        "switch": SwitchMode.IN_PLACE,
+        "fetch": FetchMode.NONE,
+        "eviction": Eviction.LRU,
+    }
+    base.update(kw)
+    return SystemConfig(name=name, description=description, **base)  # type: ignore[arg-type]
+
+
+def _colocated(policy: str, description: str) -> SystemConfig:
+    return _d(policy, description, pool=Pool.COLOCATED, policy=policy, fetch=FetchMode.SYNC)
+
+
+SYSTEMS: Mapping[str, SystemConfig] = {
+    s.name: s
+    for s in (
+        _d(
+            "agentpool",
+            "evolving router, online planner, branch-count eviction, async fetch, in-place switches",
+            policy="evolving",
+            planner=PlannerKind.EVOLVING,
+            fetch=FetchMode.ASYNC,
+            eviction=Eviction.BRANCH_COUNT,
+        ),
+        _d(
+            "agentpool-smetric",
+            "agentpool with the smetric routing policy",
+            policy="smetric",
+            planner=PlannerKind.EVOLVING,
+            fetch=FetchMode.ASYNC,
+            eviction=Eviction.BRANCH_COUNT,
+        ),
+        _d(
+            "static-cache-aware",
+            "SGLang PD at a static split: cache-aware routing, LRU, no peer pool",
+            policy="cache-aware",
+        ),
+        _d(
+            "dynamo-like",
+            "dynamo router, queue/KV-utilization planner, switches by relaunch, LRU, no peer pool",
+            policy="dynamo",
+            planner=PlannerKind.DYNAMO,
+            switch=SwitchMode.RELAUNCH,
+        ),
+        _d(
+            "dynamo-like+pool",
+            "dynamo-like plus a shared host-memory pool read synchronously at prefill start",
+            policy="dynamo",
+            planner=PlannerKind.DYNAMO,
+            switch=SwitchMode.RELAUNCH,
+            fetch=FetchMode.SYNC,
+        ),
+        _d(
+            "arrow-like",
+            "TTFT planner predicting from full input length, in-place switches that strand KV, "
+            "KV-agnostic (least-loaded) routing, LRU",
+            policy="least-loaded",
+            planner=PlannerKind.ARROW,
+            switch=SwitchMode.STRANDED,
+        ),
+        _d(
+            "oracle",
+            "upper bound: best split per window, unlimited shared cache, free fetches and switches",
+            policy="evolving",
+            planner=PlannerKind.ORACLE,
+            switch=SwitchMode.FREE,
+            fetch=FetchMode.FREE,
+            unlimited_cache=True,
+        ),
+        _colocated("smetric", "colocated, SMetric session-centric routing, global tier read at prefill"),
+        _colocated("lmetric", "colocated, LMetric (queued prefill + miss) x load"),
+        _colocated("linear", "colocated, Bailian-style linear combination of load and miss"),
+        _colocated("least-loaded", "colocated, join the shortest queue"),
+    )
+}
+
+DISAGGREGATED_DEFAULT = ("agentpool", "static-cache-aware", "dynamo-like", "arrow-like", "oracle")
+COLOCATED_DEFAULT = ("smetric", "lmetric", "linear", "least-loaded")
+
+
+def system(name: str) -> SystemConfig:
+    try:
+        return SYSTEMS[name]
+    except KeyError:
+        raise ValueError(f"unknown system {name!r}; known: {sorted(SYSTEMS)}") from None

@@ -1,0 +1,47 @@
+"""Run the router: ``python -m agentpool.router --config router.yaml [--host H] [--port P]``.
+
+``--directory inprocess`` keeps a KV directory in this process (single-router deployments, demos);
+``--directory HOST:PORT`` uses the directory service over gRPC.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+
+from aiohttp import web
+
+from agentpool.kv import Directory
+from agentpool.router.config import ConfigFile
+from agentpool.router.directory_view import DirectoryView, InProcessDirectoryView
+from agentpool.router.server import build_app
+from agentpool.router.service import RouterService
+
+
+def directory_view(spec: str, page_size: int) -> DirectoryView:
+    if spec == "inprocess":
+        return InProcessDirectoryView(Directory(page_size), time.monotonic)
+    from agentpool.router.grpc_directory import GrpcDirectoryView
+
+    return GrpcDirectoryView(spec)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m agentpool.router", description=__doc__)
+    parser.add_argument(
+        "--config", required=True, help="router config file (YAML or JSON); reloaded on change"
+    )
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--directory", default="inprocess", help="'inprocess' or the directory's HOST:PORT")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config_file = ConfigFile(args.config)
+    config = config_file.load()
+    service = RouterService(config, directory_view(args.directory, config.page_size), config_file=config_file)
+    web.run_app(build_app(service), host=args.host, port=args.port, access_log=None)
+
+
+if __name__ == "__main__":
+    main()

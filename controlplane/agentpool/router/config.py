@@ -1,0 +1,151 @@
+"""Router configuration (pydantic, at the edge) and its conversion to the pure policy context.
+
+The operator renders the pool's router settings into a YAML or JSON file (a ConfigMap volume); the
+router re-reads it when it changes (:class:`ConfigFile`), so policy, knobs, SLO, fetch model and the
+node list change without a restart.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from agentpool.models import FetchModel, TtftSlo
+from agentpool.router.policy import PolicyContext, PolicyError, Role, create_policy
+
+
+class ConfigError(ValueError):
+    """The router configuration is invalid."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class SloConfig(_Strict):
+    ttft_base_s: float = Field(2.0, gt=0, alias="ttftBase")
+    ttft_per_token_s: float = Field(1e-4, ge=0, alias="ttftPerToken")
+
+
+class FetchConfig(_Strict):
+    base_s: float = Field(0.45e-3, ge=0, alias="base")
+    per_token_s: float = Field(1e-6, ge=0, alias="perToken")
+    min_tokens: int = Field(512, ge=0, alias="minTokens")
+
+
+class NodeModelConfig(_Strict):
+    """Eq. 1/2 coefficients of a node until the planner's online fit replaces them (seconds)."""
+
+    c0: float = Field(0.01, ge=0)
+    c1: float = Field(5e-5, ge=0)
+    c2: float = Field(1e-10, ge=0)
+    c3: float = Field(1e-7, ge=0)
+    d0: float = Field(0.01, ge=0)
+    d1: float = Field(0.005, ge=0)
+    d2: float = Field(1e-4, ge=0)
+    t_bar: float = Field(8192.0, gt=0, alias="tBar")
+
+
+class NodeConfig(_Strict):
+    id: str = Field(min_length=1, max_length=200)
+    url: str = Field(pattern=r"^https?://")
+    role: Role = Role.BOTH
+    kv_capacity_tokens: int = Field(1_000_000, ge=0, alias="kvCapacityTokens")
+
+
+class TimeoutConfig(_Strict):
+    connect_s: float = Field(2.0, gt=0, alias="connect")
+    first_event_s: float = Field(120.0, gt=0, alias="firstEvent")
+    between_events_s: float = Field(30.0, gt=0, alias="betweenEvents")
+    directory_s: float = Field(2.0, gt=0, alias="directory")
+
+
+class RouterConfig(_Strict):
+    model: str = "agentpool"
+    tokenizer: str = "builtin"
+    policy: str = "evolving"
+    knobs: dict[str, float] = Field(default_factory=dict)
+    slo: SloConfig = SloConfig()
+    fetch: FetchConfig = FetchConfig()
+    copy_price_s_per_token: float = Field(1e-7, ge=0, alias="copyPrice")
+    page_size: int = Field(64, gt=0, alias="pageSize")
+    max_report_age_s: float = Field(5.0, gt=0, alias="maxReportAge")
+    max_queue_per_node: int = Field(64, gt=0, alias="maxQueuePerNode")
+    max_retries: int = Field(2, ge=0, alias="maxRetries")
+    max_requeues: int = Field(8, ge=0, alias="maxRequeues")
+    max_body_bytes: int = Field(8 * 1024 * 1024, gt=0, alias="maxBodyBytes")
+    default_output_tokens: int = Field(256, ge=0, alias="defaultOutputTokens")
+    retry_after_s: int = Field(1, ge=1, alias="retryAfter")
+    timeouts: TimeoutConfig = TimeoutConfig()
+    node_model: NodeModelConfig = Field(default_factory=NodeModelConfig, alias="nodeModel")
+    nodes: list[NodeConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check(self) -> RouterConfig:
+        ids = [n.id for n in self.nodes]
+        if len(ids) != len(set(ids)):
+            raise ValueError(f"duplicate node ids in {ids}")
+        try:
+            create_policy(self.policy, self.knobs)
+        except PolicyError as e:
+            raise ValueError(str(e)) from e
+        return self
+
+    def policy_context(self) -> PolicyContext:
+        return PolicyContext(
+            slo=TtftSlo(base=self.slo.ttft_base_s, per_token=self.slo.ttft_per_token_s),
+            fetch=FetchModel(
+                base_s=self.fetch.base_s, per_token_s=self.fetch.per_token_s, min_tokens=self.fetch.min_tokens
+            ),
+            kappa_s_per_token=self.copy_price_s_per_token,
+            page_size=self.page_size,
+            max_report_age_s=self.max_report_age_s,
+            max_queue_per_node=self.max_queue_per_node,
+        )
+
+    @property
+    def disaggregated(self) -> bool:
+        return any(n.role is not Role.BOTH for n in self.nodes)
+
+
+Format = Literal["yaml", "json"]
+
+
+def parse_config(text: str, fmt: Format = "yaml") -> RouterConfig:
+    try:
+        raw = json.loads(text) if fmt == "json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        raise ConfigError(f"router config is not valid {fmt}: {e}") from e
+    try:
+        return RouterConfig.model_validate(raw or {})
+    except ValidationError as e:
+        raise ConfigError(f"invalid router config: {e}") from e
+
+
+class ConfigFile:
+    """A config file re-read when its modification time or size changes."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._stamp: tuple[int, int] | None = None
+
+    def _current_stamp(self) -> tuple[int, int]:
+        st = self.path.stat()
+        return (st.st_mtime_ns, st.st_size)
+
+    def load(self) -> RouterConfig:
+        stamp = self._current_stamp()
+        fmt: Format = "json" if self.path.suffix == ".json" else "yaml"
+        config = parse_config(self.path.read_text(), fmt)
+        self._stamp = stamp
+        return config
+
+    def changed(self) -> bool:
+        try:
+            return self._current_stamp() != self._stamp
+        except FileNotFoundError:
+            return False

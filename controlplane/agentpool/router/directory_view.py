@@ -1,0 +1,89 @@
+"""The router's seam to the KV directory: one ``resolve`` round trip per request, ``place``, ``end_branch``.
+
+Two implementations:
+
+- :class:`InProcessDirectoryView` over an :class:`agentpool.kv.Directory` object (tests, single-process
+  deployments, the simulator's shell);
+- :class:`agentpool.router.grpc_directory.GrpcDirectoryView` over the directory service's asyncio
+  gRPC client.
+
+Prefixes come back in tokens (blocks times page size) as :class:`CachedPrefix` per node, so the
+policies never see blocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from agentpool.kv import Directory, KvError, PrefixMatch
+from agentpool.router.policy import CachedPrefix
+
+
+class DirectoryError(Exception):
+    """The directory could not answer (unreachable, or it rejected the call)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """The directory's answer for one request."""
+
+    prefixes: Mapping[str, CachedPrefix]
+    branch_version: int | None = None
+
+    @property
+    def cluster_prefix(self) -> int:
+        return max((p.total for p in self.prefixes.values()), default=0)
+
+
+class DirectoryView(Protocol):
+    async def resolve(
+        self, hashes: Sequence[int], branch: str | None, parent_branch: str | None
+    ) -> Resolved: ...
+
+    async def place(self, branch: str, node: str) -> None: ...
+
+    async def end_branch(self, branch: str) -> bool:
+        """End ``branch``; ``False`` when the directory does not know it."""
+        ...
+
+
+def prefixes_in_tokens(matches: Mapping[str, PrefixMatch], page_size: int) -> dict[str, CachedPrefix]:
+    return {
+        node: CachedPrefix(gpu=m.gpu_blocks * page_size, total=m.local_blocks * page_size)
+        for node, m in matches.items()
+        if m.local_blocks > 0
+    }
+
+
+class InProcessDirectoryView:
+    """A :class:`DirectoryView` over an in-process :class:`Directory` (``clock`` gives ``now``).
+
+    ``parent_branch`` is not needed by the directory core: a fork starts a new branch with an empty
+    previous path (Algorithm E.1), which is what an unknown branch id gets.
+    """
+
+    def __init__(self, directory: Directory, clock: Callable[[], float]) -> None:
+        self.directory = directory
+        self._clock = clock
+
+    async def resolve(self, hashes: Sequence[int], branch: str | None, parent_branch: str | None) -> Resolved:
+        try:
+            r = self.directory.resolve(hashes, branch, self._clock())
+        except KvError as e:
+            raise DirectoryError(str(e)) from e
+        version = r.observation.version if r.observation is not None else None
+        return Resolved(prefixes_in_tokens(r.prefixes, self.directory.page_size), version)
+
+    async def place(self, branch: str, node: str) -> None:
+        try:
+            self.directory.place(branch, node, self._clock())
+        except KvError as e:
+            raise DirectoryError(str(e)) from e
+
+    async def end_branch(self, branch: str) -> bool:
+        if self.directory.branches.find(branch) is None:
+            return False
+        self.directory.end_branch(branch)
+        return True

@@ -1,0 +1,87 @@
+"""The HTTP protocol between the router and engines, as the router speaks it.
+
+Dispatch: ``POST {engine}/agentpool/v1/generate`` with a :class:`GenerateRequest`; the engine answers
+``200`` with a stream of newline-delimited JSON :class:`EngineEvent` objects:
+
+- ``started``: the prefill of the request began (the router binds the decode node now);
+- ``token``: output text (colocated and decode phases; ``prefilled`` carries the first token);
+- ``prefilled``: prefill done on a prefill node; the KV waits under ``transfer_id`` for the decode
+  node, which the router then asks with ``phase=decode`` and ``kv_source``/``transfer_id``;
+- ``requeue``: the engine gives the request back unserved (it is draining for a role switch or
+  shedding load); the router re-routes it, and this does not count as a failure;
+- ``done``: finished, with ``finish_reason`` and ``usage``;
+- ``error``: the engine failed the request.
+
+Load reports: engines ``POST {router}/agentpool/v1/report`` a :class:`LoadReport`. A report covers
+the requests the router dispatched to the node up to ``last_dispatch_seq`` (the router numbers its
+dispatches per node), so requests sent later count as "sent but not reported".
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentpool.router.policy import Role
+
+Phase = Literal["both", "prefill", "decode"]
+EventType = Literal["started", "token", "prefilled", "requeue", "done", "error"]
+
+
+class KvSource(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    node_id: str
+    url: str
+    transfer_id: str
+
+
+class GenerateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    request_id: str
+    dispatch_seq: int = Field(ge=0)
+    phase: Phase
+    endpoint: Literal["chat", "completion"]
+    body: dict[str, Any]
+    prompt_token_ids: list[int]
+    cached_tokens: int = Field(0, ge=0)
+    fetch_tokens: int = Field(0, ge=0)
+    decode_node: str | None = None
+    kv_source: KvSource | None = None
+
+
+class Usage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class EngineEvent(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: EventType
+    text: str = ""
+    transfer_id: str | None = None
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    reason: str = ""
+    message: str = ""
+
+
+class QueuedItem(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    request_id: str
+    t_uc: int = Field(ge=0)
+    t_c: int = Field(0, ge=0)
+
+
+class LoadReport(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    node_id: str
+    role: Role
+    last_dispatch_seq: int = Field(-1, ge=-1)
+    remaining_batch_s: float = Field(0.0, ge=0)
+    queue: list[QueuedItem] = Field(default_factory=list, max_length=100_000)
+    running_decode: int = Field(0, ge=0)
+    kv_room_tokens: int = Field(0, ge=0)
+    kv_used_tokens: int = Field(0, ge=0)
+    accepting: bool = True

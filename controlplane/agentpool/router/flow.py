@@ -1,0 +1,309 @@
+"""The request flow: choose a node, dispatch, bind decode, hand over KV, retry, re-route.
+
+Colocated pool: one ``generate`` call with ``phase=both`` on the chosen node.
+Disaggregated pool: ``phase=prefill`` on the chosen prefill node; when it reports ``started``, the
+decode node is bound (:func:`agentpool.router.policy.bind_decode`) and the branch placed there; its
+``prefilled`` event carries the first token and the KV ``transfer_id``, and ``phase=decode`` on the
+bound node continues the stream from the handed-over KV.
+
+Failures: an engine that fails before the first token reaches the client is excluded and the
+request re-dispatched, at most ``max_retries`` times; a ``requeue`` (a draining engine giving the
+request back) or a busy answer re-routes it without counting as a failure (at most
+``max_requeues`` times). After the first token a failure raises :class:`StreamBroken`: the server
+ends the stream with an error event. Every engine call has connect, first-event and between-event
+timeouts, so no client hangs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from agentpool.models import Work
+from agentpool.router.config import RouterConfig
+from agentpool.router.directory_view import DirectoryError, DirectoryView
+from agentpool.router.engine_client import EngineBusy, EngineClient, EngineFailure
+from agentpool.router.engine_protocol import EngineEvent, GenerateRequest, KvSource, Phase, Usage
+from agentpool.router.metrics import RouterMetrics
+from agentpool.router.nodes import NodeTable
+from agentpool.router.policy import (
+    Decision,
+    NodeState,
+    Policy,
+    PolicyContext,
+    RequestView,
+    Role,
+    bind_decode,
+    prefill_candidates,
+)
+from agentpool.router.policy.contract import serves_prefill
+
+Endpoint = Literal["chat", "completion"]
+
+
+class FlowError(Exception):
+    """Base of the errors a request flow ends with; the server maps them to HTTP."""
+
+
+class Overloaded(FlowError):
+    """Every eligible node is over its queue limit: answer 429 with Retry-After."""
+
+
+class NoCapacity(FlowError):
+    """No node can serve the request now (none configured, all draining or refusing): 503."""
+
+
+class RequestFailed(FlowError):
+    """Engines failed before the first token and the retries are spent: 502."""
+
+
+class StreamBroken(FlowError):
+    """An engine failed after the client got the first token."""
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    finish_reason: str
+    usage: Usage
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A validated, tokenized, resolved request ready for routing."""
+
+    request_id: str
+    endpoint: Endpoint
+    body: dict[str, object]
+    token_ids: list[int]
+    view: RequestView
+    branch: str | None = None
+    excluded: set[str] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class Routing:
+    """What the flow reads on every request; the service swaps it on a config reload."""
+
+    config: RouterConfig
+    policy: Policy
+    ctx: PolicyContext
+
+
+class _Requeue(Exception):
+    pass
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        nodes: NodeTable,
+        engines: EngineClient,
+        directory: DirectoryView,
+        metrics: RouterMetrics,
+        routing: Routing,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.nodes = nodes
+        self.engines = engines
+        self.directory = directory
+        self.metrics = metrics
+        self.routing = routing
+        self.clock = clock
+
+    # -- choosing ----------------------------------------------------------------------------
+    def choose(self, prep: Prepared) -> Decision:
+        routing = self.routing
+        snapshot = self.nodes.snapshot(self.clock())
+        for n in snapshot:
+            self.metrics.queue_depth.labels(n.node_id).set(n.queue.requests + n.unreported.requests)
+        candidates = [n for n in prefill_candidates(snapshot, routing.ctx) if n.node_id not in prep.excluded]
+        if not candidates:
+            raise self._no_candidate(snapshot, prep)
+        t0 = time.perf_counter()
+        decision = routing.policy.choose(prep.view, candidates, routing.ctx)
+        self.metrics.decision.labels(routing.policy.name).observe(time.perf_counter() - t0)
+        self.metrics.decisions.labels(routing.policy.name, decision.node_id, "prefill").inc()
+        return decision
+
+    def _no_candidate(self, snapshot: list[NodeState], prep: Prepared) -> FlowError:
+        live = [
+            n
+            for n in snapshot
+            if serves_prefill(n) and n.accepting and not n.draining and n.node_id not in prep.excluded
+        ]
+        if live:
+            return Overloaded(f"all {len(live)} eligible nodes are over their queue limit")
+        return NoCapacity("no node can take a prefill now")
+
+    # -- running -----------------------------------------------------------------------------
+    async def run(self, prep: Prepared) -> AsyncGenerator[Chunk | Finish, None]:
+        cfg = self.routing.config
+        failures = requeues = 0
+        first_token = False
+        last_error = ""
+        while True:
+            try:
+                decision = self.choose(prep)
+            except (Overloaded, NoCapacity) as e:
+                if failures:
+                    raise RequestFailed(f"{failures} engines failed, last: {last_error}; {e}") from e
+                raise
+            node = decision.node_id
+            self._count_prefix(prep.view, decision)
+            if prep.branch is not None:
+                await self._place(prep.branch, node)
+            work = Work(
+                t_uc=float(prep.view.prompt_tokens - decision.cached_tokens),
+                t_c=float(decision.cached_tokens),
+                t_out=float(prep.view.expected_output_tokens),
+            )
+            kv_tokens = prep.view.prompt_tokens + prep.view.expected_output_tokens
+            seq = self.nodes.dispatch_prefill(node, prep.request_id, work, kv_tokens)
+            colocated = self.nodes.get(node).role is Role.BOTH
+            try:
+                if colocated:
+                    stream = self._colocated(prep, decision, seq)
+                else:
+                    stream = self._disaggregated(prep, decision, seq)
+                async with contextlib.aclosing(stream) as events:
+                    async for out in events:
+                        if isinstance(out, Chunk):
+                            first_token = True
+                        yield out
+                return
+            except _Requeue as e:
+                if first_token:
+                    raise StreamBroken(f"requeued after the first token: {e}") from e
+                requeues += 1
+                prep.excluded.add(node)
+                self.metrics.retries.labels("requeue").inc()
+                if requeues > cfg.max_requeues:
+                    raise NoCapacity(f"re-routed {requeues} times: {e}") from e
+            except EngineFailure as e:
+                if first_token:
+                    raise StreamBroken(str(e)) from e
+                failures += 1
+                last_error = str(e)
+                prep.excluded.add(node)
+                self.nodes.mark_down(node, self.clock())
+                self.metrics.retries.labels("engine_failure").inc()
+                if failures > cfg.max_retries:
+                    raise RequestFailed(f"{failures} engines failed, last: {last_error}") from e
+            finally:
+                self.nodes.finish_prefill(node, prep.request_id)
+
+    def _count_prefix(self, view: RequestView, d: Decision) -> None:
+        local = d.cached_tokens - d.fetch_tokens
+        self.metrics.prefix_tokens.labels("local").inc(local)
+        self.metrics.prefix_tokens.labels("remote").inc(d.fetch_tokens)
+        self.metrics.prefix_tokens.labels("miss").inc(view.prompt_tokens - d.cached_tokens)
+
+    async def _place(self, branch: str, node: str) -> None:
+        try:
+            await self.directory.place(branch, node)
+        except DirectoryError:
+            self.metrics.directory_errors.labels("place").inc()
+
+    def _generate_request(
+        self, prep: Prepared, decision: Decision, seq: int, phase: Phase, kv: KvSource | None = None
+    ) -> GenerateRequest:
+        return GenerateRequest(
+            request_id=prep.request_id,
+            dispatch_seq=seq,
+            phase=phase,
+            endpoint=prep.endpoint,
+            body=prep.body,
+            prompt_token_ids=prep.token_ids,
+            cached_tokens=decision.cached_tokens,
+            fetch_tokens=decision.fetch_tokens,
+            kv_source=kv,
+        )
+
+    async def _events(self, node: str, request: GenerateRequest) -> AsyncGenerator[EngineEvent, None]:
+        url = self.nodes.get(node).url
+        try:
+            async with contextlib.aclosing(self.engines.generate(url, request)) as events:
+                async for ev in events:
+                    if ev.type == "requeue":
+                        raise _Requeue(f"{node}: {ev.reason or 'requeued'}")
+                    if ev.type == "error":
+                        raise EngineFailure(f"{node}: {ev.message or 'engine error'}")
+                    yield ev
+        except EngineBusy as e:
+            raise _Requeue(str(e)) from e
+
+    async def _colocated(
+        self, prep: Prepared, decision: Decision, seq: int
+    ) -> AsyncGenerator[Chunk | Finish, None]:
+        request = self._generate_request(prep, decision, seq, "both")
+        async with contextlib.aclosing(self._events(decision.node_id, request)) as events:
+            async for ev in events:
+                if ev.type == "token" and ev.text:
+                    yield Chunk(ev.text)
+                elif ev.type == "done":
+                    yield Finish(ev.finish_reason or "stop", ev.usage or Usage())
+                    return
+        raise EngineFailure(f"{decision.node_id}: stream ended without done")
+
+    async def _disaggregated(
+        self, prep: Prepared, decision: Decision, seq: int
+    ) -> AsyncGenerator[Chunk | Finish, None]:
+        prefill_node = decision.node_id
+        decode_node: str | None = None
+        decode_seq = 0
+        transfer: str | None = None
+        request = self._generate_request(prep, decision, seq, "prefill")
+        first = ""
+        try:
+            async with contextlib.aclosing(self._events(prefill_node, request)) as events:
+                async for ev in events:
+                    if ev.type == "started" and decode_node is None:
+                        decode_node, decode_seq = await self._bind(prep)
+                    elif ev.type == "prefilled":
+                        transfer = ev.transfer_id
+                        first = ev.text
+                        break
+                    elif ev.type == "done":  # finished on the prefill node (e.g. max_tokens=1)
+                        if ev.text:
+                            yield Chunk(ev.text)
+                        yield Finish(ev.finish_reason or "length", ev.usage or Usage())
+                        return
+            if transfer is None:
+                raise EngineFailure(f"{prefill_node}: prefill ended without a KV transfer id")
+            if decode_node is None:
+                decode_node, decode_seq = await self._bind(prep)
+            if first:
+                yield Chunk(first)
+            kv = KvSource(node_id=prefill_node, url=self.nodes.get(prefill_node).url, transfer_id=transfer)
+            decode_request = self._generate_request(prep, decision, decode_seq, "decode", kv)
+            async with contextlib.aclosing(self._events(decode_node, decode_request)) as events:
+                async for ev in events:
+                    if ev.type == "token" and ev.text:
+                        yield Chunk(ev.text)
+                    elif ev.type == "done":
+                        yield Finish(ev.finish_reason or "stop", ev.usage or Usage())
+                        return
+            raise EngineFailure(f"{decode_node}: decode stream ended without done")
+        finally:
+            if decode_node is not None:
+                self.nodes.finish_decode(decode_node, prep.request_id)
+
+    async def _bind(self, prep: Prepared) -> tuple[str, int]:
+        snapshot = self.nodes.snapshot(self.clock())
+        binding = bind_decode(prep.view, snapshot, self.routing.ctx)
+        if binding is None:
+            raise NoCapacity("no decode node has KV room for the request")
+        kv_tokens = prep.view.prompt_tokens + prep.view.expected_output_tokens
+        seq = self.nodes.bind_decode(binding.node_id, prep.request_id, kv_tokens)
+        self.metrics.decisions.labels(self.routing.policy.name, binding.node_id, "decode").inc()
+        if prep.branch is not None:
+            await self._place(prep.branch, binding.node_id)
+        return binding.node_id, seq

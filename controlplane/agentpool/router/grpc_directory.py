@@ -1,0 +1,48 @@
+"""A :class:`DirectoryView` over the directory service's asyncio gRPC client."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import grpc
+
+from agentpool.directory.client import DirectoryClient, DirectoryRpcError
+from agentpool.router.directory_view import DirectoryError, Resolved
+from agentpool.router.policy import CachedPrefix
+
+
+class GrpcDirectoryView:
+    """``parent_branch`` is not sent: the directory treats an unseen branch id as a fork (E.1)."""
+
+    def __init__(self, target: str | DirectoryClient, token: str | None = None) -> None:
+        self.client = target if isinstance(target, DirectoryClient) else DirectoryClient(target, token=token)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def resolve(self, hashes: Sequence[int], branch: str | None, parent_branch: str | None) -> Resolved:
+        try:
+            r = await self.client.resolve(hashes, branch)
+        except DirectoryRpcError as e:
+            raise DirectoryError(str(e)) from e
+        prefixes = {
+            node: CachedPrefix(gpu=p.gpu_tokens, total=p.local_tokens)
+            for node, p in r.nodes.items()
+            if p.local_tokens > 0
+        }
+        return Resolved(prefixes, r.branch.version if r.branch is not None else None)
+
+    async def place(self, branch: str, node: str) -> None:
+        try:
+            await self.client.place(branch, node)
+        except DirectoryRpcError as e:
+            raise DirectoryError(str(e)) from e
+
+    async def end_branch(self, branch: str) -> bool:
+        try:
+            await self.client.end_branch(branch)
+        except DirectoryRpcError as e:
+            if e.code == grpc.StatusCode.NOT_FOUND:
+                return False
+            raise DirectoryError(str(e)) from e
+        return True

@@ -1,0 +1,73 @@
+"""Prometheus metrics of the router (``agentpool_router_*``), on a registry owned by the service."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+_TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+_DECISION_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2)
+
+
+class RouterMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.ttft = Histogram(
+            "agentpool_router_ttft_seconds",
+            "Time to first token seen by the client",
+            ["policy"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "agentpool_router_tpot_seconds",
+            "Mean time per output token after the first, per request",
+            ["policy"],
+            buckets=_TPOT_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "agentpool_router_e2e_seconds",
+            "End-to-end request latency",
+            ["policy"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.decision = Histogram(
+            "agentpool_router_decision_seconds",
+            "Time a policy takes to choose a node",
+            ["policy"],
+            buckets=_DECISION_BUCKETS,
+            registry=r,
+        )
+        self.decisions = Counter(
+            "agentpool_router_decisions_total", "Routing decisions", ["policy", "node", "phase"], registry=r
+        )
+        self.prefix_tokens = Counter(
+            "agentpool_router_prefix_tokens_total",
+            "Prompt tokens of routed requests by where their KV was: local, remote (fetched), miss",
+            ["kind"],
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "agentpool_router_queue_depth_requests",
+            "Prefill requests queued per node, as the router sees it",
+            ["node"],
+            registry=r,
+        )
+        self.retries = Counter(
+            "agentpool_router_retries_total", "Re-dispatches of a request", ["reason"], registry=r
+        )
+        self.requests = Counter(
+            "agentpool_router_requests_total", "Requests answered", ["endpoint", "code"], registry=r
+        )
+        self.directory_errors = Counter(
+            "agentpool_router_directory_errors_total",
+            "Directory calls that failed or timed out",
+            ["call"],
+            registry=r,
+        )
+        self.config_reloads = Counter(
+            "agentpool_router_config_reloads_total", "Configuration reloads", ["result"], registry=r
+        )

@@ -1,0 +1,194 @@
+"""The router's view of its engine nodes: engine reports plus what the router itself sent.
+
+Clock-free: callers pass ``now`` (seconds, any monotonic origin). One asyncio loop owns a table.
+
+Per node the table keeps the latest :class:`LoadReport`, the prefill requests the router dispatched
+and has not seen finish (each numbered with a per-node dispatch sequence), and the decode requests
+it bound there. :meth:`NodeTable.snapshot` turns this into the policies' :class:`NodeState`:
+
+- with a fresh report (at most ``max_report_age_s`` old): the reported batch and queue, plus the
+  dispatches numbered after the report's ``last_dispatch_seq`` as "sent but not reported";
+- with a stale or no report: every outstanding dispatch counts as "sent but not reported".
+
+State is bounded: outstanding entries are removed when their request leaves the node, and the queue
+limit caps how many a node gets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from agentpool.models import DecodeModel, NodeModel, PrefillModel, Work
+from agentpool.router.config import NodeConfig, NodeModelConfig
+from agentpool.router.engine_protocol import LoadReport
+from agentpool.router.policy import EMPTY_QUEUE, NodeState, QueuedPrefill, Role
+
+
+def node_model_of(cfg: NodeModelConfig) -> NodeModel:
+    return NodeModel(
+        prefill=PrefillModel(cfg.c0, cfg.c1, cfg.c2, cfg.c3),
+        decode=DecodeModel(cfg.d0, cfg.d1, cfg.d2),
+        t_bar=cfg.t_bar,
+    )
+
+
+@dataclass(slots=True)
+class Dispatch:
+    request_id: str
+    seq: int
+    work: Work
+    kv_tokens: int
+
+
+@dataclass(slots=True)
+class NodeEntry:
+    config: NodeConfig
+    role: Role
+    model: NodeModel
+    draining: bool = False
+    report: LoadReport | None = None
+    report_at: float = 0.0
+    down_until: float = float("-inf")
+    next_seq: int = 0
+    prefills: dict[str, Dispatch] = field(default_factory=dict)
+    decodes: dict[str, Dispatch] = field(default_factory=dict)
+
+    @property
+    def node_id(self) -> str:
+        return self.config.id
+
+    @property
+    def url(self) -> str:
+        return self.config.url
+
+
+class NodeTable:
+    def __init__(self, max_report_age_s: float = 5.0, down_cooldown_s: float = 2.0) -> None:
+        self.max_report_age_s = max_report_age_s
+        self.down_cooldown_s = down_cooldown_s
+        self._nodes: dict[str, NodeEntry] = {}
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def __contains__(self, node_id: object) -> bool:
+        return node_id in self._nodes
+
+    def get(self, node_id: str) -> NodeEntry:
+        try:
+            return self._nodes[node_id]
+        except KeyError:
+            raise KeyError(f"unknown node {node_id!r}") from None
+
+    def entries(self) -> list[NodeEntry]:
+        return list(self._nodes.values())
+
+    # -- configuration -----------------------------------------------------------------------
+    def configure(self, nodes: Iterable[NodeConfig], model: NodeModelConfig) -> list[str]:
+        """Apply the configured node list; returns the ids whose desired role changed (now draining)."""
+        seen: set[str] = set()
+        switched: list[str] = []
+        node_model = node_model_of(model)
+        for cfg in nodes:
+            seen.add(cfg.id)
+            entry = self._nodes.get(cfg.id)
+            if entry is None:
+                self._nodes[cfg.id] = NodeEntry(config=cfg, role=cfg.role, model=node_model)
+                continue
+            entry.config = cfg
+            entry.model = node_model
+            if cfg.role is not entry.role:
+                entry.role = cfg.role
+                entry.draining = True
+                switched.append(cfg.id)
+        for gone in set(self._nodes) - seen:
+            del self._nodes[gone]
+        return switched
+
+    # -- reports -----------------------------------------------------------------------------
+    def apply_report(self, report: LoadReport, now: float) -> None:
+        entry = self.get(report.node_id)
+        entry.report = report
+        entry.report_at = now
+        if entry.draining and report.role is entry.role:
+            entry.draining = False  # the engine switched and says so
+
+    # -- dispatch bookkeeping ----------------------------------------------------------------
+    def dispatch_prefill(self, node_id: str, request_id: str, work: Work, kv_tokens: int) -> int:
+        entry = self.get(node_id)
+        seq = entry.next_seq
+        entry.next_seq += 1
+        entry.prefills[request_id] = Dispatch(request_id, seq, work, kv_tokens)
+        return seq
+
+    def finish_prefill(self, node_id: str, request_id: str) -> None:
+        entry = self._nodes.get(node_id)
+        if entry is not None:
+            entry.prefills.pop(request_id, None)
+            self._maybe_drained(entry)
+
+    def bind_decode(self, node_id: str, request_id: str, kv_tokens: int) -> int:
+        entry = self.get(node_id)
+        seq = entry.next_seq
+        entry.next_seq += 1
+        entry.decodes[request_id] = Dispatch(request_id, seq, Work(t_uc=0.0), kv_tokens)
+        return seq
+
+    def finish_decode(self, node_id: str, request_id: str) -> None:
+        entry = self._nodes.get(node_id)
+        if entry is not None:
+            entry.decodes.pop(request_id, None)
+            self._maybe_drained(entry)
+
+    def mark_down(self, node_id: str, now: float) -> None:
+        """The node failed a request: send it nothing for ``down_cooldown_s`` (then try again)."""
+        entry = self._nodes.get(node_id)
+        if entry is not None:
+            entry.down_until = now + self.down_cooldown_s
+
+    def _maybe_drained(self, entry: NodeEntry) -> None:
+        """Without reports the router ends the drain when it has nothing of its own left there."""
+        if entry.draining and entry.report is None and not entry.prefills and not entry.decodes:
+            entry.draining = False
+
+    # -- views -------------------------------------------------------------------------------
+    def snapshot(self, now: float) -> list[NodeState]:
+        return [self._state(e, now) for e in self._nodes.values()]
+
+    def _state(self, e: NodeEntry, now: float) -> NodeState:
+        r = e.report
+        age = None if r is None else max(0.0, now - e.report_at)
+        fresh = age is not None and age <= self.max_report_age_s
+        if r is not None and fresh:
+            after = r.last_dispatch_seq
+            queue = QueuedPrefill.of([Work(t_uc=float(q.t_uc), t_c=float(q.t_c)) for q in r.queue])
+            unreported = QueuedPrefill.of([d.work for d in e.prefills.values() if d.seq > after])
+            new_decodes = [d for d in e.decodes.values() if d.seq > after]
+            running = r.running_decode + len(new_decodes)
+            room = max(0, r.kv_room_tokens - sum(d.kv_tokens for d in new_decodes))
+            used = r.kv_used_tokens
+            remaining = r.remaining_batch_s
+            accepting = r.accepting
+        else:
+            queue = EMPTY_QUEUE
+            unreported = QueuedPrefill.of([d.work for d in e.prefills.values()])
+            running = len(e.decodes)
+            used = sum(d.kv_tokens for d in e.decodes.values())
+            room = max(0, e.config.kv_capacity_tokens - used)
+            remaining = 0.0
+            accepting = True
+        return NodeState(
+            node_id=e.node_id,
+            role=e.role,
+            model=e.model,
+            remaining_batch_s=remaining,
+            queue=queue,
+            unreported=unreported,
+            running_decode=running,
+            kv_room_tokens=room,
+            kv_used_tokens=used,
+            accepting=accepting and now >= e.down_until,
+            draining=e.draining,
+            report_age_s=age,
+        )

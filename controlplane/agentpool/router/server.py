@@ -1,0 +1,375 @@
+"""The router's HTTP front door (aiohttp): OpenAI-compatible endpoints, branch API, health, metrics.
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (SSE when ``stream``), ``GET
+/v1/models``, ``DELETE /v1/branches/{id}``, ``GET /health``, ``GET /ready``, ``GET /metrics``, and
+``POST /agentpool/v1/report`` for engine load reports.
+
+Branch headers: ``x-agentpool-branch`` (an id), ``x-agentpool-parent-branch`` (needs a branch),
+``x-agentpool-branch-end: true|false`` (needs a branch; ends it in the directory once the request is
+answered). Every error is an OpenAI-style ``{"error": {...}}`` body with a 4xx/5xx status; 429
+carries ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import Any, TypeVar
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ValidationError
+
+from agentpool.kv import InvalidBranchIdError, check_branch_id
+from agentpool.router.directory_view import DirectoryError
+from agentpool.router.engine_protocol import LoadReport, Usage
+from agentpool.router.flow import (
+    Chunk,
+    Finish,
+    FlowError,
+    NoCapacity,
+    Overloaded,
+    Prepared,
+    RequestFailed,
+    StreamBroken,
+)
+from agentpool.router.openai_api import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    chat_chunk,
+    chat_response,
+    completion_chunk,
+    completion_response,
+    error_body,
+    sse,
+    usage_chunk,
+    validation_error_body,
+)
+from agentpool.router.service import RouterService
+from agentpool.router.tokenizer import Encoded, TokenizerError
+
+log = logging.getLogger(__name__)
+M = TypeVar("M", bound=BaseModel)
+
+SERVICE_KEY = web.AppKey("router_service", RouterService)
+BRANCH = "x-agentpool-branch"
+PARENT = "x-agentpool-parent-branch"
+BRANCH_END = "x-agentpool-branch-end"
+
+
+class ApiError(Exception):
+    def __init__(
+        self, status: int, message: str, type_: str, code: str | None = None, param: str | None = None
+    ):
+        super().__init__(message)
+        self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
+
+    def response(self, headers: dict[str, str] | None = None) -> web.Response:
+        body = error_body(self.message, self.type, self.code, self.param)
+        return web.json_response(body, status=self.status, headers=headers)
+
+
+def flow_error(e: FlowError, retry_after: int) -> web.Response:
+    if isinstance(e, Overloaded):
+        err = ApiError(429, str(e), "rate_limit_error", "overloaded")
+        return err.response({"Retry-After": str(retry_after)})
+    if isinstance(e, NoCapacity):
+        return ApiError(503, str(e), "server_error", "no_capacity").response(
+            {"Retry-After": str(retry_after)}
+        )
+    if isinstance(e, RequestFailed):
+        return ApiError(502, str(e), "server_error", "engine_failed").response()
+    return ApiError(502, str(e), "server_error", "engine_failed").response()
+
+
+@web.middleware
+async def errors_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as e:
+        return e.response()
+    except web.HTTPRequestEntityTooLarge as e:
+        return ApiError(
+            413, f"request body too large: {e.text}", "invalid_request_error", "body_too_large"
+        ).response()
+    except web.HTTPNotFound:
+        return ApiError(
+            404, f"no route {request.method} {request.path}", "invalid_request_error", "not_found"
+        ).response()
+    except web.HTTPMethodNotAllowed:
+        return ApiError(405, f"method {request.method} not allowed", "invalid_request_error").response()
+
+
+# ---- parsing ------------------------------------------------------------------------------------
+
+
+async def read_json(request: web.Request) -> dict[str, Any]:
+    raw = await request.read()
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError(
+            400, f"request body is not valid JSON: {e}", "invalid_request_error", "invalid_json"
+        ) from e
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body must be a JSON object", "invalid_request_error", "invalid_json")
+    return body
+
+
+def parse_body(cls: type[M], body: dict[str, Any]) -> M:
+    try:
+        return cls.model_validate(body)
+    except ValidationError as e:
+        err = validation_error_body(e)["error"]
+        raise ApiError(400, err["message"], err["type"], err["code"], err["param"]) from e
+
+
+def branch_headers(request: web.Request) -> tuple[str | None, str | None, bool]:
+    branch = request.headers.get(BRANCH)
+    parent = request.headers.get(PARENT)
+    end_raw = request.headers.get(BRANCH_END)
+    try:
+        if branch is not None:
+            check_branch_id(branch)
+        if parent is not None:
+            check_branch_id(parent)
+    except InvalidBranchIdError as e:
+        raise ApiError(400, str(e), "invalid_request_error", "invalid_header") from e
+    if parent is not None and branch is None:
+        raise ApiError(400, f"{PARENT} needs {BRANCH}", "invalid_request_error", "invalid_header")
+    end = False
+    if end_raw is not None:
+        value = end_raw.strip().lower()
+        if value not in ("true", "false"):
+            raise ApiError(
+                400, f"{BRANCH_END} must be true or false", "invalid_request_error", "invalid_header"
+            )
+        end = value == "true"
+        if end and branch is None:
+            raise ApiError(400, f"{BRANCH_END} needs {BRANCH}", "invalid_request_error", "invalid_header")
+    return branch, parent, end
+
+
+# ---- handlers -----------------------------------------------------------------------------------
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    service = request.app[SERVICE_KEY]
+    body = await read_json(request)
+    req = parse_body(ChatCompletionRequest, body)
+    branch, parent, end = branch_headers(request)
+    check_model(service, req.model)
+    messages = [m.model_dump(exclude_none=True) for m in req.messages]
+    encoded = await encode(service.encode_chat(messages))
+    prep = await service.prepare("chat", body, encoded, req.output_limit(), branch, parent)
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    return await answer(request, service, prep, req.stream, include_usage, req.model, end)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    service = request.app[SERVICE_KEY]
+    body = await read_json(request)
+    req = parse_body(CompletionRequest, body)
+    branch, parent, end = branch_headers(request)
+    check_model(service, req.model)
+    encoded = await encode(service.encode_completion(req.prompt_text()))
+    prep = await service.prepare("completion", body, encoded, req.output_limit(), branch, parent)
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    return await answer(request, service, prep, req.stream, include_usage, req.model, end)
+
+
+def check_model(service: RouterService, model: str) -> None:
+    if model != service.config.model:
+        raise ApiError(
+            404, f"The model '{model}' does not exist", "invalid_request_error", "model_not_found", "model"
+        )
+
+
+async def encode(pending: Awaitable[Encoded]) -> Encoded:
+    try:
+        encoded = await pending
+    except TokenizerError as e:
+        raise ApiError(400, str(e), "invalid_request_error", "invalid_prompt") from e
+    if not encoded.token_ids:
+        raise ApiError(400, "the prompt has no tokens", "invalid_request_error", "invalid_prompt")
+    return encoded
+
+
+async def answer(
+    request: web.Request,
+    service: RouterService,
+    prep: Prepared,
+    stream: bool,
+    include_usage: bool,
+    model: str,
+    end_branch: bool,
+) -> web.StreamResponse:
+    policy = service.routing.policy.name
+    endpoint = prep.endpoint
+    t0 = time.monotonic()
+    first_at: float | None = None
+    tokens = 0
+    code = "200"
+    try:
+        async with contextlib.aclosing(service.dispatcher.run(prep)) as outs:
+            try:
+                head = await anext(outs)
+            except FlowError as e:
+                error = flow_error(e, service.config.retry_after_s)
+                code = str(error.status)
+                return error
+            first_at = time.monotonic()
+            service.metrics.ttft.labels(policy).observe(first_at - t0)
+            if not stream:
+                text, finish, usage, tokens = await collect(head, outs)
+                make = chat_response if endpoint == "chat" else completion_response
+                return web.json_response(make(prep.request_id, model, text, finish, usage))
+            resp = web.StreamResponse(
+                headers={"content-type": "text/event-stream", "cache-control": "no-cache"}
+            )
+            await resp.prepare(request)
+            tokens = await stream_sse(resp, prep, model, head, outs, include_usage)
+            await resp.write_eof()
+            return resp
+    except (StreamBroken, RequestFailed, NoCapacity) as e:
+        code = "502"
+        if not stream:
+            return ApiError(502, str(e), "server_error", "engine_failed").response()
+        raise
+    finally:
+        done = time.monotonic()
+        service.metrics.requests.labels(endpoint, code).inc()
+        if first_at is not None:
+            service.metrics.e2e.labels(policy).observe(done - t0)
+            if tokens > 1:
+                service.metrics.tpot.labels(policy).observe((done - first_at) / (tokens - 1))
+        if end_branch and prep.branch is not None:
+            with contextlib.suppress(DirectoryError, TimeoutError):
+                await service.end_branch(prep.branch)
+
+
+async def collect(
+    head: Chunk | Finish, outs: AsyncGenerator[Chunk | Finish, None]
+) -> tuple[str, str, Usage, int]:
+    parts: list[str] = []
+    item: Chunk | Finish = head
+    count = 0
+    while True:
+        if isinstance(item, Finish):
+            return "".join(parts), item.finish_reason, item.usage, item.usage.completion_tokens or count
+        parts.append(item.text)
+        count += 1
+        item = await anext(outs)
+
+
+async def stream_sse(
+    resp: web.StreamResponse,
+    prep: Prepared,
+    model: str,
+    head: Chunk | Finish,
+    outs: AsyncGenerator[Chunk | Finish, None],
+    include_usage: bool,
+) -> int:
+    created = int(time.time())
+    rid = prep.request_id
+    chat = prep.endpoint == "chat"
+    count = 0
+    if chat:
+        await resp.write(sse(chat_chunk(rid, model, created, {"role": "assistant", "content": ""}, None)))
+    item: Chunk | Finish = head
+    try:
+        while True:
+            if isinstance(item, Finish):
+                if chat:
+                    await resp.write(sse(chat_chunk(rid, model, created, {}, item.finish_reason)))
+                else:
+                    await resp.write(sse(completion_chunk(rid, model, created, "", item.finish_reason)))
+                if include_usage:
+                    obj = "chat.completion.chunk" if chat else "text_completion"
+                    await resp.write(sse(usage_chunk(rid, model, created, obj, item.usage)))
+                break
+            count += 1
+            if chat:
+                await resp.write(sse(chat_chunk(rid, model, created, {"content": item.text}, None)))
+            else:
+                await resp.write(sse(completion_chunk(rid, model, created, item.text, None)))
+            item = await anext(outs)
+    except FlowError as e:
+        log.warning("request %s failed mid-stream: %s", rid, e)
+        await resp.write(sse(error_body(f"generation failed: {e}", "server_error", "engine_failed")))
+    await resp.write(sse("[DONE]"))
+    return count
+
+
+async def list_models(request: web.Request) -> web.Response:
+    service = request.app[SERVICE_KEY]
+    model = {"id": service.config.model, "object": "model", "created": 0, "owned_by": "agentpool"}
+    return web.json_response({"object": "list", "data": [model]})
+
+
+async def delete_branch(request: web.Request) -> web.Response:
+    service = request.app[SERVICE_KEY]
+    branch = request.match_info["branch"]
+    try:
+        check_branch_id(branch)
+    except InvalidBranchIdError as e:
+        raise ApiError(400, str(e), "invalid_request_error", "invalid_branch") from e
+    try:
+        found = await service.end_branch(branch)
+    except (DirectoryError, TimeoutError) as e:
+        raise ApiError(503, f"directory unavailable: {e}", "server_error", "directory_unavailable") from e
+    if not found:
+        raise ApiError(404, f"no branch {branch!r}", "invalid_request_error", "branch_not_found")
+    return web.json_response({"id": branch, "object": "branch", "deleted": True})
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def ready(request: web.Request) -> web.Response:
+    if request.app[SERVICE_KEY].ready():
+        return web.json_response({"status": "ready"})
+    return web.json_response({"status": "not ready"}, status=503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    data = generate_latest(request.app[SERVICE_KEY].metrics.registry)
+    return web.Response(body=data, headers={"content-type": CONTENT_TYPE_LATEST})
+
+
+async def report(request: web.Request) -> web.Response:
+    service = request.app[SERVICE_KEY]
+    rep = parse_body(LoadReport, await read_json(request))
+    if rep.node_id not in service.nodes:
+        raise ApiError(404, f"unknown node {rep.node_id!r}", "invalid_request_error", "unknown_node")
+    service.apply_report(rep)
+    return web.json_response({"ok": True})
+
+
+def build_app(service: RouterService) -> web.Application:
+    app = web.Application(middlewares=[errors_middleware], client_max_size=service.config.max_body_bytes)
+    app[SERVICE_KEY] = service
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_delete("/v1/branches/{branch}", delete_branch)
+    app.router.add_get("/health", health)
+    app.router.add_get("/ready", ready)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_post("/agentpool/v1/report", report)
+
+    async def on_startup(app: web.Application) -> None:
+        await app[SERVICE_KEY].start()
+
+    async def on_cleanup(app: web.Application) -> None:
+        await app[SERVICE_KEY].close()
+
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    return app

@@ -1,0 +1,181 @@
+"""The router service: configuration (with reload), tokenization, one directory round trip, dispatch.
+
+:class:`RouterService` owns the node table, the engine client, the directory view, the metrics and
+the current :class:`Routing` (config + policy + context). The HTTP layer (:mod:`.server`) validates
+bodies and headers and calls :meth:`RouterService.prepare` and :meth:`RouterService.dispatcher`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+
+from agentpool.kv import block_hashes
+from agentpool.router.config import ConfigError, ConfigFile, RouterConfig
+from agentpool.router.directory_view import DirectoryError, DirectoryView, Resolved
+from agentpool.router.engine_client import EngineClient
+from agentpool.router.engine_protocol import LoadReport
+from agentpool.router.flow import Dispatcher, Endpoint, Prepared, Routing
+from agentpool.router.metrics import RouterMetrics
+from agentpool.router.nodes import NodeTable
+from agentpool.router.policy import RequestView, create_policy
+from agentpool.router.policy.contract import serves_prefill
+from agentpool.router.tokenizer import (
+    Encoded,
+    Message,
+    Tokenizer,
+    encode_chat,
+    encode_completion,
+    load_tokenizer,
+)
+
+log = logging.getLogger(__name__)
+
+# Prompts longer than this many characters are tokenized in a worker thread, off the event loop.
+_THREAD_TOKENIZE_CHARS = 64_000
+
+
+class RouterService:
+    def __init__(
+        self,
+        config: RouterConfig,
+        directory: DirectoryView,
+        *,
+        metrics: RouterMetrics | None = None,
+        config_file: ConfigFile | None = None,
+        reload_interval_s: float = 1.0,
+    ) -> None:
+        self.metrics = metrics or RouterMetrics()
+        self.directory = directory
+        self.config_file = config_file
+        self.reload_interval_s = reload_interval_s
+        self.nodes = NodeTable(config.max_report_age_s)
+        t = config.timeouts
+        self.engines = EngineClient(t.connect_s, t.first_event_s, t.between_events_s)
+        self.tokenizer: Tokenizer = load_tokenizer(config.tokenizer)
+        self.routing = Routing(config, create_policy(config.policy, config.knobs), config.policy_context())
+        self.nodes.configure(config.nodes, config.node_model)
+        self.dispatcher = Dispatcher(self.nodes, self.engines, directory, self.metrics, self.routing)
+        self._reload_task: asyncio.Task[None] | None = None
+
+    @property
+    def config(self) -> RouterConfig:
+        return self.routing.config
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self.engines.start()
+        if self.config_file is not None and self._reload_task is None:
+            self._reload_task = asyncio.create_task(self._reload_loop(), name="router-config-reload")
+
+    async def close(self) -> None:
+        if self._reload_task is not None:
+            self._reload_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reload_task
+            self._reload_task = None
+        await self.engines.close()
+
+    # -- configuration -----------------------------------------------------------------------
+    def apply_config(self, config: RouterConfig) -> list[str]:
+        """Switch to ``config`` without a restart; returns the nodes whose role changed (draining)."""
+        old = self.routing
+        policy = old.policy
+        if config.policy != old.config.policy or config.knobs != old.config.knobs:
+            policy = create_policy(config.policy, config.knobs)
+        if config.tokenizer != old.config.tokenizer:
+            self.tokenizer = load_tokenizer(config.tokenizer)
+        self.routing = Routing(config, policy, config.policy_context())
+        self.dispatcher.routing = self.routing
+        self.nodes.max_report_age_s = config.max_report_age_s
+        t = config.timeouts
+        self.engines.connect_s, self.engines.first_event_s = t.connect_s, t.first_event_s
+        self.engines.between_events_s = t.between_events_s
+        switched = self.nodes.configure(config.nodes, config.node_model)
+        for node in switched:
+            log.info("node %s changed role: draining its old phase", node)
+        return switched
+
+    def reload_if_changed(self) -> bool:
+        if self.config_file is None or not self.config_file.changed():
+            return False
+        try:
+            config = self.config_file.load()
+        except (ConfigError, OSError) as e:
+            self.metrics.config_reloads.labels("error").inc()
+            log.error("router config reload failed, keeping the previous one: %s", e)
+            return False
+        self.apply_config(config)
+        self.metrics.config_reloads.labels("ok").inc()
+        return True
+
+    async def _reload_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.reload_interval_s)
+            self.reload_if_changed()
+
+    # -- reports -----------------------------------------------------------------------------
+    def apply_report(self, report: LoadReport) -> None:
+        self.nodes.apply_report(report, time.monotonic())
+
+    def ready(self) -> bool:
+        snapshot = self.nodes.snapshot(time.monotonic())
+        return any(serves_prefill(n) and n.accepting and not n.draining for n in snapshot)
+
+    # -- requests ----------------------------------------------------------------------------
+    async def encode_chat(self, messages: Sequence[Message]) -> Encoded:
+        chars = sum(len(str(m.get("content") or "")) for m in messages)
+        if chars > _THREAD_TOKENIZE_CHARS:
+            return await asyncio.to_thread(encode_chat, self.tokenizer, messages)
+        return encode_chat(self.tokenizer, messages)
+
+    async def encode_completion(self, prompt: str) -> Encoded:
+        if len(prompt) > _THREAD_TOKENIZE_CHARS:
+            return await asyncio.to_thread(encode_completion, self.tokenizer, prompt)
+        return encode_completion(self.tokenizer, prompt)
+
+    async def resolve(self, token_ids: Sequence[int], branch: str | None, parent: str | None) -> Resolved:
+        """One directory round trip; on failure route without prefix knowledge (counted, logged)."""
+        hashes = block_hashes(token_ids, self.config.page_size)
+        try:
+            return await asyncio.wait_for(
+                self.directory.resolve(hashes, branch, parent), self.config.timeouts.directory_s
+            )
+        except (DirectoryError, TimeoutError) as e:
+            self.metrics.directory_errors.labels("resolve").inc()
+            log.warning("directory resolve failed, routing without prefix information: %s", e)
+            return Resolved({})
+
+    async def prepare(
+        self,
+        endpoint: Endpoint,
+        body: dict[str, object],
+        encoded: Encoded,
+        output_limit: int | None,
+        branch: str | None,
+        parent: str | None,
+    ) -> Prepared:
+        resolved = await self.resolve(encoded.token_ids, branch, parent)
+        prompt = len(encoded.token_ids)
+        view = RequestView(
+            request_id=f"{'chatcmpl' if endpoint == 'chat' else 'cmpl'}-{uuid.uuid4().hex}",
+            prompt_tokens=prompt,
+            turn=encoded.turn,
+            new_turn_tokens=min(prompt, encoded.new_turn_tokens),
+            branch_id=branch,
+            local_prefix={n: p for n, p in resolved.prefixes.items() if p.total <= prompt},
+            cluster_prefix=min(prompt, resolved.cluster_prefix),
+            expected_output_tokens=output_limit or self.config.default_output_tokens,
+        )
+        return Prepared(view.request_id, endpoint, body, list(encoded.token_ids), view, branch)
+
+    async def end_branch(self, branch: str) -> bool:
+        try:
+            return await asyncio.wait_for(self.directory.end_branch(branch), self.config.timeouts.directory_s)
+        except (DirectoryError, TimeoutError):
+            self.metrics.directory_errors.labels("end_branch").inc()
+            raise

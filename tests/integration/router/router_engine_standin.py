@@ -1,0 +1,115 @@
+"""A small real HTTP engine that speaks the router's engine protocol, for router tests.
+
+It stands in for the sim engine backend until that lands: a real aiohttp server on 127.0.0.1:0 that
+runs one prefill at a time (so requests queue), streams tokens, hands KV over to a decode stand-in
+(the decode side pulls ``GET /agentpool/v1/kv/{transfer_id}`` from the prefill side over HTTP),
+gives queued requests back with ``requeue`` while draining, and can be killed mid-queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from agentpool.router.engine_protocol import GenerateRequest
+
+
+@dataclass
+class StandIn:
+    node_id: str
+    prefill_s: float = 0.0
+    token_s: float = 0.0
+    tokens: int = 4
+    fail_after_tokens: int | None = None
+    draining: bool = False
+    received: list[GenerateRequest] = field(default_factory=list)
+    completed: list[str] = field(default_factory=list)
+    requeued: list[str] = field(default_factory=list)
+    transfers: dict[str, int] = field(default_factory=dict)
+    url: str = ""
+    _runner: web.AppRunner | None = None
+    _busy: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
+    _session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> StandIn:
+        app = web.Application()
+        app.router.add_post("/agentpool/v1/generate", self._generate)
+        app.router.add_get("/agentpool/v1/kv/{transfer}", self._kv)
+        self._runner = web.AppRunner(app, shutdown_timeout=0.1)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+        self._session = aiohttp.ClientSession()
+        return self
+
+    async def kill(self) -> None:
+        """Stop serving at once: open connections are dropped, queued requests get no answer."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _kv(self, request: web.Request) -> web.Response:
+        transfer = request.match_info["transfer"]
+        if transfer not in self.transfers:
+            return web.json_response({"error": "unknown transfer"}, status=404)
+        return web.json_response({"transfer_id": transfer, "tokens": self.transfers.pop(transfer)})
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        req = GenerateRequest.model_validate(await request.json())
+        self.received.append(req)
+        resp = web.StreamResponse(headers={"content-type": "application/x-ndjson"})
+        await resp.prepare(request)
+
+        async def send(event: dict[str, Any]) -> None:
+            await resp.write((json.dumps(event) + "\n").encode())
+
+        if req.phase == "decode":
+            await self._decode(req, send)
+        else:
+            async with self._busy:
+                if self.draining:
+                    self.requeued.append(req.request_id)
+                    await send({"type": "requeue", "reason": f"{self.node_id} is draining"})
+                    return resp
+                await send({"type": "started"})
+                await asyncio.sleep(self.prefill_s)
+            if req.phase == "prefill":
+                transfer = f"{self.node_id}-{req.request_id}"
+                self.transfers[transfer] = len(req.prompt_token_ids)
+                await send({"type": "prefilled", "transfer_id": transfer, "text": "first "})
+                self.completed.append(req.request_id)
+            else:
+                await self._tokens(req, send, 0)
+        return resp
+
+    async def _decode(self, req: GenerateRequest, send: Any) -> None:
+        assert req.kv_source is not None and self._session is not None
+        async with self._session.get(f"{req.kv_source.url}/agentpool/v1/kv/{req.kv_source.transfer_id}") as r:
+            if r.status != 200:
+                await send({"type": "error", "message": f"kv transfer failed: {r.status}"})
+                return
+        await self._tokens(req, send, 1)
+
+    async def _tokens(self, req: GenerateRequest, send: Any, start: int) -> None:
+        limit = req.body.get("max_tokens") or req.body.get("max_completion_tokens") or self.tokens
+        n = min(int(limit), self.tokens)
+        for i in range(start, n):
+            if self.fail_after_tokens is not None and i >= self.fail_after_tokens:
+                await asyncio.sleep(0.05)  # let the tokens already written reach the router
+                raise ConnectionResetError("stand-in fails mid-stream")
+            await send({"type": "token", "text": f"tok{i} "})
+            if self.token_s:
+                await asyncio.sleep(self.token_s)
+        usage = {"prompt_tokens": len(req.prompt_token_ids), "completion_tokens": n}
+        await send({"type": "done", "finish_reason": "length" if n == limit else "stop", "usage": usage})
+        self.completed.append(req.request_id)

@@ -1,0 +1,95 @@
+"""Start a real router (aiohttp on 127.0.0.1:0) over stand-in engines for the integration tests."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from agentpool.kv import Directory
+from agentpool.router.config import ConfigFile, RouterConfig
+from agentpool.router.directory_view import DirectoryView, InProcessDirectoryView
+from agentpool.router.server import build_app
+from agentpool.router.service import RouterService
+
+
+def router_config(nodes: list[tuple[str, str, str]], **kw: Any) -> RouterConfig:
+    """``nodes``: (id, url, role) triples."""
+    raw: dict[str, Any] = {
+        "model": "test-model",
+        "policy": "least-loaded",
+        "pageSize": 16,
+        "timeouts": {"connect": 1.0, "firstEvent": 5.0, "betweenEvents": 5.0, "directory": 2.0},
+        "nodes": [{"id": i, "url": u, "role": r} for i, u, r in nodes],
+    }
+    raw.update(kw)
+    return RouterConfig.model_validate(raw)
+
+
+def write_config(path: Path, config: RouterConfig) -> None:
+    path.write_text(json.dumps(config.model_dump(by_alias=True, mode="json")))
+
+
+@dataclass
+class Router:
+    service: RouterService
+    runner: web.AppRunner
+    url: str
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+
+async def start_router(
+    config: RouterConfig,
+    directory: DirectoryView | None = None,
+    config_file: ConfigFile | None = None,
+    reload_interval_s: float = 0.05,
+) -> Router:
+    view = directory or InProcessDirectoryView(Directory(config.page_size), time.monotonic)
+    service = RouterService(config, view, config_file=config_file, reload_interval_s=reload_interval_s)
+    runner = web.AppRunner(build_app(service), shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return Router(service, runner, f"http://127.0.0.1:{port}")
+
+
+def chat_body(
+    text: str = "hello there", *, stream: bool = False, max_tokens: int = 4, **kw: Any
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": "test-model",
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    }
+    body.update(kw)
+    return body
+
+
+async def read_sse(resp: aiohttp.ClientResponse) -> list[Any]:
+    """The ``data:`` payloads of an SSE response, JSON-decoded except ``[DONE]``."""
+    events: list[Any] = []
+    async for raw in resp.content:
+        line = raw.decode().strip()
+        if not line.startswith("data: "):
+            continue
+        data = line[len("data: ") :]
+        events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+def streamed_text(events: list[Any]) -> str:
+    out = []
+    for e in events:
+        if isinstance(e, dict) and e.get("choices"):
+            choice = e["choices"][0]
+            out.append(choice.get("delta", {}).get("content") or choice.get("text") or "")
+    return "".join(out)

@@ -1,0 +1,218 @@
+"""The router end to end over real HTTP: streaming, PD hand-over, retries, drain, back-pressure."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from router_engine_standin import StandIn
+from router_harness import (
+    Router,
+    chat_body,
+    read_sse,
+    router_config,
+    start_router,
+    streamed_text,
+    write_config,
+)
+
+from agentpool.router.config import ConfigFile
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as s:
+        yield s
+
+
+async def engines(*ids: str, **kw: object) -> list[StandIn]:
+    return [await StandIn(i, **kw).start() for i in ids]  # type: ignore[arg-type]
+
+
+async def stop_all(router: Router, standins: list[StandIn]) -> None:
+    await router.stop()
+    for s in standins:
+        await s.kill()
+
+
+async def test_streaming_chat_end_to_end(http: aiohttp.ClientSession) -> None:
+    (a,) = await engines("a", tokens=4)
+    router = await start_router(router_config([("a", a.url, "both")]))
+    try:
+        body = chat_body(stream=True, stream_options={"include_usage": True})
+        async with http.post(f"{router.url}/v1/chat/completions", json=body) as resp:
+            assert resp.status == 200
+            assert resp.headers["content-type"].startswith("text/event-stream")
+            events = await read_sse(resp)
+        assert events[-1] == "[DONE]"
+        chunks = [e for e in events if isinstance(e, dict)]
+        assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+        assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+        assert streamed_text(events) == "tok0 tok1 tok2 tok3 "
+        assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
+        assert chunks[-1]["usage"]["completion_tokens"] == 4 and chunks[-1]["choices"] == []
+        assert a.received[0].phase == "both" and a.received[0].prompt_token_ids
+        async with http.get(f"{router.url}/metrics") as resp:
+            text = await resp.text()
+        assert 'agentpool_router_ttft_seconds_count{policy="least-loaded"} 1.0' in text
+        assert 'agentpool_router_decisions_total{node="a",phase="prefill",policy="least-loaded"} 1.0' in text
+    finally:
+        await stop_all(router, [a])
+
+
+async def test_non_streaming_chat_and_completion(http: aiohttp.ClientSession) -> None:
+    (a,) = await engines("a", tokens=3)
+    router = await start_router(router_config([("a", a.url, "both")]))
+    try:
+        async with http.post(f"{router.url}/v1/chat/completions", json=chat_body()) as resp:
+            body = await resp.json()
+        assert resp.status == 200, body
+        assert body["object"] == "chat.completion"
+        assert body["choices"][0]["message"] == {"role": "assistant", "content": "tok0 tok1 tok2 "}
+        assert body["usage"]["completion_tokens"] == 3
+        comp = {"model": "test-model", "prompt": "once upon a time", "max_tokens": 2}
+        async with http.post(f"{router.url}/v1/completions", json=comp) as resp:
+            body = await resp.json()
+        assert body["object"] == "text_completion" and body["choices"][0]["text"] == "tok0 tok1 "
+        async with http.get(f"{router.url}/v1/models") as resp:
+            assert (await resp.json())["data"][0]["id"] == "test-model"
+        for path in ("/health", "/ready"):
+            async with http.get(router.url + path) as resp:
+                assert resp.status == 200
+    finally:
+        await stop_all(router, [a])
+
+
+async def test_disaggregated_prefill_then_decode_with_kv_handover(http: aiohttp.ClientSession) -> None:
+    p, d1, d2 = await engines("p", "d1", "d2", tokens=4)
+    nodes = [("p", p.url, "prefill"), ("d1", d1.url, "decode"), ("d2", d2.url, "decode")]
+    router = await start_router(router_config(nodes, policy="evolving"))
+    try:
+        async with http.post(f"{router.url}/v1/chat/completions", json=chat_body(stream=True)) as resp:
+            events = await read_sse(resp)
+        assert streamed_text(events) == "first tok1 tok2 tok3 "
+        assert [r.phase for r in p.received] == ["prefill"]
+        decoded = d1.received + d2.received
+        assert len(decoded) == 1 and decoded[0].phase == "decode"
+        assert decoded[0].kv_source is not None and decoded[0].kv_source.node_id == "p"
+        assert p.transfers == {}  # the decode node pulled the KV
+        # the router's bookkeeping is empty again: nothing leaks
+        assert all(not e.prefills and not e.decodes for e in router.service.nodes.entries())
+    finally:
+        await stop_all(router, [p, d1, d2])
+
+
+async def test_killed_engine_mid_queue_loses_no_request(http: aiohttp.ClientSession) -> None:
+    a, b = await engines("a", "b", prefill_s=0.3, tokens=2)
+    router = await start_router(
+        router_config([("a", a.url, "both"), ("b", b.url, "both")], policy="round-robin")
+    )
+    try:
+
+        async def one(i: int) -> tuple[int, str]:
+            async with http.post(f"{router.url}/v1/chat/completions", json=chat_body(f"req {i}")) as resp:
+                body = await resp.json()
+                return resp.status, body["choices"][0]["message"]["content"] if resp.status == 200 else str(
+                    body
+                )
+
+        tasks = [asyncio.create_task(one(i)) for i in range(6)]
+        await asyncio.sleep(0.1)  # a has one running and two queued
+        assert len(a.received) == 3
+        await a.kill()
+        results = await asyncio.gather(*tasks)
+        assert results == [(200, "tok0 tok1 ")] * 6
+        assert len(b.completed) == 6
+        async with http.get(f"{router.url}/metrics") as resp:
+            text = await resp.text()
+        assert 'agentpool_router_retries_total{reason="engine_failure"} 3.0' in text
+    finally:
+        await stop_all(router, [a, b])
+
+
+async def test_failure_after_first_token_ends_stream_with_error(http: aiohttp.ClientSession) -> None:
+    (a,) = await engines("a", tokens=4, fail_after_tokens=2)
+    router = await start_router(router_config([("a", a.url, "both")]))
+    try:
+        async with http.post(f"{router.url}/v1/chat/completions", json=chat_body(stream=True)) as resp:
+            assert resp.status == 200
+            events = await read_sse(resp)
+        assert streamed_text(events) == "tok0 tok1 "
+        assert events[-2]["error"]["code"] == "engine_failed"
+        assert events[-1] == "[DONE]"
+        async with http.post(f"{router.url}/v1/chat/completions", json=chat_body()) as resp:
+            assert resp.status == 502
+            assert (await resp.json())["error"]["type"] == "server_error"
+    finally:
+        await stop_all(router, [a])
+
+
+async def test_all_engines_down_gives_502_after_bounded_retries(http: aiohttp.ClientSession) -> None:
+    a, b = await engines("a", "b")
+    router = await start_router(router_config([("a", a.url, "both"), ("b", b.url, "both")], maxRetries=1))
+    await a.kill()
+    await b.kill()
+    try:
+        async with http.post(f"{router.url}/v1/chat/completions", json=chat_body()) as resp:
+            assert resp.status == 502
+            assert (await resp.json())["error"]["code"] == "engine_failed"
+    finally:
+        await stop_all(router, [a, b])
+
+
+async def test_back_pressure_429_with_retry_after(http: aiohttp.ClientSession) -> None:
+    (a,) = await engines("a", prefill_s=0.5)
+    router = await start_router(router_config([("a", a.url, "both")], maxQueuePerNode=1, retryAfter=3))
+    try:
+        first = asyncio.create_task(http.post(f"{router.url}/v1/chat/completions", json=chat_body()))
+        await asyncio.sleep(0.1)
+        async with http.post(f"{router.url}/v1/chat/completions", json=chat_body()) as resp:
+            assert resp.status == 429
+            assert resp.headers["Retry-After"] == "3"
+            assert (await resp.json())["error"]["code"] == "overloaded"
+        async with await first as resp:
+            assert resp.status == 200
+    finally:
+        await stop_all(router, [a])
+
+
+async def test_role_change_reloads_config_drains_and_reroutes(
+    http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    a, b = await engines("a", "b", prefill_s=0.3, tokens=2)
+    path = tmp_path / "router.json"
+    config = router_config([("a", a.url, "both"), ("b", b.url, "both")], policy="round-robin")
+    write_config(path, config)
+    router = await start_router(ConfigFile(path).load(), config_file=ConfigFile(path))
+    router.service.config_file.load()  # type: ignore[union-attr]
+    try:
+
+        async def one(i: int) -> int:
+            async with http.post(f"{router.url}/v1/chat/completions", json=chat_body(f"r{i}")) as resp:
+                await resp.read()
+                return resp.status
+
+        tasks = [asyncio.create_task(one(i)) for i in range(4)]
+        await asyncio.sleep(0.1)
+        assert len(a.received) == 2  # one running, one queued on a
+        # the planner turns a into a decode node: a gives its queued request back, the router re-routes it
+        a.draining = True
+        write_config(path, router_config([("a", a.url, "decode"), ("b", b.url, "both")], policy="smetric"))
+        for _ in range(40):
+            await asyncio.sleep(0.05)
+            if router.service.routing.policy.name == "smetric":
+                break
+        assert router.service.routing.policy.name == "smetric"
+        assert await asyncio.gather(*tasks) == [200] * 4
+        assert len(a.requeued) == 1 and len(a.completed) == 1
+        assert len(b.completed) == 3
+        # new work does not go to the draining node
+        assert await one(9) == 200
+        assert len(a.received) == 2 and len(b.completed) == 4
+    finally:
+        await stop_all(router, [a, b])

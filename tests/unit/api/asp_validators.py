@@ -76,14 +76,18 @@ def crd_errors(manifest: dict[str, Any]) -> list[str]:
     if unknown:
         return unknown
     obj = _default(copy.deepcopy(manifest), schema)
-    validator = jsonschema.Draft4Validator(schema)
     structural = [
         f"{_path(err.absolute_path)}: {err.message}"
-        for err in sorted(validator.iter_errors(obj), key=lambda e: list(map(str, e.absolute_path)))
+        for err in sorted(_validator().iter_errors(obj), key=lambda e: list(map(str, e.absolute_path)))
     ]
     if structural:
         return structural
     return list(_cel_errors(obj, schema, ""))
+
+
+@functools.cache
+def _validator() -> jsonschema.Draft4Validator:
+    return jsonschema.Draft4Validator(open_api_schema())
 
 
 def defaulted(manifest: dict[str, Any]) -> dict[str, Any]:

@@ -126,7 +126,9 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         while True:
             await asyncio.sleep(self.timers.store_check_interval_s)
             ok = await self.store.ping()
-            if ok and self._reload_needed:
+            if not ok:
+                self._reload_needed = True  # mirror what the store kept once it is back
+            elif self._reload_needed:
                 try:
                     await self._reload()
                 except StoreUnavailableError:

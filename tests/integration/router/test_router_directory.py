@@ -1,0 +1,111 @@
+"""Branch headers drive the real directory service (gRPC, state in Redis), and its prefixes drive routing."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import aiohttp
+import grpc
+import pytest
+import redis.asyncio as aioredis
+from router_engine_standin import StandIn
+from router_harness import chat_body, router_config, start_router
+
+from agentpool.directory.client import DirectoryClient, DirectoryRpcError, NodePublisher
+from agentpool.directory.server import DirectoryConfig, DirectoryServer
+from agentpool.kv import ROOT_HASH, Phase, Tier, block_hashes
+from agentpool.router.grpc_directory import GrpcDirectoryView
+from agentpool.router.tokenizer import BuiltinTokenizer, encode_chat
+
+pytestmark = pytest.mark.integration
+REDIS_URL = "redis://127.0.0.1:6379/0"
+PAGE = 16
+
+
+@pytest.fixture
+async def directory() -> AsyncIterator[DirectoryServer]:
+    namespace = f"agentpool-router-test:{uuid.uuid4().hex}"
+    srv = DirectoryServer(
+        DirectoryConfig(
+            port=0, redis_url=REDIS_URL, namespace=namespace, page_size=PAGE, sweep_interval_s=0.05
+        )
+    )
+    await srv.start()
+    yield srv
+    await srv.stop()
+    r = aioredis.Redis.from_url(REDIS_URL)
+    try:
+        keys = [k async for k in r.scan_iter(match=f"{namespace}:*", count=1000)]
+        if keys:
+            await r.delete(*keys)
+    finally:
+        await r.aclose()
+
+
+async def branch_exists(client: DirectoryClient, branch: str) -> bool:
+    try:
+        await client.place(branch, "a")
+    except DirectoryRpcError as e:
+        assert e.code == grpc.StatusCode.NOT_FOUND and "unknown branch" in e.reason, e
+        return False
+    return True
+
+
+async def test_headers_drive_branch_ends_and_prefixes_drive_routing(directory: DirectoryServer) -> None:
+    a, b = await StandIn("a", tokens=2).start(), await StandIn("b", tokens=2).start()
+    client = DirectoryClient(directory.address)
+    stream = client.open_events()
+    pub_a, pub_b = NodePublisher(stream, "a", Phase.BOTH), NodePublisher(stream, "b", Phase.BOTH)
+    await pub_a.resync([])
+    await pub_b.resync([])
+    text = " ".join(f"w{i}" for i in range(200))
+    ids = encode_chat(BuiltinTokenizer(), [{"role": "user", "content": text}]).token_ids
+    await pub_b.stored(ROOT_HASH, block_hashes(ids, PAGE), Tier.GPU)  # b holds the whole prompt
+
+    view = GrpcDirectoryView(DirectoryClient(directory.address))
+    router = await start_router(
+        router_config([("a", a.url, "both"), ("b", b.url, "both")], policy="evolving", pageSize=PAGE), view
+    )
+    try:
+        async with aiohttp.ClientSession() as http:
+            hdr = {"x-agentpool-branch": "agent-1"}
+            async with http.post(
+                f"{router.url}/v1/chat/completions", json=chat_body(text), headers=hdr
+            ) as resp:
+                assert resp.status == 200
+            assert [r.request_id for r in b.received] and not a.received  # the prefix holder won
+            assert b.received[0].cached_tokens == len(ids) // PAGE * PAGE
+            assert await branch_exists(client, "agent-1")
+
+            end = {"x-agentpool-branch": "agent-1", "x-agentpool-branch-end": "true"}
+            async with http.post(
+                f"{router.url}/v1/chat/completions", json=chat_body(text), headers=end
+            ) as resp:
+                assert resp.status == 200
+            assert not await branch_exists(client, "agent-1")
+
+            fork = {"x-agentpool-branch": "agent-2", "x-agentpool-parent-branch": "agent-1"}
+            async with http.post(
+                f"{router.url}/v1/chat/completions", json=chat_body(text), headers=fork
+            ) as resp:
+                assert resp.status == 200
+            assert await branch_exists(client, "agent-2")
+            async with http.delete(f"{router.url}/v1/branches/agent-2") as resp:
+                assert resp.status == 200
+                assert (await resp.json())["deleted"] is True
+            assert not await branch_exists(client, "agent-2")
+            async with http.delete(f"{router.url}/v1/branches/agent-2") as resp:
+                assert resp.status == 404
+            async with http.get(f"{router.url}/metrics") as resp:
+                metrics = await resp.text()
+            local = len(ids) // PAGE * PAGE
+            assert f'agentpool_router_prefix_tokens_total{{kind="local"}} {3 * local}.0' in metrics
+            assert "agentpool_router_directory_errors_total{" not in metrics
+    finally:
+        await router.stop()
+        await view.close()
+        await stream.close()
+        await client.close()
+        await a.kill()
+        await b.kill()

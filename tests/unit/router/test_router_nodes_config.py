@@ -1,0 +1,133 @@
+"""The router's node table (reports + sent-but-unreported work, drain, cool-down) and its config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agentpool.models import Work
+from agentpool.router.config import (
+    ConfigError,
+    ConfigFile,
+    NodeConfig,
+    NodeModelConfig,
+    RouterConfig,
+    parse_config,
+)
+from agentpool.router.engine_protocol import LoadReport, QueuedItem
+from agentpool.router.nodes import NodeTable
+from agentpool.router.policy import Role
+
+
+def table(*roles: Role) -> NodeTable:
+    t = NodeTable(max_report_age_s=5.0, down_cooldown_s=2.0)
+    t.configure(
+        [NodeConfig(id=f"n{i}", url=f"http://h{i}", role=r) for i, r in enumerate(roles)], NodeModelConfig()
+    )
+    return t
+
+
+def test_fresh_report_plus_dispatches_after_its_sequence() -> None:
+    t = table(Role.PREFILL)
+    for i in range(3):
+        t.dispatch_prefill("n0", f"r{i}", Work(t_uc=100.0 * (i + 1)), 1000)
+    report = LoadReport(
+        node_id="n0",
+        role=Role.PREFILL,
+        last_dispatch_seq=1,
+        remaining_batch_s=0.2,
+        queue=[QueuedItem(request_id="r1", t_uc=200)],
+        kv_room_tokens=5000,
+    )
+    t.apply_report(report, now=10.0)
+    (s,) = t.snapshot(now=12.0)
+    assert s.report_age_s == 2.0 and s.remaining_batch_s == 0.2
+    assert s.queue.requests == 1 and s.queue.t_uc == 200
+    assert s.unreported.requests == 1 and s.unreported.t_uc == 300  # r2 was sent after the report
+    (stale,) = t.snapshot(now=16.0)
+    assert stale.unreported.requests == 3 and stale.remaining_batch_s == 0.0  # router's own knowledge only
+    t.finish_prefill("n0", "r2")
+    (s,) = t.snapshot(now=12.0)
+    assert s.unreported.requests == 0
+
+
+def test_decode_bindings_count_until_reported() -> None:
+    t = table(Role.DECODE)
+    t.configure(
+        [NodeConfig(id="n0", url="http://h", role=Role.DECODE, kvCapacityTokens=10_000)], NodeModelConfig()
+    )
+    t.bind_decode("n0", "r0", 3000)
+    (s,) = t.snapshot(now=0.0)
+    assert s.running_decode == 1 and s.kv_room_tokens == 7000
+    t.apply_report(
+        LoadReport(
+            node_id="n0", role=Role.DECODE, last_dispatch_seq=-1, running_decode=4, kv_room_tokens=8000
+        ),
+        now=1.0,
+    )
+    (s,) = t.snapshot(now=1.0)
+    assert s.running_decode == 5 and s.kv_room_tokens == 5000
+    t.finish_decode("n0", "r0")
+    (s,) = t.snapshot(now=1.0)
+    assert s.running_decode == 4
+
+
+def test_role_change_drains_until_the_engine_reports_the_new_role() -> None:
+    t = table(Role.PREFILL, Role.PREFILL)
+    switched = t.configure(
+        [
+            NodeConfig(id="n0", url="http://h0", role=Role.DECODE),
+            NodeConfig(id="n1", url="http://h1", role=Role.PREFILL),
+        ],
+        NodeModelConfig(),
+    )
+    assert switched == ["n0"]
+    assert [s.draining for s in t.snapshot(0.0)] == [True, False]
+    t.apply_report(LoadReport(node_id="n0", role=Role.PREFILL), now=0.0)
+    assert t.snapshot(0.0)[0].draining
+    t.apply_report(LoadReport(node_id="n0", role=Role.DECODE), now=0.0)
+    assert not t.snapshot(0.0)[0].draining
+
+
+def test_a_failed_node_cools_down_then_comes_back() -> None:
+    t = table(Role.BOTH)
+    t.mark_down("n0", now=10.0)
+    assert not t.snapshot(11.0)[0].accepting
+    assert t.snapshot(12.5)[0].accepting
+
+
+def test_nodes_removed_from_config_disappear() -> None:
+    t = table(Role.BOTH, Role.BOTH)
+    t.configure([NodeConfig(id="n1", url="http://h1")], NodeModelConfig())
+    assert [s.node_id for s in t.snapshot(0.0)] == ["n1"]
+
+
+def test_config_parsing_and_errors(tmp_path: Path) -> None:
+    cfg = parse_config(
+        "policy: smetric\nknobs: {slack: 1.5}\nslo: {ttftBase: 3}\nnodes: [{id: a, url: 'http://a'}]"
+    )
+    assert cfg.policy_context().slo.base == 3.0 and cfg.knobs == {"slack": 1.5}
+    for bad, match in [
+        ("policy: nope", "unknown routing policy"),
+        ("knobs: {bogus: 1}", "unknown knobs"),
+        ("pageSize: 0", "pageSize"),
+        ("nodes: [{id: a, url: 'http://a'}, {id: a, url: 'http://b'}]", "duplicate node"),
+        ("nodes: [{id: a, url: 'ftp://a'}]", "url"),
+        ("surprise: 1", "surprise"),
+        ("{not yaml", "not valid yaml"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            parse_config(bad)
+
+
+def test_config_file_notices_changes(tmp_path: Path) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text("policy: evolving\n")
+    f = ConfigFile(path)
+    assert f.load().policy == "evolving"
+    assert not f.changed()
+    path.write_text("policy: round-robin\n")
+    assert f.changed()
+    assert f.load().policy == "round-robin"
+    assert RouterConfig().disaggregated is False

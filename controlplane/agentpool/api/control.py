@@ -104,9 +104,9 @@ class CacheAwareKnobs(ApiModel):
 
     cache_threshold: float = Field(default=0.3, ge=0, le=1)
     """Route to the longest match only if it covers at least this fraction of the prompt."""
-    balance_abs_threshold: int = Field(default=64, ge=0)
+    balance_abs: float = Field(default=64.0, ge=0)
     """Balance by load instead when max - min load exceeds this many requests ..."""
-    balance_rel_threshold: float = Field(default=1.5, ge=1)
+    balance_rel: float = Field(default=1.5, ge=1)
     """... and max load exceeds this multiple of the min load."""
 
 
@@ -120,9 +120,9 @@ class DynamoKnobs(ApiModel):
 
 
 class LinearKnobs(ApiModel):
-    """Knobs of the `linear` policy: `(1 - missWeight) * load + missWeight * miss`."""
+    """Knobs of the `linear` policy: `(1 - lambda) * load + lambda * miss`."""
 
-    miss_weight: float = Field(default=0.5, ge=0, le=1)
+    lam: float = Field(default=0.8, ge=0, le=1, alias="lambda")
     """`lambda`: weight of the cache miss against the load."""
 
 
@@ -188,7 +188,8 @@ class RouterSpec(ApiModel):
     rules = tuple(_knob_rule(section, policy) for section, policy in _KNOB_SECTIONS)
 
     def knobs(self) -> dict[str, float]:
-        """Parameters of the selected policy with defaults filled in (snake_case names)."""
+        """Knobs of the selected policy with defaults filled in, named as the router's policy knob
+        dataclasses name them (`agentpool.router.policy.create_policy(policy, knobs)`)."""
         sections: dict[str, type[ApiModel]] = {
             "smetric": SmetricKnobs,
             "cache-aware": CacheAwareKnobs,

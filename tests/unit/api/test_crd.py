@@ -144,3 +144,11 @@ def test_an_unsupported_construct_is_an_error() -> None:
 
     with pytest.raises(SchemaConversionError, match="anyOf"):
         structural_schema(Unrepresentable)
+
+
+@pytest.mark.parametrize("kube_version", ["1.30", "1.31", "1.37"])
+def test_crd_matches_the_apiextensions_v1_schema(kube_version: str) -> None:
+    """The CRD document itself against Kubernetes' published CustomResourceDefinition schema, strict
+    (unknown keys such as a misspelled `x-kubernetes-validations` entry are errors)."""
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    kubernetes_validate.validate(crd(), kube_version, strict=True)

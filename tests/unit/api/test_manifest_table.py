@@ -412,12 +412,12 @@ GOOD = {
         {
             "spec.router": {
                 "policy": "cache-aware",
-                "cacheAware": {"cacheThreshold": 0.5, "balanceAbsThreshold": 32, "balanceRelThreshold": 1.2},
+                "cacheAware": {"cacheThreshold": 0.5, "balanceAbs": 32, "balanceRel": 1.2},
             }
         },
     ),
     "dynamo with knobs": changed(SIM, {"spec.router": {"policy": "dynamo", "dynamo": {"hostCredit": 0.5}}}),
-    "linear with knobs": changed(SIM, {"spec.router": {"policy": "linear", "linear": {"missWeight": 0.25}}}),
+    "linear with knobs": changed(SIM, {"spec.router": {"policy": "linear", "linear": {"lambda": 0.25}}}),
     "baseline policies without knobs": changed(SIM, {"spec.router.policy": "lmetric"}),
     "external Redis": changed(SIM, {"spec.redis": {"url": "rediss://:secret@redis.cache:6380/2"}}),
     "host KV size in bytes": changed(SIM, {"spec.engine.hostKvSize": 1073741824}),

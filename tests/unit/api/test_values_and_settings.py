@@ -127,10 +127,10 @@ def test_defaults_of_a_minimal_pool() -> None:
         ({"policy": "smetric", "smetric": {"slack": 1.5}}, {"slack": 1.5, "hit_ratio": 0.8}),
         (
             {"policy": "cache-aware"},
-            {"cache_threshold": 0.3, "balance_abs_threshold": 64.0, "balance_rel_threshold": 1.5},
+            {"cache_threshold": 0.3, "balance_abs": 64.0, "balance_rel": 1.5},
         ),
         ({"policy": "dynamo", "dynamo": {"hostCredit": 0.5}}, {"host_credit": 0.5, "overlap_weight": 1.0}),
-        ({"policy": "linear", "linear": {"missWeight": 0.25}}, {"miss_weight": 0.25}),
+        ({"policy": "linear", "linear": {"lambda": 0.25}}, {"lam": 0.25}),
         ({"policy": "lmetric"}, {}),
         ({"policy": "round-robin"}, {}),
     ],

@@ -182,6 +182,8 @@ async def serve(config: DirectoryConfig) -> None:
     server = DirectoryServer(config)
     await server.start()
     print(f"directory listening on {server.address}", flush=True)
+    if server.metrics_port is not None:
+        print(f"metrics on http://{config.host}:{server.metrics_port}/metrics", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -1,0 +1,170 @@
+"""The directory service through gRPC on loopback, with its agent state in Redis (127.0.0.1:6379).
+
+    python -m bench.bench_directory [--nodes 64] [--prompt 2000]
+
+Starts ``python -m agentpool.directory`` as a separate process and measures from this one: engine
+event ingest (blocks/s over one pipelined stream), Resolve p50/p99 for a 2,000-block prompt over 64
+nodes, a routed request (Resolve with a branch + Place) and its Redis round trips (the server's
+``agentpool_directory_store_writes_total``; each store write is one pipelined MULTI/EXEC). The in-process
+core doing the same work is the baseline. Target: <= 2 Redis round trips per routed request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import aiohttp
+import redis.asyncio as aioredis
+
+from agentpool.directory.client import DirectoryClient, NodePublisher, stored_event
+from agentpool.kv import Directory, HeldBlock, Phase, Tier
+from agentpool.kv.hashing import ROOT_HASH
+from agentpool.v1 import directory_pb2 as pb
+
+ROOT = Path(__file__).resolve().parent.parent
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def pct(xs: list[float], q: int) -> float:
+    return statistics.quantiles(xs, n=100, method="inclusive")[q - 1]
+
+
+async def store_writes(session: aiohttp.ClientSession, url: str) -> float:
+    async with session.get(url) as r:
+        text = await r.text()
+    for line in text.splitlines():
+        if line.startswith('agentpool_directory_store_writes_total{outcome="ok"}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+async def run(a: argparse.Namespace) -> None:
+    ns = f"agentpool-bench:{uuid.uuid4().hex}"
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "controlplane"))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "agentpool.directory",
+        "--port",
+        "0",
+        "--redis-url",
+        REDIS_URL,
+        "--namespace",
+        ns,
+        "--metrics-port",
+        "0",
+        "--node-timeout-s",
+        "600",
+        stdout=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    assert proc.stdout is not None
+    addr = (await proc.stdout.readline()).decode().split()[-1]
+    metrics_url = (await proc.stdout.readline()).decode().split()[-1]
+    rng = random.Random(0)
+    prompt = [rng.getrandbits(64) | 1 for _ in range(a.prompt)]
+    core = Directory()
+    try:
+        async with DirectoryClient(addr) as client, aiohttp.ClientSession() as http:
+            stream = client.open_events()
+            pubs = []
+            for i in range(a.nodes):
+                node = f"node-{i}"
+                depth = rng.randint(a.prompt // 2, a.prompt)
+                held = [
+                    HeldBlock(h, prompt[j - 1] if j else ROOT_HASH, Tier.GPU | Tier.HOST)
+                    for j, h in enumerate(prompt[:depth])
+                ]
+                pub = NodePublisher(stream, node, Phase.PREFILL if i % 2 == 0 else Phase.DECODE)
+                await pub.resync(held)
+                core.register_node(node, pub.phase)
+                core.resync_node(node, held, 1.0)
+                pubs.append(pub)
+
+            # event ingest: batches of one stored event of `per_event` new blocks, pipelined
+            batches = []
+            seq = pubs[0].seq
+            for _ in range(a.batches):
+                chain = [rng.getrandbits(64) | 1 for _ in range(a.per_event)]
+                seq += 1
+                batches.append(
+                    pb.KvEventBatch(node="node-0", seq=seq, events=[stored_event(prompt[0], chain, Tier.GPU)])
+                )
+            t0 = time.perf_counter()
+            for i in range(0, len(batches), 256):
+                acks = await stream.send_many(batches[i : i + 256])
+                assert not any(x.resync_requested for x in acks), acks[0]
+            grpc_rate = a.batches * a.per_event / (time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            for b in batches:
+                ev = b.events[0].stored
+                core.apply_stored("node-0", ev.parent_hash, list(ev.block_hashes), Tier.GPU, 2.0)
+            core_rate = a.batches * a.per_event / (time.perf_counter() - t0)
+            print(
+                f"gRPC events: {grpc_rate / 1e3:.0f}k blocks/s "
+                f"({grpc_rate / a.per_event / 1e3:.2f}k batches/s "
+                f"of {a.per_event}); in-process core {core_rate / 1e3:.0f}k blocks/s "
+                f"({core_rate / grpc_rate:.1f}x)"
+            )
+
+            lat, base = [], []
+            for _ in range(a.resolves):
+                t0 = time.perf_counter()
+                res = await client.resolve(prompt)
+                lat.append((time.perf_counter() - t0) * 1e3)
+                t0 = time.perf_counter()
+                core.resolve(prompt, None, 3.0)
+                base.append((time.perf_counter() - t0) * 1e3)
+            assert len(res.nodes) == a.nodes
+            print(
+                f"Resolve via gRPC ({a.prompt} blocks, {a.nodes} nodes): p50 {pct(lat, 50):.2f} ms, "
+                f"p99 {pct(lat, 99):.2f} ms; in-process core p50 {pct(base, 50):.2f} ms"
+            )
+
+            writes0 = await store_writes(http, metrics_url)
+            routed = []
+            for i in range(a.routed):
+                branch = f"agent-{i % 16}"
+                t0 = time.perf_counter()
+                r = await client.resolve(prompt[: a.prompt // 2 + i], branch)
+                best = max(r.nodes.values(), key=lambda n: n.local_blocks)
+                await client.place(branch, best.node)
+                routed.append((time.perf_counter() - t0) * 1e3)
+            writes = await store_writes(http, metrics_url) - writes0
+            print(
+                f"routed request (Resolve with branch + Place): p50 {pct(routed, 50):.2f} ms, "
+                f"p99 {pct(routed, 99):.2f} ms; Redis round trips per routed request "
+                f"{writes / a.routed:.2f} (target <= 2)"
+            )
+            await stream.close()
+    finally:
+        proc.terminate()
+        await proc.wait()
+        r = aioredis.Redis.from_url(REDIS_URL)
+        keys = [k async for k in r.scan_iter(match=f"{ns}:*", count=1000)]
+        if keys:
+            await r.delete(*keys)
+        await r.aclose()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--nodes", type=int, default=64)
+    ap.add_argument("--prompt", type=int, default=2000)
+    ap.add_argument("--per-event", type=int, default=64)
+    ap.add_argument("--batches", type=int, default=4000)
+    ap.add_argument("--resolves", type=int, default=300)
+    ap.add_argument("--routed", type=int, default=300)
+    asyncio.run(run(ap.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

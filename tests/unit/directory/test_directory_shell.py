@@ -1,0 +1,126 @@
+"""The service shell without a network: codec, validation, batch sequencing, store-outage handling."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from agentpool.directory.convert import InvalidRequestError, block_list, branch_id, node_name, tier_from_pb
+from agentpool.directory.service import DirectoryService, ServiceTimers, _Abort
+from agentpool.directory.store import (
+    MemoryBranchStore,
+    Snapshot,
+    StoreUnavailableError,
+    decode_branch,
+    encode_branch,
+)
+from agentpool.kv import BranchState, Directory, PendingMove, Phase, Tier
+from agentpool.v1 import directory_pb2 as pb
+
+
+def test_branch_row_round_trip() -> None:
+    state = BranchState(
+        "agent-1",
+        version=3,
+        path=(1, 2**64 - 1, 7),
+        counted={"p1": frozenset({1, 7}), "d1": frozenset({2**64 - 1})},
+        pending={"p1": PendingMove(3, 2)},
+        last_seen=1234.5,
+    )
+    back = decode_branch("agent-1", encode_branch(state))
+    assert back == state
+
+
+@pytest.mark.parametrize("bad", ["", "-x", "a b", "x" * 300, "a{b}"])
+def test_node_names_are_checked(bad: str) -> None:
+    with pytest.raises(InvalidRequestError):
+        node_name(bad)
+
+
+def test_branch_block_and_tier_checks() -> None:
+    assert branch_id("team/agent-1:fork.2@x") == "team/agent-1:fork.2@x"
+    for bad in ("", "a{b}", "x" * 201):
+        with pytest.raises(InvalidRequestError):
+            branch_id(bad)
+    with pytest.raises(InvalidRequestError, match="limit"):
+        block_list([1] * 11, max_blocks=10)
+    with pytest.raises(InvalidRequestError, match="root"):
+        block_list([1, 0], max_blocks=10)
+    with pytest.raises(InvalidRequestError):
+        tier_from_pb(pb.TIER_UNSPECIFIED)
+    assert tier_from_pb(pb.TIER_GPU_AND_HOST) == Tier.GPU | Tier.HOST
+
+
+def _stored(node: str, seq: int, parent: int, hashes: list[int], tier: int = pb.TIER_GPU) -> pb.KvEventBatch:
+    ev = pb.KvEvent(stored=pb.BlocksStored(parent_hash=parent, block_hashes=hashes, tier=tier))  # type: ignore[arg-type]
+    return pb.KvEventBatch(node=node, seq=seq, events=[ev])
+
+
+async def test_batch_sequencing() -> None:
+    svc = DirectoryService(Directory(page_size=4), MemoryBranchStore())
+    await svc.start()
+    try:
+        ack = await svc.apply_batch(_stored("n1", 1, 0, [5]))
+        assert ack.resync_requested and "unknown" in ack.reason
+        with pytest.raises(InvalidRequestError, match="phase"):
+            await svc.apply_batch(pb.KvEventBatch(node="n1", seq=1, resync=pb.Resync()))
+        ack = await svc.apply_batch(
+            pb.KvEventBatch(node="n1", seq=10, phase=pb.PHASE_DECODE, resync=pb.Resync())
+        )
+        assert not ack.resync_requested and ack.seq == 10
+        assert not (await svc.apply_batch(_stored("n1", 11, 0, [5, 6]))).resync_requested
+        with pytest.raises(InvalidRequestError, match="tier"):
+            await svc.apply_batch(_stored("n1", 12, 0, [7], tier=pb.TIER_UNSPECIFIED))
+        hb = await svc.apply_batch(pb.KvEventBatch(node="n1", seq=11, heartbeat=True))
+        assert not hb.resync_requested and hb.seq == 11
+        ack = await svc.apply_batch(_stored("n1", 12, 99, [6]))  # 6 is known under parent 5
+        assert ack.resync_requested and "inconsistent" in ack.reason
+        assert (await svc.apply_batch(_stored("n1", 13, 5, [6]))).resync_requested  # until a resync
+        assert svc.dir.index.longest_prefixes([5, 6])["n1"].gpu_blocks == 2
+    finally:
+        await svc.stop()
+
+
+class FlakyStore(MemoryBranchStore):
+    """Memory store whose writes and pings fail while ``down`` (our own persistence seam)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = False
+
+    async def save(self, snap: Snapshot) -> None:
+        if self.down:
+            raise StoreUnavailableError("down")
+        await super().save(snap)
+
+    async def ping(self) -> bool:
+        return not self.down
+
+
+async def test_failed_write_answers_unavailable_and_reloads_what_the_store_kept() -> None:
+    store = FlakyStore()
+    svc = DirectoryService(Directory(page_size=1), store, timers=ServiceTimers(store_check_interval_s=0.01))
+    await svc.start()
+    try:
+        await svc._commit(svc.dir.register_node("p1", Phase.PREFILL))
+        res = svc.dir.resolve([1, 2], "a", 1.0)
+        await svc._commit(res.changes)
+        store.down = True
+        res = svc.dir.resolve([9], "a", 2.0)  # compaction, applied in memory, not persisted
+        with pytest.raises(_Abort) as err:
+            await svc._commit(res.changes)
+        assert err.value.code is grpc.StatusCode.UNAVAILABLE and not svc.store_ok
+        with pytest.raises(_Abort):
+            svc._require_store()
+        store.down = False
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if svc.store_ok:
+                break
+        assert svc.store_ok
+        state = svc.dir.branches.get("a")
+        assert (state.version, state.path) == (1, (1, 2))  # what the store kept
+    finally:
+        await svc.stop()

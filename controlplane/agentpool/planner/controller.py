@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kubernetes.client.exceptions import ApiException
+
 from agentpool.models import (
     NodeModel,
     PrefillBatchItem,
@@ -90,7 +92,12 @@ class PlannerController:
             start = self._clock()
             if await _wait(stop, self._config().window_s):
                 return
-            await self.evaluate_window(start, self._clock())
+            try:
+                await self.evaluate_window(start, self._clock())
+            except ApiException as exc:  # the API server failed this window; the next one retries
+                log.error(
+                    "planner window %.0f failed at the Kubernetes API: %s %s", start, exc.status, exc.reason
+                )
 
     async def begin_warmup(self) -> None:
         """Set every unpinned pod to serve both phases (colocated) for the warmup."""
@@ -159,11 +166,13 @@ class PlannerController:
             PlannerInput(nodes=nodes, slices=sliced.slices, seconds_since_switch=since), cfg.policy()
         )
         if decision.outcome is Outcome.SWITCH:
+            # Set first: if a patch fails half-way, the cooldown still holds and the next window
+            # sees the patched pods draining before it evaluates again.
+            self._last_switch_at = end
             for name in decision.to_prefill:
                 await self._pods.set_role(name, Role.PREFILL.value)
             for name in decision.to_decode:
                 await self._pods.set_role(name, Role.DECODE.value)
-            self._last_switch_at = end
         self._metrics.observe(decision)
         if decision.outcome is Outcome.SWITCH or decision.near_switch:
             reason = "PhaseSplitChanged" if decision.outcome is Outcome.SWITCH else "PhaseSplitNearlyChanged"

@@ -178,11 +178,15 @@ def plan(inp: PlannerInput, policy: PlannerPolicy) -> Decision:
     prefill_sum = p_rates.sum(axis=0)
     current = np.minimum(prefill_sum, _decode_sum(d_arrays, s, len(cur_d)))
 
-    up_order = _mover_order(cur_d, d_as_p_rates, d_arrays, s, len(cur_d), toward=Role.PREFILL)
-    down_order = _mover_order(cur_p, p_rates, p_arrays, s, len(cur_d), toward=Role.DECODE)
+    # Indices (into cur_d / cur_p) of the unpinned nodes in the order they would move.
+    up = _mover_order(cur_d, d_as_p_rates, d_arrays, s, len(cur_d), toward=Role.PREFILL)
+    down = _mover_order(cur_p, p_rates, p_arrays, s, len(cur_d), toward=Role.DECODE)
+    # Prefill sums of the movers, cumulative: candidate j moves the first j of them.
+    up_prefill = np.cumsum(d_as_p_rates[up], axis=0)
+    down_prefill = np.cumsum(p_rates[down], axis=0)
     n_total = len(inp.nodes)
-    lo = max(policy.min_prefill, len(cur_p) - len(down_order))
-    hi = min(n_total - policy.min_decode, len(cur_p) + len(up_order))
+    lo = max(policy.min_prefill, len(cur_p) - len(down))
+    hi = min(n_total - policy.min_decode, len(cur_p) + len(up))
 
     candidates: list[Candidate] = []
     to_p: tuple[str, ...]
@@ -191,20 +195,18 @@ def plan(inp: PlannerInput, policy: PlannerPolicy) -> Decision:
         if p == len(cur_p):
             continue
         if p > len(cur_p):
-            movers = up_order[: p - len(cur_p)]
-            moved = np.array([cur_d.index(n) for n in movers], dtype=np.intp)
-            kept = np.setdiff1d(np.arange(len(cur_d)), moved)
-            new_prefill = prefill_sum + d_as_p_rates[moved].sum(axis=0)
-            new_decode = _decode_sum(d_arrays, s, len(kept), rows=kept)
-            to_p, to_d = tuple(n.name for n in movers), ()
+            j = p - len(cur_p)
+            new_prefill = prefill_sum + up_prefill[j - 1]
+            rates = d_arrays.decode_rates(s, len(cur_d) - j)
+            new_decode = rates.sum(axis=0) - rates[up[:j]].sum(axis=0)
+            to_p, to_d = tuple(cur_d[i].name for i in up[:j]), ()
         else:
-            movers = down_order[: len(cur_p) - p]
-            moved = np.array([cur_p.index(n) for n in movers], dtype=np.intp)
-            new_prefill = prefill_sum - p_rates[moved].sum(axis=0)
-            new_decode = _decode_sum(d_arrays, s, len(cur_d) + len(moved)) + _decode_sum(
-                p_arrays, s, len(cur_d) + len(moved), rows=moved
-            )
-            to_p, to_d = (), tuple(n.name for n in movers)
+            j = len(cur_p) - p
+            new_prefill = prefill_sum - down_prefill[j - 1]
+            new_decode = _decode_sum(d_arrays, s, len(cur_d) + j) + p_arrays.decode_rates(s, len(cur_d) + j)[
+                down[:j]
+            ].sum(axis=0)
+            to_p, to_d = (), tuple(cur_p[i].name for i in down[:j])
         gains = np.minimum(new_prefill, new_decode) - current
         mean = float(gains.mean())
         se = float(gains.std(ddof=1)) / math.sqrt(m)
@@ -255,16 +257,11 @@ def _rank_key(c: Candidate) -> tuple[float, int, int]:
     return (c.mean_gain, -c.moves, -c.prefill_count)
 
 
-def _decode_sum(
-    arrays: NodeArrays, s: SliceArrays, decode_nodes: int, rows: npt.NDArray[np.intp] | None = None
-) -> FloatArray:
-    """Sum of ``mu_D`` over ``rows`` of ``arrays`` (all rows when None) with ``B = q̄/decode_nodes``."""
+def _decode_sum(arrays: NodeArrays, s: SliceArrays, decode_nodes: int) -> FloatArray:
+    """Sum of ``mu_D`` over all rows of ``arrays`` with ``B = q̄/decode_nodes``."""
     if decode_nodes == 0:
         return np.zeros_like(s.occupancy)
-    rates = arrays.decode_rates(s, decode_nodes)
-    if rows is not None:
-        rates = rates[rows]
-    result: FloatArray = rates.sum(axis=0)
+    result: FloatArray = arrays.decode_rates(s, decode_nodes).sum(axis=0)
     return result
 
 
@@ -275,20 +272,20 @@ def _mover_order(
     s: SliceArrays,
     decode_nodes: int,
     toward: Role,
-) -> list[PlannerNode]:
-    """The unpinned ``nodes`` in the order they move to ``toward``.
+) -> npt.NDArray[np.intp]:
+    """Indices of the unpinned ``nodes`` in the order they move to ``toward``.
 
     A node's prefill strength relative to its decode speed is its mean prefill rate times its
     mean decode iteration time at the current batch. Nodes move to prefill strongest first and to
     decode weakest first; equal nodes move in name order, so decisions are deterministic.
     """
     if not nodes:
-        return []
+        return np.zeros(0, dtype=np.intp)
     batch = s.occupancy / float(max(decode_nodes, 1))
     strength = prefill_rates.mean(axis=1) * arrays.decode_iteration_times(batch).mean(axis=1)
     sign = -1.0 if toward is Role.PREFILL else 1.0
     ranked = sorted(range(len(nodes)), key=lambda i: (sign * float(strength[i]), nodes[i].name))
-    return [nodes[i] for i in ranked if not nodes[i].pinned]
+    return np.array([i for i in ranked if not nodes[i].pinned], dtype=np.intp)
 
 
 __all__ = [

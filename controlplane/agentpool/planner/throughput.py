@@ -56,7 +56,8 @@ class NodeArrays:
     d0: FloatArray
     d1: FloatArray
     d2: FloatArray
-    miss_base: FloatArray  # 1 - k/E per node, 0 for a dense model (phi == 1)
+    log_miss: FloatArray  # log(1 - k/E) per node; 0 where every expert is read (dense or k == E)
+    all_experts: npt.NDArray[np.bool_]  # phi == 1: a dense model, or k == E
     t_fwd: FloatArray
 
     @staticmethod
@@ -74,12 +75,8 @@ class NodeArrays:
             d0=col([m.decode.d0 for m in models]),
             d1=col([m.decode.d1 for m in models]),
             d2=col([m.decode.d2 for m in models]),
-            miss_base=col(
-                [
-                    1.0 - m.decode.experts_active / m.decode.experts_total if m.decode.experts_total else 0.0
-                    for m in models
-                ]
-            ),
+            log_miss=col([_log_miss(m) for m in models]),
+            all_experts=np.asarray([_log_miss(m) == 0.0 for m in models], dtype=np.bool_).reshape(-1, 1),
             t_fwd=col([m.decode.t_fwd for m in models]),
         )
 
@@ -96,7 +93,7 @@ class NodeArrays:
 
     def decode_iteration_times(self, batch: FloatArray) -> FloatArray:
         """Eq. 2 of every node at per-slice batch sizes ``batch`` (shape (m,)), shape (n, m)."""
-        phi = 1.0 - np.power(self.miss_base, self.t_fwd * batch)
+        phi = np.where(self.all_experts, 1.0, -np.expm1(self.t_fwd * batch * self.log_miss))
         result: FloatArray = self.d0 + self.d1 * phi + self.d2 * batch
         return result
 
@@ -113,6 +110,14 @@ class NodeArrays:
         )
         rates = _inverse(seconds_per_request)
         return np.where(batch > 0, rates, 0.0)
+
+
+def _log_miss(m: NodeModel) -> float:
+    """``log(1 - k/E)``: phi(B) = 1 - exp(t_fwd * B * log_miss); 0 when phi is always 1."""
+    k, e = m.decode.experts_active, m.decode.experts_total
+    if e == 0 or k >= e:
+        return 0.0
+    return float(np.log1p(-k / e))
 
 
 def _inverse(seconds: FloatArray) -> FloatArray:

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import pytest_asyncio
 from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry
 
 from agentpool.models import DecodeModel, NodeModel, OccupancySample, PrefillModel, RequestWorkRecord, Work
@@ -241,20 +242,40 @@ async def test_pods_without_a_fitted_model_are_left_out_and_reported(harness: Ha
 
 async def test_run_loop_warms_up_fits_and_evaluates_windows(harness: Harness) -> None:
     h, rng = harness, np.random.default_rng(3)
-    h.config[0] = PlannerConfig(window_s=0.4, slices=4, warmup_s=0.4, cooldown_s=0, initial_prefill=2)
+    h.config[0] = PlannerConfig(window_s=0.4, slices=4, warmup_s=1.0, cooldown_s=0, initial_prefill=2)
     t0 = time.time()
-    warmup_records(h.inbox, t0, 0.35, rng)
-    h.route(t0 + 0.4, t0 + 5.0, OSWORLD, rng)
-    for name in PODS:  # engines follow their desired role at once
+    warmup_records(h.inbox, t0, 1.0, rng)  # the warmup starts a few ms after t0: most records fall in it
+    h.route(t0 + 1.0, t0 + 10.0, OSWORLD, rng)
+    for name in PODS:  # engines report "decode" whatever they are told
         key = (h.kmock.resource("v1", "pods"), NS, name)
         h.kmock.objects[key].patch({"metadata": {"annotations": {"agentpool.io/observed-role": "decode"}}})
     stop = asyncio.Event()
     task = asyncio.create_task(h.controller.run(stop))
-    await asyncio.wait_for(h.evaluated.wait(), timeout=5.0)
+    evaluated = asyncio.create_task(h.evaluated.wait())
+    done, _ = await asyncio.wait({task, evaluated}, timeout=10.0, return_when=asyncio.FIRST_COMPLETED)
     stop.set()
-    await asyncio.wait_for(task, timeout=5.0)
+    assert evaluated in done, "no window evaluated within 10 s"
+    await asyncio.wait_for(task, timeout=5.0)  # raises if the loop failed
     assert sorted(h.controller.fits) == PODS
     assert h.events()[0]["reason"] == "PlannerStarted"
     assert h.controller.last is not None
-    # The first window sees engines 0 and 1 still reporting "decode" after the initial split: draining.
+    # Engines 0 and 1 still report "decode" after the initial split made them prefill: draining.
     assert h.controller.last.decision.outcome is Outcome.DRAINING
+    assert "engine-0, engine-1" in h.controller.last.decision.reason
+
+
+async def test_a_failed_patch_still_starts_the_cooldown(harness: Harness) -> None:
+    h, rng = harness, np.random.default_rng(5)
+    warmup_records(h.inbox, 0.0, 1800.0, rng)
+    h.controller.fit(0.0, 1800.0)
+    await h.controller.start_disaggregation()
+    h.engines_report_observed_roles()
+    h.kmock["patch"] << 500 << {"kind": "Status", "code": 500, "message": "etcd is down"}
+    h.route(1800, 2400, OSWORLD, rng)
+    with pytest.raises(ApiException) as failed:
+        await h.controller.evaluate_window(1800, 2400)
+    assert failed.value.status == 500
+    h.route(2400, 2460, OSWORLD, rng)
+    h.engines_report_observed_roles()  # KMock stored the patch it answered 500 to: engines follow it
+    ev = await h.controller.evaluate_window(2400, 2460)
+    assert ev is not None and ev.decision.outcome is Outcome.COOLDOWN

@@ -18,12 +18,12 @@ import grpc
 from prometheus_client import start_http_server
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentpool.directory.handlers import directory_handler
 from agentpool.directory.metrics import DirectoryMetrics
 from agentpool.directory.redis_store import RedisBranchStore
 from agentpool.directory.service import DirectoryService, ServiceLimits, ServiceTimers
 from agentpool.directory.store import BranchStore, MemoryBranchStore
 from agentpool.kv import DEFAULT_PAGE_SIZE, Directory
-from agentpool.v1 import directory_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class DirectoryServer:
             ("grpc.max_send_message_length", config.max_message_bytes),
         ]
         self.server = grpc.aio.server(interceptors=interceptors, options=opts)
-        pb_grpc.add_DirectoryServicer_to_server(self.service, self.server)  # type: ignore[no-untyped-call]
+        self.server.add_generic_rpc_handlers((directory_handler(self.service),))
         self.port = 0
         self.metrics_port: int | None = None
         self._metrics_http: Any = None

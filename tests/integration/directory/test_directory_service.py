@@ -119,3 +119,25 @@ async def test_oversized_eviction_limit_and_bad_phase(client: DirectoryClient) -
     with pytest.raises(grpc.aio.AioRpcError) as rpc_err:
         await bad
     assert rpc_err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+
+
+@pytest.mark.parametrize(
+    ("method", "kind"),
+    [("Resolve", "unary_unary"), ("WatchCounts", "unary_stream"), ("PublishEvents", "stream_stream")],
+)
+async def test_malformed_bytes_get_invalid_argument(client: DirectoryClient, method: str, kind: str) -> None:
+    garbage = b"\x0a\xff\xff\xff\xff\x0f"  # field 1, length-delimited, absurd length
+    call = getattr(client.channel, kind)(f"/agentpool.v1.Directory/{method}")
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        if kind == "unary_unary":
+            await call(garbage)
+        elif kind == "unary_stream":
+            async for _ in call(garbage):
+                pass
+        else:
+            stream = call()
+            await stream.write(garbage)
+            await stream.read()
+    assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "malformed" in (err.value.details() or "")
+    assert (await client.health()).serving

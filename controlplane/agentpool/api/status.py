@@ -6,7 +6,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Literal, get_args
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from agentpool.api.base import ApiModel
 
@@ -161,3 +161,22 @@ class AgentServingPoolStatus(ApiModel):
     """Phase switches."""
     model_fit: ModelFitStatus | None = None
     """Iteration-time models the planner uses."""
+
+    @field_validator("conditions")
+    @classmethod
+    def _one_condition_per_type(cls, conditions: list[Condition]) -> list[Condition]:
+        _reject_duplicates("condition type", [c.type for c in conditions])
+        return conditions
+
+    @field_validator("nodes")
+    @classmethod
+    def _one_entry_per_node(cls, nodes: list[NodeStatus]) -> list[NodeStatus]:
+        _reject_duplicates("node name", [n.name for n in nodes])
+        return nodes
+
+
+def _reject_duplicates(what: str, keys: list[str]) -> None:
+    """List-map semantics (`x-kubernetes-list-type: map`): one entry per key."""
+    duplicates = sorted({k for k in keys if keys.count(k) > 1})
+    if duplicates:
+        raise ValueError(f"duplicate {what}: {', '.join(duplicates)}")

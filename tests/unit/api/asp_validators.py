@@ -80,6 +80,7 @@ def crd_errors(manifest: dict[str, Any]) -> list[str]:
         f"{_path(err.absolute_path)}: {err.message}"
         for err in sorted(_validator().iter_errors(obj), key=lambda e: list(map(str, e.absolute_path)))
     ]
+    structural += _duplicate_list_map_keys(obj, schema, "")
     if structural:
         return structural
     return list(_cel_errors(obj, schema, ""))
@@ -170,3 +171,22 @@ def _cel_errors(value: Any, schema: Schema, where: str) -> Iterator[str]:
     elif isinstance(value, list) and "items" in schema:
         for i, item in enumerate(value):
             yield from _cel_errors(item, schema["items"], f"{where}[{i}]")
+
+
+def _duplicate_list_map_keys(value: Any, schema: Schema, where: str) -> list[str]:
+    """kube-apiserver rejects two entries with the same key in an `x-kubernetes-list-type: map`."""
+    errors: list[str] = []
+    if isinstance(value, list) and schema.get("x-kubernetes-list-type") == "map":
+        keys = schema["x-kubernetes-list-map-keys"]
+        seen: set[tuple[Any, ...]] = set()
+        for i, item in enumerate(value):
+            key = tuple(item.get(k) for k in keys)
+            if key in seen:
+                errors.append(f"{where}[{i}]: Duplicate value: {dict(zip(keys, key, strict=True))}")
+            seen.add(key)
+    if isinstance(value, dict):
+        for key, item in value.items():
+            sub = schema.get("properties", {}).get(key)
+            if sub is not None:
+                errors += _duplicate_list_map_keys(item, sub, _join(where, key))
+    return errors

@@ -349,6 +349,47 @@ BAD = [
         "'slo' is a required property",
     ),
     Bad(
+        "two Ready conditions",
+        changed(
+            SIM,
+            {
+                "status": {
+                    "conditions": [
+                        {"type": "Ready", "status": "True", "reason": "AllNodesServing"},
+                        {"type": "Ready", "status": "False", "reason": "NodesStarting"},
+                    ]
+                }
+            },
+        ),
+        "status.conditions[1]",
+        "duplicate condition type: Ready",
+        "Duplicate value: {'type': 'Ready'}",
+    ),
+    Bad(
+        "a node listed twice",
+        changed(
+            SIM,
+            {
+                "status": {
+                    "nodes": [
+                        {"name": "sim-engine-0", "desiredRole": "prefill"},
+                        {"name": "sim-engine-0", "desiredRole": "decode"},
+                    ]
+                }
+            },
+        ),
+        "status.nodes[1]",
+        "duplicate node name: sim-engine-0",
+        "Duplicate value: {'name': 'sim-engine-0'}",
+    ),
+    Bad(
+        "condition reason with spaces",
+        changed(SIM, {"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "all good"}]}}),
+        "status.conditions[0].reason",
+        "String should match pattern",
+        "'all good' does not match",
+    ),
+    Bad(
         "misspelled field",
         changed(SIM, {"spec.engine.gpus": 0}),
         "spec.engine.gpus",

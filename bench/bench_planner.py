@@ -22,8 +22,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from agentpool.models import DecodeModel, NodeModel, PrefillModel, Work, WorkSlice
-from agentpool.models.fitting import MoeShape, fit_nodes, mape, prefill_regressors
+from agentpool.models import DecodeModel, MoeShape, NodeModel, PrefillModel, Work, WorkSlice
+from agentpool.models.fitting import fit_nodes, mape, prefill_regressors
 from agentpool.models.synthetic import decode_records, prefill_records
 from agentpool.planner.core import Outcome, PlannerInput, PlannerNode, PlannerPolicy, Role, plan
 

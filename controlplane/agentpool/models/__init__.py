@@ -14,6 +14,12 @@ from agentpool.models.iteration import (
     PrefillModel,
     moe_fraction,
 )
+from agentpool.models.records import (
+    DecodeIterationRecord,
+    IterationRecord,
+    MoeShape,
+    PrefillIterationRecord,
+)
 from agentpool.models.slo import LinearAttentionCost, TtftSlo
 from agentpool.models.windows import (
     OccupancySample,
@@ -32,12 +38,16 @@ __all__ = [
     "DEFAULT_COPY_PRICE_S_PER_TOKEN",
     "DEFAULT_FETCH_MODEL",
     "PAPER_LITERAL_FETCH_MODEL",
+    "DecodeIterationRecord",
     "DecodeModel",
     "FetchModel",
+    "IterationRecord",
     "LinearAttentionCost",
+    "MoeShape",
     "NodeModel",
     "OccupancySample",
     "PrefillBatchItem",
+    "PrefillIterationRecord",
     "PrefillModel",
     "PrefillWindowStats",
     "RequestWorkRecord",

@@ -27,60 +27,10 @@ import numpy.typing as npt
 from scipy.optimize import nnls
 
 from agentpool.models.iteration import DecodeModel, NodeModel, PrefillBatchItem, PrefillModel, moe_fraction
+from agentpool.models.records import DecodeIterationRecord, IterationRecord, MoeShape, PrefillIterationRecord
 from agentpool.models.work import attention_pairs
 
 FloatArray = npt.NDArray[np.float64]
-
-
-@dataclass(frozen=True, slots=True)
-class PrefillIterationRecord:
-    """One prefill iteration of ``node``: the requests of its batch and its measured time (s)."""
-
-    node: str
-    at: float
-    batch: tuple[PrefillBatchItem, ...]
-    seconds: float
-
-    def __post_init__(self) -> None:
-        _check_seconds(self.seconds)
-        if not self.batch:
-            raise ValueError("a prefill iteration record needs at least one request")
-
-
-@dataclass(frozen=True, slots=True)
-class DecodeIterationRecord:
-    """One decode iteration of ``node`` with ``running`` requests and its measured time (s)."""
-
-    node: str
-    at: float
-    running: int
-    seconds: float
-
-    def __post_init__(self) -> None:
-        _check_seconds(self.seconds)
-        if self.running < 1:
-            raise ValueError(f"a decode iteration runs at least one request, got {self.running}")
-
-
-IterationRecord = PrefillIterationRecord | DecodeIterationRecord
-
-
-def _check_seconds(seconds: float) -> None:
-    if not (seconds > 0 and np.isfinite(seconds)):
-        raise ValueError(f"an iteration time must be positive and finite, got {seconds}")
-
-
-@dataclass(frozen=True, slots=True)
-class MoeShape:
-    """How the node's model routes tokens: ``k`` of ``E`` experts, ``t_fwd`` tokens per request.
-
-    ``experts_total = 0`` is a dense model: ``phi`` is 1 and ``d1`` cannot be told from ``d0``;
-    the fit then puts the whole fixed cost in ``d0`` and sets ``d1 = 0``.
-    """
-
-    experts_active: int = 8
-    experts_total: int = 128
-    t_fwd: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +88,7 @@ def fit_prefill(records: Sequence[PrefillIterationRecord], holdout_every: int = 
 
 
 def fit_decode(
-    records: Sequence[DecodeIterationRecord], shape: MoeShape = MoeShape(), holdout_every: int = 5
+    records: Sequence[DecodeIterationRecord], shape: MoeShape, holdout_every: int = 5
 ) -> DecodeFit:
     """Fit Eq. 2 (``d0 + d1*phi(B) + d2*B``) by NNLS; report error on the held-out records."""
     rows = [
@@ -166,7 +116,7 @@ def fit_decode(
 
 
 def fit_nodes(
-    records: Iterable[IterationRecord], shape: MoeShape = MoeShape(), holdout_every: int = 5
+    records: Iterable[IterationRecord], shape: MoeShape, holdout_every: int = 5
 ) -> dict[str, NodeFit]:
     """Fit both models of every node that reported records; a node needs records of both phases."""
     prefill: dict[str, list[PrefillIterationRecord]] = {}

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agentpool.models.fitting import DecodeIterationRecord, PrefillIterationRecord
 from agentpool.models.iteration import NodeModel, PrefillBatchItem
+from agentpool.models.records import DecodeIterationRecord, PrefillIterationRecord
 
 
 @dataclass(frozen=True, slots=True)

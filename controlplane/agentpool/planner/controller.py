@@ -24,13 +24,16 @@ from dataclasses import dataclass
 from kubernetes.client.exceptions import ApiException
 
 from agentpool.models import (
+    IterationRecord,
+    MoeShape,
     NodeModel,
     PrefillBatchItem,
+    PrefillIterationRecord,
     measure_prefill_window,
     slice_window,
     with_window_stats,
 )
-from agentpool.models.fitting import IterationRecord, MoeShape, NodeFit, PrefillIterationRecord, fit_nodes
+from agentpool.models.fitting import NodeFit, fit_nodes
 from agentpool.planner.config import PlannerConfig
 from agentpool.planner.core import Decision, Outcome, PlannerInput, PlannerNode, Role, plan
 from agentpool.planner.inbox import PlannerInbox

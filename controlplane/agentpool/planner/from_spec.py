@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agentpool.api import AgentServingPoolSpec
-from agentpool.models.fitting import MoeShape
+from agentpool.models import MoeShape
 from agentpool.planner.config import PlannerConfig
 
 

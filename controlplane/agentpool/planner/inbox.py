@@ -13,8 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
-from agentpool.models import OccupancySample, RequestWorkRecord
-from agentpool.models.fitting import IterationRecord
+from agentpool.models import IterationRecord, OccupancySample, RequestWorkRecord
 
 
 class Stamped(Protocol):

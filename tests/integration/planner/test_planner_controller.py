@@ -20,8 +20,15 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry
 
-from agentpool.models import DecodeModel, NodeModel, OccupancySample, PrefillModel, RequestWorkRecord, Work
-from agentpool.models.fitting import MoeShape
+from agentpool.models import (
+    DecodeModel,
+    MoeShape,
+    NodeModel,
+    OccupancySample,
+    PrefillModel,
+    RequestWorkRecord,
+    Work,
+)
 from agentpool.models.synthetic import decode_records, prefill_records
 from agentpool.planner.config import PlannerConfig
 from agentpool.planner.controller import PlannerController

@@ -110,7 +110,7 @@ def test_fit_nodes_fits_each_node_from_its_own_records() -> None:
 def test_fitting_rejects_what_it_cannot_fit() -> None:
     rng = np.random.default_rng(9)
     with pytest.raises(ValueError, match="both phases"):
-        fit_nodes(prefill_records("a", TRUE, 20, 0.01, rng))
+        fit_nodes(prefill_records("a", TRUE, 20, 0.01, rng), SHAPE)
     with pytest.raises(ValueError, match="at least 4 fitted"):
         fit_prefill(prefill_records("a", TRUE, 4, 0.01, rng))
     with pytest.raises(ValueError, match="holdout_every"):

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from agentpool.api import AgentServingPool
-from agentpool.models.fitting import MoeShape
+from agentpool.models import MoeShape
 from agentpool.planner.config import PlannerConfig
 from agentpool.planner.from_spec import moe_shape, planner_config
 

@@ -1,16 +1,127 @@
-"""`agentpool simulate` (being built under issue 6)."""
+"""`agentpool simulate`: compare agentpool with baseline systems on an agent trace, in virtual time."""
 
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from agentpool.sim.report import markdown_report, write_json, write_plots
+from agentpool.sim.run import WORKLOADS, Scenario, load_conversations, run_system, scenario_dict
+from agentpool.sim.simulator import SimConfig
+from agentpool.sim.systems import COLOCATED_DEFAULT, DISAGGREGATED_DEFAULT, SYSTEMS
 
 HELP = "simulate agentpool and baseline systems on an agent trace"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    del parser
+    parser.add_argument(
+        "--systems",
+        default=",".join(DISAGGREGATED_DEFAULT),
+        help=f"comma-separated systems, or 'colocated' for {','.join(COLOCATED_DEFAULT)}; "
+        f"known: {','.join(SYSTEMS)}",
+    )
+    parser.add_argument("--workload", default="claude-code", choices=WORKLOADS)
+    parser.add_argument(
+        "--trace", default=None, help="Claude Code trace (JSONL, .gz ok); default: bundled sample"
+    )
+    parser.add_argument("--conversations", type=int, default=None, help="use only the first N conversations")
+    parser.add_argument("--nodes", type=int, default=9, help="nodes in the pool")
+    parser.add_argument(
+        "--prefill-nodes", type=int, default=6, help="initial prefill nodes (planned systems)"
+    )
+    parser.add_argument("--static-prefill-nodes", type=int, default=4, help="prefill nodes of static systems")
+    parser.add_argument("--agents", type=int, default=90, help="concurrent agents (closed loop)")
+    parser.add_argument("--arrival-rate", type=float, default=None, help="agents per minute (open loop)")
+    parser.add_argument("--max-agents", type=int, default=258, help="admission limit (open loop)")
+    parser.add_argument("--duration", type=float, default=1800.0, help="measured seconds after the warmup")
+    parser.add_argument("--warmup", type=float, default=600.0, help="warmup seconds (not measured)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--preset", default="glm52-4xgb300", help="node calibration preset")
+    parser.add_argument("--block-tokens", type=int, default=512, help="KV block size of the simulation")
+    parser.add_argument("--shared-prefix", type=int, default=15000, help="shared system+tools prefix tokens")
+    parser.add_argument("--out", default="sim-results", help="output directory")
+    parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _systems(arg: str) -> list[str]:
+    if arg == "colocated":
+        return list(COLOCATED_DEFAULT)
+    names = [s.strip() for s in arg.split(",") if s.strip()]
+    unknown = [n for n in names if n not in SYSTEMS]
+    if unknown or not names:
+        raise SystemExit(f"unknown systems {unknown}; known: {', '.join(SYSTEMS)}")
+    return names
+
+
+def scenario_from(args: argparse.Namespace) -> Scenario:
+    return Scenario(
+        workload=args.workload,
+        trace=args.trace,
+        conversations=args.conversations,
+        agents=args.agents,
+        arrival_per_min=args.arrival_rate,
+        max_agents=args.max_agents,
+        shared_prefix_tokens=args.shared_prefix,
+        preset=args.preset,
+        sim=SimConfig(nodes=args.nodes, prefill_nodes=args.prefill_nodes, block_size=args.block_tokens),
+        static_prefill_nodes=args.static_prefill_nodes,
+        warmup_s=args.warmup,
+        duration_s=args.duration,
+        seed=args.seed,
+    )
+
+
+class _Bar:
+    def __init__(self, label: str, quiet: bool) -> None:
+        self.label = label
+        self.quiet = quiet
+        self.start = time.perf_counter()
+
+    def __call__(self, fraction: float) -> None:
+        if self.quiet:
+            return
+        n = int(30 * min(1.0, fraction))
+        took = time.perf_counter() - self.start
+        sys.stderr.write(f"\r{self.label:20s} [{'#' * n}{'.' * (30 - n)}] {fraction:5.0%} {took:6.1f}s")
+        sys.stderr.flush()
+
+    def done(self) -> None:
+        if not self.quiet:
+            self(1.0)
+            sys.stderr.write("\n")
+
+
+def compare(sc: Scenario, names: list[str], quiet: bool = True) -> list[dict[str, Any]]:
+    conversations = load_conversations(sc)
+    results = []
+    for name in names:
+        bar = _Bar(name, quiet)
+        results.append(run_system(name, sc, conversations, progress=bar))
+        bar.done()
+    return results
 
 
 def run(args: argparse.Namespace) -> int:
-    del args
-    raise SystemExit("agentpool simulate is not built yet")
+    try:
+        names = _systems(args.systems)
+        sc = scenario_from(args)
+    except ValueError as e:
+        raise SystemExit(f"agentpool simulate: {e}") from None
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = compare(sc, names, quiet=args.quiet)
+    command = "agentpool simulate " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+    scen = scenario_dict(sc)
+    md = markdown_report("agentpool simulate", command, scen, results)
+    (out / "report.md").write_text(md, encoding="utf-8")
+    write_json(out / "results.json", {"command": command, "scenario": scen, "results": results})
+    if not args.no_plots:
+        write_plots(out, results, sc.warmup_s + sc.duration_s)
+    print(md)
+    print(f"wrote {out / 'report.md'}, {out / 'results.json'}" + ("" if args.no_plots else " and PNG plots"))
+    return 0

@@ -64,10 +64,12 @@ class Replay:
         sim: Simulator,
         sources: Mapping[str, ConversationSource],
         shared_prefix_blocks: int = 0,
+        group: int = 1,
     ) -> None:
         self.sim = sim
         self.sources = dict(sources)
         self.shared_prefix_blocks = shared_prefix_blocks
+        self.group = group
         self._next_instance = 1
         self._next_rid = 0
         self.active: dict[str, int] = dict.fromkeys(self.sources, 0)
@@ -145,7 +147,7 @@ class Replay:
         tr = inst.conv.requests[i]
         instance = 1 if inst.conv.kind == "mooncake" else inst.instance
         shared = 0 if inst.conv.kind == "mooncake" else self.shared_prefix_blocks
-        blocks, produced = inst.conv.block_keys(i, instance, shared)
+        blocks, produced = inst.conv.block_keys(i, instance, shared, self.group)
         self._next_rid += 1
         req = SimRequest(
             rid=self._next_rid,

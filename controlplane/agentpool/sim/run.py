@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -16,7 +17,7 @@ from agentpool.sim.presets import preset
 from agentpool.sim.replay import ConversationSource, Phase, Replay, cycle
 from agentpool.sim.simulator import SimConfig, Simulator
 from agentpool.sim.synthetic import generator
-from agentpool.sim.systems import system
+from agentpool.sim.systems import PlannerKind, system
 from agentpool.sim.trace import Conversation, load_claude_code
 
 BUNDLED_TRACE = "claude-code-sample.jsonl.gz"
@@ -39,6 +40,7 @@ class Scenario:
     max_agents: int = 258
     shared_prefix_tokens: int = 15000
     preset: str = "glm52-4xgb300"
+    static_prefill_nodes: int | None = 4  # split of systems without a planner (None: sim.prefill_nodes)
     sim: SimConfig = field(default_factory=SimConfig)
     planner: PlannerSettings = field(default_factory=PlannerSettings)
     warmup_s: float = 1800.0
@@ -100,8 +102,19 @@ def run_system(
         sc.warmup_s,
         sc.duration_s,
     )
-    sim = Simulator(cfg, p, sc.sim, metrics)
-    replay = Replay(sim, _sources(sc, conversations), sc.shared_prefix_tokens // sc.sim.block_size)
+    sim_cfg = sc.sim
+    if cfg.planner is PlannerKind.NONE and sc.static_prefill_nodes is not None:
+        sim_cfg = dataclasses.replace(sim_cfg, prefill_nodes=sc.static_prefill_nodes)
+    sim = Simulator(cfg, p, sim_cfg, metrics)
+    trace_block = 512 if sc.workload == "mooncake" else 64
+    if sc.sim.block_size % trace_block:
+        raise ValueError(f"the KV block size must be a multiple of the trace's {trace_block} tokens")
+    replay = Replay(
+        sim,
+        _sources(sc, conversations),
+        sc.shared_prefix_tokens // sc.sim.block_size,
+        group=sc.sim.block_size // trace_block,
+    )
     end = sc.warmup_s + sc.duration_s
     if sc.arrival_per_min is not None:
         replay.open_loop(sc.workload, sc.arrival_per_min, sc.max_agents, end, sc.seed)

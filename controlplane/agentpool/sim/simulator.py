@@ -48,7 +48,7 @@ class SimConfig:
 
     nodes: int = 9
     prefill_nodes: int = 6
-    block_size: int = 64
+    block_size: int = 512  # KV block of the simulation: trace blocks (64 tokens) grouped by 8
     slo_ttft_base_s: float = 2.0
     slo_ttft_per_token_s: float = 1e-4
     slo_tpot_s: float = 0.1
@@ -163,7 +163,7 @@ class Simulator:
     def run(self, until: float) -> None:
         self.every(self.cfg.occupancy_sample_s, 0.0, self._sample)
         events = self._events
-        while events and events[0][0] <= until:
+        while events and events[0][0] < until:
             at, _, kind, payload = heapq.heappop(events)
             self.now = at
             if kind == _WAKE:

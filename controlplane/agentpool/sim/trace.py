@@ -91,20 +91,27 @@ class Conversation:
     def roots(self) -> list[int]:
         return [i for i, r in enumerate(self.requests) if r.depends_on < 0]
 
-    def block_keys(self, index: int, instance: int, shared_prefix_blocks: int) -> tuple[list[int], list[int]]:
-        """Simulator-wide keys of request ``index``'s prompt blocks and produced blocks."""
+    def block_keys(
+        self, index: int, instance: int, shared_prefix_blocks: int, group: int = 1
+    ) -> tuple[list[int], list[int]]:
+        """Simulator-wide keys of request ``index``'s prompt blocks and produced blocks.
+
+        ``group`` > 1 coarsens the blocks: every ``group`` consecutive trace blocks become one
+        simulator block, keyed by the id of its last trace block (ids are chained, so that id names
+        the whole prefix). A prompt's trailing partial group is not cached, as a partial page is not.
+        ``shared_prefix_blocks`` counts simulator blocks.
+        """
+        if group < 1:
+            raise ValueError(f"group must be >= 1, got {group}")
         r = self.requests[index]
-        base = instance * INSTANCE_STRIDE
-        prompt = r.blocks + base
-        k = min(shared_prefix_blocks, len(prompt))
+        full = np.concatenate((r.blocks, r.produced)) if len(r.produced) else r.blocks
+        coarse = full[group - 1 :: group] + instance * INSTANCE_STRIDE
+        k = min(shared_prefix_blocks, len(coarse))
         if k:
-            prompt[:k] = np.arange(1, k + 1)
-        produced = r.produced + base
-        start = len(r.blocks)
-        if start < shared_prefix_blocks and len(produced):
-            j = min(shared_prefix_blocks - start, len(produced))
-            produced[:j] = np.arange(start + 1, start + j + 1)
-        return prompt.tolist(), produced.tolist()
+            coarse[:k] = np.arange(1, k + 1)
+        n_prompt = len(r.blocks) // group
+        keys: list[int] = coarse.tolist()
+        return keys[:n_prompt], keys[n_prompt:]
 
 
 def _open(path: Path) -> IO[str]:

@@ -85,6 +85,11 @@ class PlannerController:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Warmup, fit, start from the initial split, then evaluate every window until ``stop``."""
+        cfg = self._config()
+        if max(cfg.warmup_s, cfg.window_s) > self._inbox.keep_s:
+            raise PlannerError(
+                f"the inbox keeps {self._inbox.keep_s:.0f} s of records, less than warmup or window"
+            )
         await self.begin_warmup()
         start = self._clock()
         if await _wait(stop, self._config().warmup_s):

@@ -52,6 +52,7 @@ class PlannerInbox:
     def __init__(self, keep_s: float = 7200.0):
         if keep_s <= 0:
             raise ValueError(f"keep_s must be positive, got {keep_s}")
+        self.keep_s = keep_s
         self._iterations: _TimeSeries[IterationRecord] = _TimeSeries(keep_s)
         self._requests: _TimeSeries[RequestWorkRecord] = _TimeSeries(keep_s)
         self._occupancy: _TimeSeries[OccupancySample] = _TimeSeries(keep_s)

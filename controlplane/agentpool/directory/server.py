@@ -19,9 +19,10 @@ from prometheus_client import start_http_server
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentpool.directory.handlers import directory_handler
+from agentpool.directory.ingest import ServiceLimits
 from agentpool.directory.metrics import DirectoryMetrics
 from agentpool.directory.redis_store import RedisBranchStore
-from agentpool.directory.service import DirectoryService, ServiceLimits, ServiceTimers
+from agentpool.directory.service import DirectoryService, ServiceTimers
 from agentpool.directory.store import BranchStore, MemoryBranchStore
 from agentpool.kv import DEFAULT_PAGE_SIZE, Directory
 

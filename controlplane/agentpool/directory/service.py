@@ -22,29 +22,19 @@ from agentpool.directory.convert import (
     block_list,
     branch_id,
     eviction_entry,
-    held_blocks,
     node_name,
     node_prefix,
     phase_from_pb,
     phase_to_pb,
-    tier_from_pb,
 )
+from agentpool.directory.ingest import EventIngest, ServiceLimits
 from agentpool.directory.metrics import DirectoryMetrics
 from agentpool.directory.store import BranchStore, StoreUnavailableError, snapshot
-from agentpool.kv import Changes, CountChanges, Directory, InvalidEventError, Tier
+from agentpool.kv import Changes, CountChanges, Directory
 from agentpool.v1 import directory_pb2 as pb
 from agentpool.v1 import directory_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ServiceLimits:
-    max_blocks_per_request: int = 1 << 16
-    max_events_per_batch: int = 4096
-    max_resync_blocks: int = 1 << 22
-    max_eviction_limit: int = 1 << 20
-    watch_queue: int = 1024
 
 
 @dataclass(frozen=True)
@@ -96,8 +86,7 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         self.store_ok = False
         self._reload_needed = False
         self._write_lock = asyncio.Lock()
-        self._seq: dict[str, int | None] = {}  # node -> last applied seq; None: waiting for a resync
-        self._last_heard: dict[str, float] = {}
+        self.ingest = EventIngest(directory, self.limits, self.metrics, wall_clock, monotonic)
         self._watchers: dict[str, set[_Watcher]] = {}
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -106,8 +95,7 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         """Load the agent state from the store (raises StoreUnavailableError) and start the sweeps."""
         phases, branches = await self.store.load()
         self.dir.load_agent_state(phases, branches)
-        now = self.mono()
-        self._last_heard = {n: now for n in phases}
+        self.ingest.expect(phases)
         self.store_ok = True
         self.metrics.store_up.set(1)
         self._update_gauges()
@@ -140,9 +128,7 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         async with self._write_lock:
             phases, branches = await self.store.load()
             self.dir.load_agent_state(phases, branches)
-            for node in list(self._seq):
-                if node not in phases:
-                    self._forget_node(node)
+            self.ingest.keep_only(phases)
             self._reload_needed = False
         log.info("directory agent state reloaded from the store: %d branches", len(self.dir.branches))
         for watchers in self._watchers.values():
@@ -162,19 +148,14 @@ class DirectoryService(pb_grpc.DirectoryServicer):
             return
         expired, changes = self.dir.expire_idle(self.wall(), self.timers.idle_ttl_s)
         self.metrics.expired_branches.inc(len(expired))
-        cutoff = self.mono() - self.timers.node_timeout_s
-        for node in [n for n, t in self._last_heard.items() if t < cutoff]:
+        for node in self.ingest.silent_since(self.mono() - self.timers.node_timeout_s):
             log.warning("node %s silent for %.1fs: purging it", node, self.timers.node_timeout_s)
             if self.dir.has_node(node):
                 changes.merge(self.dir.drop_node(node))
-            self._forget_node(node)
+            self.ingest.forget(node)
             self.metrics.dropped_nodes.labels("timeout").inc()
         if changes:
             await self._commit(changes, strict=False)
-
-    def _forget_node(self, node: str) -> None:
-        self._seq.pop(node, None)
-        self._last_heard.pop(node, None)
 
     # -- persistence and publication ---------------------------------------------------------
     async def _commit(self, changes: Changes, strict: bool = True) -> None:
@@ -318,7 +299,7 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         self._require_store()
         previous = phase_to_pb(self.dir.phase(node)) if self.dir.has_node(node) else pb.PHASE_UNSPECIFIED
         changes = self.dir.register_node(node, phase)
-        self._last_heard.setdefault(node, self.mono())
+        self.ingest.expect([node])
         await self._commit(changes)
         return pb.SwitchPhaseResponse(previous_phase=previous, released_branches=len(changes.branches))
 
@@ -330,7 +311,7 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         self._require_store()
         purged = self.dir.index.node_block_count(node) if self.dir.index.has_node(node) else 0
         changes = self.dir.drop_node(node)
-        self._forget_node(node)
+        self.ingest.forget(node)
         self.metrics.dropped_nodes.labels("request").inc()
         await self._commit(changes)
         return pb.DropNodeResponse(released_branches=len(changes.branches), purged_blocks=purged)
@@ -369,82 +350,12 @@ class DirectoryService(pb_grpc.DirectoryServicer):
             self.metrics.latency.labels("PublishEvents").observe(time.perf_counter() - t0)
             yield ack
 
-    def _request_resync(self, node: str, reason: str, label: str) -> pb.PublishAck:
-        self._seq[node] = None
-        self.metrics.resyncs_requested.labels(label).inc()
-        return pb.PublishAck(node=node, seq=0, resync_requested=True, reason=reason)
-
     async def apply_batch(self, batch: pb.KvEventBatch) -> pb.PublishAck:
-        """Apply one engine batch (validated first, as a whole); returns its ack."""
-        node = node_name(batch.node)
-        if batch.HasField("resync"):
-            phase = phase_from_pb(batch.phase)
-            blocks = held_blocks(batch.resync, self.limits.max_resync_blocks)
-            changes = Changes()
-            if not self.dir.has_node(node) or self.dir.phase(node) is not phase:
-                changes.merge(self.dir.register_node(node, phase))
-            try:
-                changes.merge(self.dir.resync_node(node, blocks, self.wall()))
-            except InvalidEventError as e:
-                raise InvalidRequestError(f"resync of {node}: {e}") from None
-            self._seq[node] = batch.seq
-            self._last_heard[node] = self.mono()
-            self.metrics.resyncs.inc()
-            await self._commit(changes, strict=False)
-            return pb.PublishAck(node=node, seq=batch.seq)
-        events = self._parse_events(batch)
-        last = self._seq.get(node)
-        if last is None or not self.dir.has_node(node):
-            return self._request_resync(node, f"node {node} is unknown to the directory: resync", "unknown")
-        self._last_heard[node] = self.mono()
-        if batch.heartbeat:
-            return pb.PublishAck(node=node, seq=last)
-        if batch.seq != last + 1:
-            return self._request_resync(node, f"sequence gap: expected {last + 1}, got {batch.seq}", "gap")
-        changes = Changes()
-        now = self.wall()
-        try:
-            for kind, parent, hashes, tier in events:
-                if kind == "stored":
-                    changes.merge(self.dir.apply_stored(node, parent, hashes, tier, now))
-                else:
-                    changes.merge(self.dir.apply_removed(node, hashes, tier))
-                self.metrics.events.labels(kind).inc()
-                self.metrics.blocks.inc(len(hashes))
-        except InvalidEventError as e:
-            if changes:
-                await self._commit(changes, strict=False)
-            return self._request_resync(node, f"inconsistent event: {e}", "inconsistent")
-        self._seq[node] = batch.seq
+        """Apply one engine batch (validated as a whole first), persist what it changed; returns its ack."""
+        ack, changes = self.ingest.apply(batch)
         if changes:
             await self._commit(changes, strict=False)
-        return pb.PublishAck(node=node, seq=batch.seq)
-
-    def _parse_events(self, batch: pb.KvEventBatch) -> list[tuple[str, int, list[int], Tier]]:
-        if len(batch.events) > self.limits.max_events_per_batch:
-            raise InvalidRequestError(
-                f"batch has {len(batch.events)} events, more than {self.limits.max_events_per_batch}"
-            )
-        out: list[tuple[str, int, list[int], Tier]] = []
-        limit = self.limits.max_blocks_per_request
-        for ev in batch.events:
-            kind = ev.WhichOneof("kind")
-            if kind == "stored":
-                out.append(
-                    (
-                        "stored",
-                        ev.stored.parent_hash,
-                        block_list(ev.stored.block_hashes, limit),
-                        tier_from_pb(ev.stored.tier),
-                    )
-                )
-            elif kind == "removed":
-                out.append(
-                    ("removed", 0, block_list(ev.removed.block_hashes, limit), tier_from_pb(ev.removed.tier))
-                )
-            else:
-                raise InvalidRequestError("event has neither stored nor removed")
-        return out
+        return ack
 
     # -- count streams -----------------------------------------------------------------------
     async def WatchCounts(

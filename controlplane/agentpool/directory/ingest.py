@@ -1,0 +1,149 @@
+"""Engine event streams: per-node sequence numbers, resync requests and liveness.
+
+Applies validated batches to the core and returns the ack plus what changed; the service persists the
+changes. A batch from a node without a known sequence (new, or unknown since a directory restart),
+with a gap, or that contradicts the index gets ``resync_requested``; the node's batches are then
+ignored until its resync, which replaces its placement and sets its sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from agentpool.directory.convert import (
+    InvalidRequestError,
+    block_list,
+    held_blocks,
+    node_name,
+    phase_from_pb,
+    tier_from_pb,
+)
+from agentpool.directory.metrics import DirectoryMetrics
+from agentpool.kv import Changes, Directory, InvalidEventError, Tier
+from agentpool.v1 import directory_pb2 as pb
+
+
+@dataclass(frozen=True)
+class ServiceLimits:
+    max_blocks_per_request: int = 1 << 16
+    max_events_per_batch: int = 4096
+    max_resync_blocks: int = 1 << 22
+    max_eviction_limit: int = 1 << 20
+    watch_queue: int = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class _Event:
+    stored: bool
+    parent: int
+    hashes: list[int]
+    tier: Tier
+
+
+class EventIngest:
+    def __init__(
+        self,
+        directory: Directory,
+        limits: ServiceLimits,
+        metrics: DirectoryMetrics,
+        wall: Callable[[], float],
+        mono: Callable[[], float],
+    ) -> None:
+        self.dir = directory
+        self.limits = limits
+        self.metrics = metrics
+        self.wall = wall
+        self.mono = mono
+        self._seq: dict[str, int | None] = {}  # node -> last applied seq; None: waiting for a resync
+        self._last_heard: dict[str, float] = {}
+
+    # -- liveness ----------------------------------------------------------------------------
+    def expect(self, nodes: Iterable[str]) -> None:
+        """Start the silence clock of ``nodes`` (restored or registered without an engine stream yet)."""
+        now = self.mono()
+        for n in nodes:
+            self._last_heard.setdefault(n, now)
+
+    def keep_only(self, nodes: Iterable[str]) -> None:
+        keep = set(nodes)
+        for n in [n for n in self._last_heard if n not in keep]:
+            self.forget(n)
+
+    def forget(self, node: str) -> None:
+        self._seq.pop(node, None)
+        self._last_heard.pop(node, None)
+
+    def silent_since(self, cutoff: float) -> list[str]:
+        return sorted(n for n, t in self._last_heard.items() if t < cutoff)
+
+    # -- batches -----------------------------------------------------------------------------
+    def apply(self, batch: pb.KvEventBatch) -> tuple[pb.PublishAck, Changes]:
+        node = node_name(batch.node)
+        if batch.HasField("resync"):
+            return self._resync(node, batch)
+        events = self._parse(batch)
+        last = self._seq.get(node)
+        if last is None or not self.dir.has_node(node):
+            return self._ask_resync(node, f"node {node} is unknown to the directory: resync", "unknown")
+        self._last_heard[node] = self.mono()
+        if batch.heartbeat:
+            return pb.PublishAck(node=node, seq=last), Changes()
+        if batch.seq != last + 1:
+            return self._ask_resync(node, f"sequence gap: expected {last + 1}, got {batch.seq}", "gap")
+        changes = Changes()
+        now = self.wall()
+        for ev in events:
+            try:
+                if ev.stored:
+                    changes.merge(self.dir.apply_stored(node, ev.parent, ev.hashes, ev.tier, now))
+                else:
+                    changes.merge(self.dir.apply_removed(node, ev.hashes, ev.tier))
+            except InvalidEventError as e:
+                ack, _ = self._ask_resync(node, f"inconsistent event: {e}", "inconsistent")
+                return ack, changes
+            self.metrics.events.labels("stored" if ev.stored else "removed").inc()
+            self.metrics.blocks.inc(len(ev.hashes))
+        self._seq[node] = batch.seq
+        return pb.PublishAck(node=node, seq=batch.seq), changes
+
+    def _resync(self, node: str, batch: pb.KvEventBatch) -> tuple[pb.PublishAck, Changes]:
+        phase = phase_from_pb(batch.phase)
+        blocks = held_blocks(batch.resync, self.limits.max_resync_blocks)
+        changes = Changes()
+        if not self.dir.has_node(node) or self.dir.phase(node) is not phase:
+            changes.merge(self.dir.register_node(node, phase))
+        try:
+            changes.merge(self.dir.resync_node(node, blocks, self.wall()))
+        except InvalidEventError as e:
+            raise InvalidRequestError(f"resync of {node}: {e}") from None
+        self._seq[node] = batch.seq
+        self._last_heard[node] = self.mono()
+        self.metrics.resyncs.inc()
+        return pb.PublishAck(node=node, seq=batch.seq), changes
+
+    def _ask_resync(self, node: str, reason: str, label: str) -> tuple[pb.PublishAck, Changes]:
+        self._seq[node] = None
+        self.metrics.resyncs_requested.labels(label).inc()
+        return pb.PublishAck(node=node, seq=0, resync_requested=True, reason=reason), Changes()
+
+    def _parse(self, batch: pb.KvEventBatch) -> list[_Event]:
+        if len(batch.events) > self.limits.max_events_per_batch:
+            raise InvalidRequestError(
+                f"batch has {len(batch.events)} events, more than {self.limits.max_events_per_batch}"
+            )
+        limit = self.limits.max_blocks_per_request
+        out = []
+        for ev in batch.events:
+            kind = ev.WhichOneof("kind")
+            if kind == "stored":
+                s = ev.stored
+                out.append(
+                    _Event(True, s.parent_hash, block_list(s.block_hashes, limit), tier_from_pb(s.tier))
+                )
+            elif kind == "removed":
+                r = ev.removed
+                out.append(_Event(False, 0, block_list(r.block_hashes, limit), tier_from_pb(r.tier)))
+            else:
+                raise InvalidRequestError("event has neither stored nor removed")
+        return out

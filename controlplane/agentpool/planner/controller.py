@@ -35,7 +35,7 @@ from agentpool.models import (
 )
 from agentpool.models.fitting import NodeFit, fit_nodes
 from agentpool.planner.config import PlannerConfig
-from agentpool.planner.core import Decision, Outcome, PlannerInput, PlannerNode, Role, plan
+from agentpool.planner.core import Decision, Outcome, PlannerInput, PlannerNode, Role, initial_roles, plan
 from agentpool.planner.inbox import PlannerInbox
 from agentpool.planner.kube import ObjectRef, PodRoles, PodRoleState
 from agentpool.planner.metrics import PlannerMetrics
@@ -109,7 +109,7 @@ class PlannerController:
 
     async def begin_warmup(self) -> None:
         """Set every unpinned pod to serve both phases (colocated) for the warmup."""
-        for pod in await self._pods.list():
+        for pod in await self._pods.pods():
             if not pod.pinned and pod.desired_role != COLOCATED:
                 await self._pods.set_role(pod.name, COLOCATED)
 
@@ -134,20 +134,15 @@ class PlannerController:
     async def start_disaggregation(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """Apply the initial split; returns (prefill pods, decode pods)."""
         cfg = self._config()
-        pods = await self._pods.list()
-        pinned = {p.name: p.desired_role for p in pods if p.pinned}
-        bad = sorted(n for n, r in pinned.items() if r not in (Role.PREFILL, Role.DECODE))
+        pods = await self._pods.pods()
+        bad = sorted(p.name for p in pods if p.pinned and p.desired_role not in (Role.PREFILL, Role.DECODE))
         if bad:
             raise PlannerError(f"pinned pods must be pinned to prefill or decode to disaggregate: {bad}")
-        free = [p.name for p in pods if not p.pinned]
-        need = cfg.initial_prefill - sum(1 for r in pinned.values() if r == Role.PREFILL)
-        if not 0 <= need <= len(free):
-            raise PlannerError(f"cannot reach {cfg.initial_prefill} prefill nodes with pinned pods {pinned}")
-        roles = {n: Role(r) for n, r in pinned.items() if r is not None}
-        roles |= {n: Role.PREFILL if i < need else Role.DECODE for i, n in enumerate(free)}
-        decode_count = sum(1 for r in roles.values() if r is Role.DECODE)
-        if decode_count < cfg.min_decode:
-            raise PlannerError(f"initial split leaves {decode_count} decode nodes, min is {cfg.min_decode}")
+        pinned = {p.name: Role(str(p.desired_role)) for p in pods if p.pinned}
+        try:
+            roles = initial_roles([p.name for p in pods], pinned, cfg.initial_prefill, cfg.policy())
+        except ValueError as exc:
+            raise PlannerError(str(exc)) from exc
         for pod in pods:
             if not pod.pinned and pod.desired_role != roles[pod.name]:
                 await self._pods.set_role(pod.name, roles[pod.name].value)
@@ -164,7 +159,7 @@ class PlannerController:
         if not cfg.enabled:
             log.info("planner disabled: window %.0f-%.0f not evaluated", start, end)
             return None
-        pods = await self._pods.list()
+        pods = await self._pods.pods()
         nodes, excluded = self._planner_nodes(pods, start, end)
         sliced = slice_window(
             self._inbox.requests(start, end), self._inbox.occupancy(start, end), start, end, cfg.slices

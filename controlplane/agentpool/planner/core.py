@@ -20,7 +20,7 @@ The algorithm:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -252,6 +252,32 @@ def plan(inp: PlannerInput, policy: PlannerPolicy) -> Decision:
     )
 
 
+def initial_roles(
+    names: Sequence[str], pinned: Mapping[str, Role], prefill: int, policy: PlannerPolicy
+) -> dict[str, Role]:
+    """The split disaggregation starts from (Algorithm E.3 line 1): ``prefill`` prefill nodes.
+
+    Pinned nodes keep their role; the unpinned ones fill the remaining prefill places in name
+    order and serve decode otherwise. Raises ValueError when the pins make the split impossible
+    or it breaks the min nodes per phase.
+    """
+    unknown = sorted(set(pinned) - set(names))
+    if unknown:
+        raise ValueError(f"pinned nodes that are not in the pool: {unknown}")
+    free = sorted(n for n in names if n not in pinned)
+    need = prefill - sum(1 for r in pinned.values() if r is Role.PREFILL)
+    if not 0 <= need <= len(free):
+        raise ValueError(f"cannot start with {prefill} prefill nodes when {dict(pinned)} are pinned")
+    roles = dict(pinned) | {n: Role.PREFILL if i < need else Role.DECODE for i, n in enumerate(free)}
+    decode = sum(1 for r in roles.values() if r is Role.DECODE)
+    if prefill < policy.min_prefill or decode < policy.min_decode:
+        raise ValueError(
+            f"initial split {prefill}P{decode}D breaks the minimum of "
+            f"{policy.min_prefill} prefill and {policy.min_decode} decode nodes"
+        )
+    return roles
+
+
 def _rank_key(c: Candidate) -> tuple[float, int, int]:
     """Largest mean gain first; then fewer moves; then the smaller prefill count."""
     return (c.mean_gain, -c.moves, -c.prefill_count)
@@ -296,6 +322,7 @@ __all__ = [
     "PlannerNode",
     "PlannerPolicy",
     "Role",
+    "initial_roles",
     "plan",
     "split_throughput",
 ]

@@ -83,7 +83,7 @@ class PodRoles:
     def namespace(self) -> str:
         return self._namespace
 
-    async def list(self) -> list[PodRoleState]:
+    async def pods(self) -> list[PodRoleState]:
         """The engine pods that match the pool's label selector, by name."""
         pods = await asyncio.to_thread(
             self._core.list_namespaced_pod, namespace=self._namespace, label_selector=self._selector

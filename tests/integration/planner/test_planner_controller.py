@@ -170,6 +170,8 @@ async def test_warmup_fit_initial_split_then_a_shift_patches_exactly_the_switche
         assert f.prefill.report.mape_held_out < 0.05 and f.decode.report.mape_held_out < 0.05
         assert f.prefill.model.c1 == pytest.approx(4e-5, rel=0.05)
 
+    lists = [r for r in h.kmock if r.method == "GET" and r.url.path == f"/api/v1/namespaces/{NS}/pods"]
+    assert lists and all(r.params.get("labelSelector") == "agentpool.io/pool=demo" for r in lists)
     prefill, _ = await h.controller.start_disaggregation()
     assert prefill == ("engine-0", "engine-1")
     assert [h.role(n) for n in PODS] == ["prefill"] * 2 + ["decode"] * 7

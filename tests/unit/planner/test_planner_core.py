@@ -15,7 +15,15 @@ from planner_scenarios import (
 )
 
 from agentpool.models import DecodeModel, NodeModel, PrefillModel, WorkSlice
-from agentpool.planner.core import Outcome, PlannerInput, PlannerNode, PlannerPolicy, Role, plan
+from agentpool.planner.core import (
+    Outcome,
+    PlannerInput,
+    PlannerNode,
+    PlannerPolicy,
+    Role,
+    initial_roles,
+    plan,
+)
 
 POLICY = PlannerPolicy()
 
@@ -155,3 +163,21 @@ def test_bad_input_is_rejected() -> None:
     zero = NodeModel(prefill=PrefillModel(0, 0, 0, 1e-6), decode=DecodeModel(0.01, 0, 0))
     with pytest.raises(ValueError, match="infinite throughput"):
         PlannerInput(nodes=nodes(prefill=2, model=zero), slices=(WorkSlice(*OSWORLD),) * 2)
+
+
+def test_initial_roles_keep_pins_and_fill_prefill_in_name_order() -> None:
+    names = ["e3", "e0", "e2", "e1", "e4"]
+    roles = initial_roles(names, {"e0": Role.DECODE, "e4": Role.PREFILL}, prefill=2, policy=POLICY)
+    assert roles == {
+        "e0": Role.DECODE,
+        "e1": Role.PREFILL,
+        "e2": Role.DECODE,
+        "e3": Role.DECODE,
+        "e4": Role.PREFILL,
+    }
+    with pytest.raises(ValueError, match="pinned"):
+        initial_roles(names, {"e0": Role.PREFILL, "e1": Role.PREFILL}, prefill=1, policy=POLICY)
+    with pytest.raises(ValueError, match="minimum"):
+        initial_roles(names, {}, prefill=5, policy=POLICY)
+    with pytest.raises(ValueError, match="not in the pool"):
+        initial_roles(names, {"x": Role.DECODE}, prefill=1, policy=POLICY)

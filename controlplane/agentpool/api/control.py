@@ -6,9 +6,11 @@ Each section converts to the plain values its consumer takes (:mod:`agentpool.ap
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal, get_args
 
 from pydantic import Field
+from pydantic.alias_generators import to_camel
 
 from agentpool.api.base import ApiModel, CrossFieldRule
 from agentpool.api.settings import FetchSettings, PlannerSettings, RouterSettings
@@ -144,24 +146,36 @@ class CopyPriceSpec(ApiModel):
     """Charge per 1000 fetched tokens."""
 
 
+@dataclass(frozen=True, slots=True)
+class _KnobSection:
+    """A policy whose knobs have their own section in `spec.router` (e.g. `cacheAware`)."""
+
+    policy: str
+    attr: str
+    knobs: type[ApiModel]
+
+    @property
+    def wire(self) -> str:
+        return to_camel(self.attr)
+
+    def rule(self) -> CrossFieldRule:
+        return CrossFieldRule(
+            cel=f"!has(self.{self.wire}) || self.policy == '{self.policy}'",
+            message=(
+                f"spec.router.{self.wire} configures the {self.policy} policy, "
+                f"but spec.router.policy is not {self.policy}"
+            ),
+            holds=lambda m: getattr(m, self.attr) is None or m.policy == self.policy,
+            field_path=f".{self.wire}",
+        )
+
+
 _KNOB_SECTIONS = (
-    ("smetric", "smetric"),
-    ("cacheAware", "cache-aware"),
-    ("dynamo", "dynamo"),
-    ("linear", "linear"),
+    _KnobSection("smetric", "smetric", SmetricKnobs),
+    _KnobSection("cache-aware", "cache_aware", CacheAwareKnobs),
+    _KnobSection("dynamo", "dynamo", DynamoKnobs),
+    _KnobSection("linear", "linear", LinearKnobs),
 )
-
-
-def _knob_rule(section: str, policy: str) -> CrossFieldRule:
-    attr = {"cacheAware": "cache_aware"}.get(section, section)
-    return CrossFieldRule(
-        cel=f"!has(self.{section}) || self.policy == '{policy}'",
-        message=(
-            f"spec.router.{section} configures the {policy} policy, but spec.router.policy is not {policy}"
-        ),
-        holds=lambda m: getattr(m, attr) is None or m.policy == policy,
-        field_path=f".{section}",
-    )
 
 
 class RouterSpec(ApiModel):
@@ -185,24 +199,17 @@ class RouterSpec(ApiModel):
     state_max_age: PositiveDuration = "5s"
     """A node's reported state older than this is not used."""
 
-    rules = tuple(_knob_rule(section, policy) for section, policy in _KNOB_SECTIONS)
+    rules = tuple(section.rule() for section in _KNOB_SECTIONS)
 
     def knobs(self) -> dict[str, float]:
         """Knobs of the selected policy with defaults filled in, named as the router's policy knob
         dataclasses name them (`agentpool.router.policy.create_policy(policy, knobs)`)."""
-        sections: dict[str, type[ApiModel]] = {
-            "smetric": SmetricKnobs,
-            "cache-aware": CacheAwareKnobs,
-            "dynamo": DynamoKnobs,
-            "linear": LinearKnobs,
-        }
-        knob_type = sections.get(self.policy)
-        if knob_type is None:
-            return {}
-        attr = self.policy.replace("-", "_")
-        given = getattr(self, attr)
-        values = (given if given is not None else knob_type()).model_dump()
-        return {name: float(value) for name, value in values.items()}
+        for section in _KNOB_SECTIONS:
+            if section.policy == self.policy:
+                given = getattr(self, section.attr)
+                chosen = given if given is not None else section.knobs()
+                return {name: float(value) for name, value in chosen.model_dump().items()}
+        return {}
 
     def settings(self) -> RouterSettings:
         return RouterSettings(

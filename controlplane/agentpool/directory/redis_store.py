@@ -56,14 +56,17 @@ class RedisBranchStore:
         try:
             raw_phases = cast(dict[bytes, bytes], await self.client.hgetall(self.nodes_key))
             prefix = f"{self.namespace}:branch:{{"
+            keys = [k async for k in self.client.scan_iter(match=f"{prefix}*", count=1000)]
+            keys = [k for k in keys if k.endswith(b"}")]
             states = []
-            async for key in self.client.scan_iter(match=f"{prefix}*", count=1000):
-                k = key.decode()
-                if not k.endswith("}"):
-                    continue
-                row = cast(dict[bytes, bytes], await self.client.hgetall(key))
-                if row:  # expired between SCAN and HGETALL
-                    states.append(decode_branch(k[len(prefix) : -1], row))
+            for i in range(0, len(keys), 500):  # one pipelined round trip per 500 rows
+                pipe = self.client.pipeline(transaction=False)
+                for k in keys[i : i + 500]:
+                    pipe.hgetall(k)
+                rows = cast(list[dict[bytes, bytes]], await pipe.execute())
+                for k, row in zip(keys[i : i + 500], rows, strict=True):
+                    if row:  # expired between SCAN and HGETALL
+                        states.append(decode_branch(k.decode()[len(prefix) : -1], row))
         except _REDIS_DOWN as e:
             raise StoreUnavailableError(f"redis: {e}") from e
         return {n.decode(): Phase(p.decode()) for n, p in raw_phases.items()}, states

@@ -69,8 +69,12 @@ def test_identity_names_columns_and_status_subresource() -> None:
 
 def test_schema_is_structural() -> None:
     """The structural-schema rules kube-apiserver enforces on apiextensions v1 CRDs."""
+    root = open_api_schema()
+    assert root["type"] == "object" and "additionalProperties" not in root
+    # metadata at the root may restrict nothing (but name and generateName): only its type
+    assert root["properties"]["metadata"] == {"type": "object"}
     problems = []
-    for path, node in walk(open_api_schema()):
+    for path, node in walk(root):
         if "$ref" in node or "oneOf" in node or "allOf" in node or "not" in node:
             problems.append(f"{path}: $ref/oneOf/allOf/not")
         if node.get("x-kubernetes-int-or-string"):

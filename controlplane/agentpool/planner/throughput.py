@@ -105,11 +105,11 @@ class NodeArrays:
         if decode_nodes < 1:
             raise ValueError(f"decode rates need at least one decode node, got {decode_nodes}")
         batch = s.occupancy / float(decode_nodes)
-        seconds_per_request = (
-            self.decode_iteration_times(batch) * s.t_out / np.where(batch > 0, batch * s.t_acc, 1.0)
-        )
-        rates = _inverse(seconds_per_request)
-        return np.where(batch > 0, rates, 0.0)
+        # B*t_acc / (T_iter(B)*t_out): requests completed per second; a vanishing batch gives ~0.
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rates = batch * s.t_acc / (self.decode_iteration_times(batch) * s.t_out)
+        result: FloatArray = np.where(batch > 0, rates, 0.0)
+        return result
 
 
 def _log_miss(m: NodeModel) -> float:

@@ -39,17 +39,30 @@ class CrossFieldRule:
 
 
 class ApiModel(BaseModel):
-    """camelCase on the wire, snake_case in Python; unknown fields are errors; immutable."""
+    """camelCase on the wire, snake_case in Python; unknown fields are errors; immutable.
+
+    Validation follows kube-apiserver where pydantic would be laxer: types are strict (`"9"` is not
+    an integer, `"yes"` not a boolean) and a `null` value counts as absent (the apiserver prunes
+    nulls of non-nullable fields before defaulting), so both accept and reject the same manifests.
+    """
 
     model_config = ConfigDict(
         alias_generator=to_camel,
         populate_by_name=True,
         extra="forbid",
         frozen=True,
+        strict=True,
         use_attribute_docstrings=True,
     )
 
     rules: ClassVar[tuple[CrossFieldRule, ...]] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_absent(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {key: value for key, value in data.items() if value is not None}
+        return data
 
     @model_validator(mode="after")
     def _check_rules(self) -> Self:

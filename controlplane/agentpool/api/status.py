@@ -56,7 +56,7 @@ class Condition(ApiModel):
     """CamelCase reason; the operator uses the values of `agentpool.api.Reason`."""
     message: str = Field(default="", max_length=32768)
     """Human-readable detail."""
-    last_transition_time: datetime | None = None
+    last_transition_time: datetime | None = Field(default=None, strict=False)
     """When `status` last changed."""
     observed_generation: int | None = Field(default=None, ge=0)
     """`metadata.generation` the condition was computed for."""
@@ -93,7 +93,7 @@ class SwitchStatus(ApiModel):
 
     total: int = Field(default=0, ge=0)
     """Switch decisions since the pool was created."""
-    last_time: datetime | None = None
+    last_time: datetime | None = Field(default=None, strict=False)
     """When the last switch was decided."""
     last_from: str | None = Field(default=None, max_length=64)
     """Split before the last switch, e.g. `6P3D`."""
@@ -132,7 +132,7 @@ class ModelFitStatus(ApiModel):
     """`Learning` during the warmup, `Fitted` once frozen."""
     records: int = Field(default=0, ge=0)
     """Iteration records used so far."""
-    fitted_at: datetime | None = None
+    fitted_at: datetime | None = Field(default=None, strict=False)
     """When the models were frozen."""
     prefill: PrefillFit | None = None
     """Prefill iteration model (Eq. 1)."""

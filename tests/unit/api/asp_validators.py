@@ -2,7 +2,8 @@
 
 - ``pydantic_errors``: `AgentServingPool.model_validate`, as the operator does.
 - ``crd_errors``: what kube-apiserver does with the committed CRD, step by step: strict field
-  validation (kubectl's default: an unknown field is an error), structural defaulting, the
+  validation (kubectl's default: an unknown field is an error), structural defaulting (nulls of
+  non-nullable fields pruned, then absent fields defaulted), the
   openAPIV3Schema (evaluated with jsonschema's Draft 4 validator, the JSON-schema dialect OpenAPI 3.0
   builds on: boolean `exclusiveMinimum`, `anyOf` for int-or-string) and then the CEL rules of
   `x-kubernetes-validations`, evaluated by a real CEL implementation (cel-python), with `self`
@@ -75,7 +76,7 @@ def crd_errors(manifest: dict[str, Any]) -> list[str]:
     unknown = list(_unknown_fields(manifest, schema, ""))
     if unknown:
         return unknown
-    obj = _default(copy.deepcopy(manifest), schema)
+    obj = _default(_drop_nulls(copy.deepcopy(manifest), schema), schema)
     structural = [
         f"{_path(err.absolute_path)}: {err.message}"
         for err in sorted(_validator().iter_errors(obj), key=lambda e: list(map(str, e.absolute_path)))
@@ -93,7 +94,8 @@ def _validator() -> jsonschema.Draft4Validator:
 
 def defaulted(manifest: dict[str, Any]) -> dict[str, Any]:
     """The object kube-apiserver would store: the manifest with the CRD's defaults filled in."""
-    result: dict[str, Any] = _default(copy.deepcopy(manifest), open_api_schema())
+    schema = open_api_schema()
+    result: dict[str, Any] = _default(_drop_nulls(copy.deepcopy(manifest), schema), schema)
     return result
 
 
@@ -122,6 +124,19 @@ def _unknown_fields(value: Any, schema: Schema, where: str) -> Iterator[str]:
     elif isinstance(value, list) and "items" in schema:
         for i, item in enumerate(value):
             yield from _unknown_fields(item, schema["items"], f"{where}[{i}]")
+
+
+def _drop_nulls(value: Any, schema: Schema) -> Any:
+    """Structural defaulting first prunes `null` values of fields that are not `nullable`."""
+    if isinstance(value, dict) and "properties" in schema:
+        return {
+            key: _drop_nulls(item, schema["properties"].get(key, {}))
+            for key, item in value.items()
+            if item is not None or schema["properties"].get(key, {}).get("nullable")
+        }
+    if isinstance(value, list) and "items" in schema:
+        return [_drop_nulls(item, schema["items"]) for item in value]
+    return value
 
 
 def _default(value: Any, schema: Schema) -> Any:

@@ -349,6 +349,34 @@ BAD = [
         "'slo' is a required property",
     ),
     Bad(
+        "nodes as a numeric string",
+        changed(SIM, {"spec.nodes": "6"}),
+        "spec.nodes",
+        "Input should be a valid integer",
+        "'6' is not of type 'integer'",
+    ),
+    Bad(
+        "fractional nodes",
+        changed(SIM, {"spec.nodes": 6.5}),
+        "spec.nodes",
+        "Input should be a valid integer",
+        "6.5 is not of type 'integer'",
+    ),
+    Bad(
+        "planner switch as a string",
+        changed(SIM, {"spec.planner.enabled": "yes"}),
+        "spec.planner.enabled",
+        "Input should be a valid boolean",
+        "'yes' is not of type 'boolean'",
+    ),
+    Bad(
+        "required field set to null",
+        changed(SIM, {"spec.slo.tpot": None}),
+        "spec.slo.tpot",
+        "Field required",
+        "'tpot' is a required property",
+    ),
+    Bad(
         "two Ready conditions",
         changed(
             SIM,
@@ -489,6 +517,9 @@ GOOD = {
                 }
             }
         },
+    ),
+    "nulls count as absent": changed(
+        MINIMAL, {"spec.planner": None, "spec.router": {"policy": None, "smetric": None}, "spec.redis": None}
     ),
     "with a status": changed(
         SIM,

@@ -55,7 +55,7 @@ class Metrics:
         self.completed_total = 0
         self.issued = 0
         self.evicted_blocks = 0
-        self.switches: list[dict[str, float | str]] = []
+        self.switches: list[dict[str, float | str]] = []  # node, times, mode
         self.split_timeline: list[tuple[float, int, int, int]] = []
         self.planner_log: list[dict[str, float | str]] = []
 
@@ -112,9 +112,12 @@ class Metrics:
     def sample(self, now: float, nodes: Sequence[SimNode], queued: Sequence[QueueSums]) -> None:
         del now, nodes, queued
 
-    def switch(self, decided_at: float, drained_at: float, done_at: float, mode: SwitchMode) -> None:
+    def switch(
+        self, node: str, decided_at: float, drained_at: float, done_at: float, mode: SwitchMode
+    ) -> None:
         self.switches.append(
             {
+                "node": node,
                 "decided_at": decided_at,
                 "drained_at": drained_at,
                 "done_at": done_at,

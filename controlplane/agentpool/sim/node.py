@@ -87,7 +87,7 @@ class SimRequest:
         return self.input_tokens - self.cached_tokens
 
     def decode_iterations(self, t_acc: float) -> int:
-        return math.ceil(max(0, self.output_tokens - 1) / t_acc)
+        return math.ceil(max(0, self.output_tokens - 1) / t_acc - 1e-9)
 
     @property
     def kv_tokens(self) -> int:

@@ -395,7 +395,7 @@ class Simulator:
         node.role = sw.to
         node.status = NodeStatus.SERVING
         self.directory.switch_phase(node.name, _PHASE[sw.to])
-        self.metrics.switch(sw.decided_at, sw.drained_at, self.now, self.system.switch)
+        self.metrics.switch(node.name, sw.decided_at, sw.drained_at, self.now, self.system.switch)
         self.metrics.record_split(self.now, self.split())
         if sw.to is Role.DECODE:
             self._retry_pending_decode()

@@ -136,6 +136,16 @@ def _produced(prev: Sequence[int], prev_in: int, prev_out: int, nxt: Sequence[in
     return list(nxt[n:end]) if end > n else []
 
 
+def _session_of(line: str) -> str | None:
+    """The ``session_id`` of a trace line without parsing it (None if not in the compact form)."""
+    key = '"session_id":"'
+    i = line.find(key)
+    if i < 0:
+        return None
+    j = line.find('"', i + len(key))
+    return line[i + len(key) : j] if j > 0 else None
+
+
 def load_claude_code(path: str | Path, limit: int | None = None) -> list[Conversation]:
     """Conversations of the Claude Code trace (gzipped or plain JSONL), in file order."""
     sessions: dict[str, list[tuple[int, dict[str, Any]]]] = {}
@@ -143,6 +153,10 @@ def load_claude_code(path: str | Path, limit: int | None = None) -> list[Convers
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue
+            if limit is not None and len(sessions) >= limit:
+                quick = _session_of(line)
+                if quick is not None and quick not in sessions:
+                    continue  # skip parsing conversations past the limit
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:

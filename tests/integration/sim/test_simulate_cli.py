@@ -1,0 +1,57 @@
+"""`agentpool simulate` end to end: the command line, the bundled trace, every report file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from agentpool.sim import cli as sim_cli
+
+
+def main(argv: list[str]) -> int:
+    """``agentpool simulate ARGS`` as ``agentpool.cli`` dispatches it (parser + run of the subcommand)."""
+    parser = argparse.ArgumentParser(prog="agentpool")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sim_cli.add_arguments(sub.add_parser("simulate"))
+    return sim_cli.run(parser.parse_args(argv))
+
+
+def test_simulate_writes_json_markdown_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    rc = main(
+        [
+            "simulate",
+            "--systems",
+            "agentpool,static-cache-aware",
+            "--conversations",
+            "12",
+            "--agents",
+            "12",
+            "--warmup",
+            "60",
+            "--duration",
+            "300",
+            "--out",
+            str(out),
+            "--quiet",
+        ]
+    )
+    assert rc == 0
+    data = json.loads((out / "results.json").read_text())
+    assert [r["system"] for r in data["results"]] == ["agentpool", "static-cache-aware"]
+    for r in data["results"]:
+        assert r["summary"]["requests"] > 0
+        assert 0.0 <= r["summary"]["lost_kv_reuse"] <= 1.0
+    md = (out / "report.md").read_text()
+    assert "| agentpool |" in md and "| static-cache-aware |" in md
+    for png in ("split_over_time.png", "ttft_cdf.png", "throughput.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "agentpool" in capsys.readouterr().out
+
+
+def test_simulate_rejects_unknown_systems(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="unknown systems"):
+        main(["simulate", "--systems", "vllm", "--out", str(tmp_path)])

@@ -1,0 +1,163 @@
+"""End-to-end properties of the simulator: Eq. 1-4 exactness, oracle, determinism, switches, replay."""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import cache
+
+import numpy as np
+import pytest
+
+from agentpool.models import NodeModel, PrefillBatchItem, TtftSlo, Work
+from agentpool.sim.metrics import Metrics
+from agentpool.sim.node import NodeStatus, Role
+from agentpool.sim.presets import preset
+from agentpool.sim.replay import Phase, Replay, cycle
+from agentpool.sim.run import Scenario, load_conversations, run_system
+from agentpool.sim.simulator import SimConfig, Simulator
+from agentpool.sim.systems import system
+from agentpool.sim.trace import Conversation, TraceRequest
+
+GLM = preset("glm52-4xgb300")
+
+
+def one_request(inp: int, out: int) -> Conversation:
+    r = TraceRequest(0, 1, inp, out, np.arange(1, inp // 64 + 1), np.zeros(0, dtype=np.int64), -1, 0.0)
+    return Conversation.build("single", [r], 64)
+
+
+def single_run(system_name: str, nodes: int, prefill_nodes: int, inp: int, out: int) -> tuple[float, float]:
+    """(TTFT, E2E) of the first request of a one-agent closed loop on an otherwise empty pool."""
+    metrics = Metrics(TtftSlo(2.0, 1e-4), 0.1, 0.0, 10_000.0)
+    cfg = SimConfig(nodes=nodes, prefill_nodes=prefill_nodes, block_size=64)
+    sim = Simulator(system(system_name), GLM, cfg, metrics)
+    replay = Replay(sim, {"w": cycle([one_request(inp, out)])})
+    replay.closed_loop([Phase(0.0, {"w": 1})])
+    sim.run(1000.0)
+    first = metrics.rows[0]
+    return first[5], first[7]
+
+
+def test_single_request_on_a_colocated_node_matches_eq_1_to_4() -> None:
+    inp, out = 5000, 1 + 17  # 17 decode tokens at t_acc 1.7 = 10 iterations
+    ttft, e2e = single_run("least-loaded", 1, 0, inp, out)
+    prefill = GLM.prefill_model()
+    decode = GLM.decode_model()
+    assert ttft == pytest.approx(prefill.iteration_time([PrefillBatchItem(t_uc=inp)]), rel=1e-12)  # Eq. 1
+    # Eq. 3 with the node's own t_bar (one request per iteration) and nothing restored
+    model = NodeModel(prefill, decode, t_bar=float(inp), f_restore=0.0)
+    assert ttft == pytest.approx(model.prefill_request_time(Work(t_uc=inp)), rel=1e-12)
+    # Eq. 2 and Eq. 4 at B = 1
+    assert e2e - ttft == pytest.approx(10 * decode.iteration_time(1), rel=1e-9)
+    assert e2e - ttft == pytest.approx(
+        decode.request_time(Work(t_uc=inp, t_out=out - 1, t_acc=GLM.t_acc), batch=1), rel=1e-9
+    )
+
+
+def test_single_request_disaggregated_adds_the_kv_handover() -> None:
+    inp, out = 5000, 1 + 17
+    ttft, e2e = single_run("static-cache-aware", 2, 1, inp, out)
+    prefill, decode = GLM.prefill_model(), GLM.decode_model()
+    assert ttft == pytest.approx(prefill.iteration_time([PrefillBatchItem(t_uc=inp)]), rel=1e-12)
+    assert e2e - ttft == pytest.approx(GLM.handover_s(inp) + 10 * decode.iteration_time(1), rel=1e-9)
+
+
+SMALL = Scenario(conversations=25, agents=25, warmup_s=120.0, duration_s=900.0)
+
+
+@cache
+def small(name: str, seed: int = 0) -> dict[str, object]:
+    sc = dataclasses.replace(SMALL, seed=seed)
+    return run_system(name, sc, _conversations())
+
+
+@cache
+def _conversations() -> tuple[Conversation, ...]:
+    convs = load_conversations(SMALL)
+    assert convs is not None
+    return tuple(convs)
+
+
+def summary(name: str) -> dict[str, float]:
+    s = small(name)["summary"]
+    assert isinstance(s, dict)
+    return s
+
+
+def test_oracle_loses_no_kv_reuse_and_baselines_do() -> None:
+    oracle = summary("oracle")
+    assert oracle["requests"] > 200
+    assert oracle["ideal_hit_rate"] > 0.8
+    assert oracle["lost_kv_reuse"] == pytest.approx(0.0, abs=1e-12)
+    assert oracle["hit_rate"] == pytest.approx(oracle["ideal_hit_rate"], abs=1e-12)
+    # arrow-like strands KV at switches and routes without looking at the cache: it must lose reuse
+    assert summary("arrow-like")["lost_kv_reuse"] > 0.01
+
+
+def test_same_seed_gives_identical_results() -> None:
+    a = small("agentpool")
+    b = run_system("agentpool", SMALL, _conversations())
+    for key in ("summary", "split_timeline", "switches", "ttft_samples", "requests_simulated"):
+        assert a[key] == b[key], key
+
+
+def test_seed_changes_synthetic_workloads_but_not_their_replays() -> None:
+    sc = Scenario(
+        workload="putnam", agents=10, warmup_s=0.0, duration_s=300.0, sim=SimConfig(prefill_nodes=3)
+    )
+    a = run_system("static-cache-aware", sc)
+    b = run_system("static-cache-aware", sc)
+    c = run_system("static-cache-aware", dataclasses.replace(sc, seed=1))
+    assert a["summary"] == b["summary"]
+    assert a["summary"] != c["summary"]
+
+
+def _loaded_sim(system_name: str) -> Simulator:
+    metrics = Metrics(TtftSlo(2.0, 1e-4), 0.1, 0.0, 10_000.0)
+    sim = Simulator(system(system_name), GLM, SimConfig(nodes=4, prefill_nodes=2), metrics)
+    replay = Replay(sim, {"cc": cycle(list(_conversations()))}, group=8)
+    replay.closed_loop([Phase(0.0, {"cc": 8})])
+    sim.run(300.0)
+    return sim
+
+
+@pytest.mark.parametrize(
+    ("system_name", "keeps_kv", "downtime"),
+    [("agentpool", True, GLM.switch_in_place_s), ("dynamo-like", False, GLM.relaunch_s)],
+)
+def test_switch_modes(system_name: str, keeps_kv: bool, downtime: float) -> None:
+    def switched(until: float) -> Simulator:
+        sim = _loaded_sim(system_name)
+        assert sim.nodes[0].role is Role.PREFILL
+        assert sim.directory.index.node_block_count("n0") > 0
+        sim.begin_switch(0, Role.DECODE)
+        sim.run(until)
+        return sim
+
+    sim = switched(300.0 + downtime + 60.0)
+    assert sim.nodes[0].role is Role.DECODE and sim.nodes[0].status is NodeStatus.SERVING
+    sw = next(s for s in sim.metrics.switches if s["node"] == "n0")
+    assert sw["downtime_s"] == pytest.approx(downtime)
+    # the same (deterministic) run, stopped just after the node drained: is its KV still there?
+    at_drain = switched(float(sw["drained_at"]) + 1e-6)
+    assert at_drain.nodes[0].status is NodeStatus.DOWN
+    assert (at_drain.directory.index.node_block_count("n0") > 0) is keeps_kv
+
+
+def test_closed_loop_keeps_the_concurrency_and_open_loop_admits_at_most_max_agents() -> None:
+    metrics = Metrics(TtftSlo(2.0, 1e-4), 0.1, 0.0, 10_000.0)
+    sim = Simulator(system("static-cache-aware"), GLM, SimConfig(nodes=3, prefill_nodes=1), metrics)
+    replay = Replay(sim, {"cc": cycle(list(_conversations())[:5])}, group=8)
+    replay.closed_loop([Phase(0.0, {"cc": 4})])
+    sim.run(2000.0)
+    assert replay.active["cc"] == 4
+    assert replay.agents_finished >= 1  # finished conversations were replaced
+    assert replay.agents_started == 4 + replay.agents_finished
+
+    metrics = Metrics(TtftSlo(2.0, 1e-4), 0.1, 0.0, 10_000.0)
+    sim = Simulator(system("static-cache-aware"), GLM, SimConfig(nodes=3, prefill_nodes=1), metrics)
+    replay = Replay(sim, {"cc": cycle(list(_conversations()))}, group=8)
+    replay.open_loop("cc", agents_per_min=6.0, max_agents=3, until_s=600.0, seed=0)
+    sim.run(600.0)
+    assert sum(replay.active.values()) <= 3
+    assert replay.agents_started == 3 + replay.agents_finished

@@ -1,0 +1,125 @@
+"""Trace loaders: dependencies, pauses, produced blocks, key spaces; synthetic generators."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agentpool.sim.run import bundled_trace_path
+from agentpool.sim.synthetic import generator
+from agentpool.sim.trace import INSTANCE_STRIDE, TraceError, load_claude_code, load_mooncake
+
+
+def _row(
+    agent: str, parent: str | None, turn: int, t: float, inp: int, out: int, ids: list[int], **kw: float
+) -> str:
+    row = {
+        "session_id": "s1",
+        "agent_id": agent,
+        "parent_agent_id": parent,
+        "turn": turn,
+        "t": t,
+        "input_length": inp,
+        "output_length": out,
+        "hash_ids": ids,
+        "block_size": 64,
+        "api_time": kw.get("api", 1.0),
+        "think_time": kw.get("think", 0.0),
+    }
+    return json.dumps(row)
+
+
+@pytest.fixture
+def trace(tmp_path: Path) -> Path:
+    lines = [
+        _row("s1", None, 1, 0.0, 200, 70, [1, 2, 3], api=2.0),
+        # sub-agent spawned 10 s into the main agent's first request's pause
+        _row("s1/SA1", "s1", 1, 12.0, 130, 10, [9, 10]),
+        _row("s1", None, 2, 7.0, 330, 5, [1, 2, 3, 4, 5], api=1.0, think=5.0),
+        # compaction: the prompt no longer extends the previous one
+        _row("s1", None, 3, 20.0, 140, 5, [1, 6], think=12.0),
+    ]
+    p = tmp_path / "t.jsonl.gz"
+    with gzip.open(p, "wt") as fh:
+        fh.write("\n".join(lines) + "\n")
+    return p
+
+
+def test_claude_code_dependencies_pauses_and_produced_blocks(trace: Path) -> None:
+    (conv,) = load_claude_code(trace)
+    # recorded order by t: main 1 (t=0), main 2 (t=7), sub 1 (t=12), main 3 (t=20)
+    assert [(r.agent, r.turn) for r in conv.requests] == [(0, 1), (0, 2), (1, 1), (0, 3)]
+    assert [r.depends_on for r in conv.requests] == [-1, 0, 1, 1]
+    assert conv.requests[1].delay_s == 5.0  # recorded think time
+    # the sub-agent waits for its parent's latest request (main turn 2, t=7, api 1 s): 12 - 8 = 4 s
+    assert conv.requests[2].delay_s == pytest.approx(4.0)
+    # main turn 1's output (70 tokens) completes block 4 = (200 + 70) // 64; block 5 comes from the tool
+    assert conv.requests[0].produced.tolist() == [4]
+    assert conv.requests[1].produced.tolist() == []  # the next prompt was compacted
+    assert [r.last_of_agent for r in conv.requests] == [False, False, True, True]
+    assert conv.children == ((1,), (2, 3), (), ())
+
+
+def test_block_keys_separate_instances_and_share_the_system_prefix(trace: Path) -> None:
+    (conv,) = load_claude_code(trace)
+    a, produced = conv.block_keys(0, instance=7, shared_prefix_blocks=2)
+    b, _ = conv.block_keys(0, instance=8, shared_prefix_blocks=2)
+    assert a[:2] == b[:2] == [1, 2]  # the shared prefix is the same everywhere
+    assert a[2] == 7 * INSTANCE_STRIDE + 3 and b[2] == 8 * INSTANCE_STRIDE + 3
+    assert produced == [7 * INSTANCE_STRIDE + 4]
+    # coarse blocks: groups of 2 trace blocks keyed by their last id
+    coarse, coarse_out = conv.block_keys(1, instance=7, shared_prefix_blocks=0, group=2)
+    assert coarse == [7 * INSTANCE_STRIDE + 2, 7 * INSTANCE_STRIDE + 4]
+
+
+def test_limit_and_malformed_lines(tmp_path: Path, trace: Path) -> None:
+    assert len(load_claude_code(trace, limit=1)) == 1
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"session_id": "x"}\n')
+    with pytest.raises(TraceError, match="missing field"):
+        load_claude_code(bad)
+    bad.write_text("not json\n")
+    with pytest.raises(TraceError, match="not JSON"):
+        load_claude_code(bad)
+
+
+def test_mooncake_loader(tmp_path: Path) -> None:
+    p = tmp_path / "m.jsonl"
+    p.write_text(
+        json.dumps({"timestamp": 1500, "input_length": 1100, "output_length": 10, "hash_ids": [1, 2]}) + "\n"
+    )
+    ((at, conv),) = load_mooncake(p)
+    assert at == 1.5 and conv.block_size == 512 and conv.requests[0].blocks.tolist() == [1, 2]
+
+
+def test_bundled_sample_loads_with_sub_agents() -> None:
+    convs = load_claude_code(bundled_trace_path(), limit=40)
+    assert len(convs) == 40
+    assert any(r.agent > 0 for c in convs for r in c.requests)
+    for c in convs:
+        for i, r in enumerate(c.requests):
+            assert r.depends_on < i and r.delay_s >= 0
+            assert len(r.blocks) == r.input_tokens // 64 or len(r.blocks) <= r.input_tokens // 64 + 1
+
+
+def test_synthetic_generators_are_seeded_and_shaped() -> None:
+    a = [generator("putnam", 3)() for _ in range(3)]
+    b = [generator("putnam", 3)() for _ in range(3)]
+    assert [len(c.requests) for c in a] == [len(c.requests) for c in b]
+    assert all(
+        np.array_equal(x.blocks, y.blocks)
+        for c, d in zip(a, b, strict=True)
+        for x, y in zip(c.requests, d.requests, strict=True)
+    )
+    put = [r for c in a for r in c.requests]
+    osw = [r for _ in range(5) for r in generator("osworld", 1)().requests]
+    # decode-heavy vs prefill-heavy: output per input token differs by an order of magnitude
+    put_ratio = sum(r.output_tokens for r in put) / sum(r.input_tokens for r in put)
+    os_ratio = sum(r.output_tokens for r in osw) / sum(r.input_tokens for r in osw)
+    assert put_ratio > 10 * os_ratio
+    with pytest.raises(ValueError):
+        generator("chess", 0)

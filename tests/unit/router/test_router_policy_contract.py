@@ -117,3 +117,14 @@ def test_registry_creates_every_policy_and_rejects_bad_names_and_knobs() -> None
         create_policy("nope")
     with pytest.raises(PolicyError, match="unknown knobs"):
         create_policy("evolving", {"bogus": 1.0})
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.floats(0, 1e5), st.floats(0, 1e5))
+def test_eq3_of_sums_for_one_request_equals_the_models_eq3(t_uc: float, t_c: float) -> None:
+    from agentpool.models import attention_pairs
+    from agentpool.router.policy.contract import eq3_of_sums
+
+    expected = MODEL.prefill_request_time(Work(t_uc=t_uc, t_c=t_c))
+    got = eq3_of_sums(MODEL, t_uc, t_c, attention_pairs(t_uc, t_c))
+    assert math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-12)

@@ -154,13 +154,7 @@ class QueuedPrefill:
 
     def service_time(self, model: NodeModel) -> float:
         """Sum of Eq. 3 over the queued requests on a node with ``model``."""
-        p = model.prefill
-        return (
-            p.c0 * self.t_uc / model.t_bar
-            + p.c1 * self.t_uc
-            + p.c2 * self.pairs
-            + p.c3 * model.f_restore * self.t_c
-        )
+        return eq3_of_sums(model, self.t_uc, self.t_c, self.pairs)
 
     def linear_attention_cost(self, cost: LinearAttentionCost) -> float:
         """Sum of SMetric's ``c_linear*n + c_attn*n*(L - n/2)``; ``n(L - n/2) = A - n/2``."""
@@ -168,6 +162,16 @@ class QueuedPrefill:
 
 
 EMPTY_QUEUE = QueuedPrefill()
+
+
+def eq3_of_sums(model: NodeModel, t_uc: float, t_c: float, pairs: float) -> float:
+    """Eq. 3 summed over requests, from their summed ``t_uc``, ``t_c`` and ``A`` (linear in each).
+
+    For one request, pass its own ``t_uc``, ``t_c`` and ``attention_pairs(t_uc, t_c)``; the result
+    equals ``model.prefill_request_time(Work(t_uc, t_c))`` (a unit test checks it).
+    """
+    p = model.prefill
+    return p.c0 * t_uc / model.t_bar + p.c1 * t_uc + p.c2 * pairs + p.c3 * model.f_restore * t_c
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,7 +273,24 @@ def effective_remaining_s(node: NodeState, ctx: PolicyContext) -> float:
 
 
 def queue_depth(node: NodeState, ctx: PolicyContext) -> int:
-    return effective_queue(node, ctx).requests
+    if is_fresh(node, ctx):
+        return node.queue.requests + node.unreported.requests
+    return node.unreported.requests
+
+
+def effective_queued_tokens(node: NodeState, ctx: PolicyContext) -> float:
+    """Uncached tokens in the effective queue (``effective_queue(...).t_uc`` without allocating)."""
+    if is_fresh(node, ctx):
+        return node.queue.t_uc + node.unreported.t_uc
+    return node.unreported.t_uc
+
+
+def effective_service_s(node: NodeState, ctx: PolicyContext) -> float:
+    """Remaining batch time plus Eq. 3 over the effective queue: the wait before a new request starts."""
+    m = node.model
+    if is_fresh(node, ctx):
+        return node.remaining_batch_s + node.queue.service_time(m) + node.unreported.service_time(m)
+    return node.unreported.service_time(m)
 
 
 def serves_prefill(node: NodeState) -> bool:
@@ -278,14 +299,17 @@ def serves_prefill(node: NodeState) -> bool:
 
 def prefill_candidates(nodes: Sequence[NodeState], ctx: PolicyContext) -> list[NodeState]:
     """Nodes that may take a new prefill now: right role, accepting, not draining, queue not full."""
-    return [
-        n
-        for n in nodes
-        if serves_prefill(n)
-        and n.accepting
-        and not n.draining
-        and queue_depth(n, ctx) < ctx.max_queue_per_node
-    ]
+    limit = ctx.max_queue_per_node
+    age = ctx.max_report_age_s
+    out = []
+    for n in nodes:
+        if n.role is Role.DECODE or not n.accepting or n.draining:
+            continue
+        fresh = n.report_age_s is not None and n.report_age_s <= age
+        depth = n.unreported.requests + (n.queue.requests if fresh else 0)
+        if depth < limit:
+            out.append(n)
+    return out
 
 
 def require_candidates(candidates: Sequence[NodeState]) -> None:
@@ -337,7 +361,10 @@ __all__ = [
     "RequestView",
     "Role",
     "effective_queue",
+    "effective_queued_tokens",
     "effective_remaining_s",
+    "effective_service_s",
+    "eq3_of_sums",
     "is_fresh",
     "linear_attention_cost_of",
     "local_work",

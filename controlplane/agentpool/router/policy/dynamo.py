@@ -20,7 +20,7 @@ from agentpool.router.policy.contract import (
     NodeState,
     PolicyContext,
     RequestView,
-    effective_queue,
+    effective_queued_tokens,
     node_load_requests,
     pick_min,
     require_candidates,
@@ -58,7 +58,7 @@ class DynamoPolicy:
         gpu_blocks = prefix.gpu // page
         host_blocks = prefix.total // page - gpu_blocks
         credit = gpu_blocks + self.knobs.host_credit * host_blocks
-        prefill = effective_queue(node, ctx).t_uc / page + (request.prompt_tokens / page - credit)
+        prefill = effective_queued_tokens(node, ctx) / page + (request.prompt_tokens / page - credit)
         decode = node.kv_used_tokens / page
         return self.knobs.overlap_weight * prefill + decode
 

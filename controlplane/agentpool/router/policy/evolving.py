@@ -19,14 +19,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from agentpool.models import Work, copy_price
+from agentpool.models import attention_pairs, copy_price
 from agentpool.router.policy.contract import (
     Decision,
     NodeState,
     PolicyContext,
     RequestView,
-    effective_queue,
-    effective_remaining_s,
+    effective_service_s,
+    eq3_of_sums,
     pick_min,
     require_candidates,
 )
@@ -54,24 +54,25 @@ class Prediction:
         return self.wait_s + self.service_s + self.exposed_fetch_s + self.copy_s
 
 
-def predict(request: RequestView, node: NodeState, ctx: PolicyContext) -> Prediction:
-    """Predicted TTFT of ``request`` on ``node`` with its parts (Algorithm E.3, lines 6-9)."""
+def _parts(
+    request: RequestView, node: NodeState, ctx: PolicyContext
+) -> tuple[float, float, float, float, int, int]:
+    """(wait, own service, exposed fetch, copy price, t_c, x) of ``request`` on ``node``: E.3 lines 6-9."""
     local = request.prefix_on(node.node_id).total
     missing = max(0, max(request.cluster_prefix, local) - local)
     x = missing if ctx.fetch.fetches(missing) else 0
     t_c = local + x
-    work = Work(
-        t_uc=float(request.prompt_tokens - t_c), t_c=float(t_c), t_out=float(request.expected_output_tokens)
-    )
-    wait = effective_remaining_s(node, ctx) + effective_queue(node, ctx).service_time(node.model)
-    return Prediction(
-        wait_s=wait,
-        service_s=node.model.prefill_request_time(work),
-        exposed_fetch_s=max(0.0, ctx.fetch.tau(x) - wait),
-        copy_s=copy_price(ctx.kappa_s_per_token, x),
-        cached_tokens=t_c,
-        fetch_tokens=x,
-    )
+    t_uc = request.prompt_tokens - t_c
+    wait = effective_service_s(node, ctx)
+    service = eq3_of_sums(node.model, t_uc, t_c, attention_pairs(t_uc, t_c))
+    exposed = max(0.0, ctx.fetch.tau(x) - wait)
+    return wait, service, exposed, copy_price(ctx.kappa_s_per_token, x), t_c, x
+
+
+def predict(request: RequestView, node: NodeState, ctx: PolicyContext) -> Prediction:
+    """Predicted TTFT of ``request`` on ``node`` with its parts (Algorithm E.3, lines 6-9)."""
+    wait, service, exposed, copy, t_c, x = _parts(request, node, ctx)
+    return Prediction(wait, service, exposed, copy, t_c, x)
 
 
 class EvolvingPolicy:
@@ -88,11 +89,13 @@ class EvolvingPolicy:
 
     def choose(self, request: RequestView, candidates: Sequence[NodeState], ctx: PolicyContext) -> Decision:
         require_candidates(candidates)
-        preds = {n.node_id: predict(request, n, ctx) for n in candidates}
-        scores = {nid: p.ttft_s for nid, p in preds.items()}
+        scores: dict[str, float] = {}
+        for n in candidates:
+            wait, service, exposed, copy, _, _ = _parts(request, n, ctx)
+            scores[n.node_id] = wait + service + exposed + copy
         longest_local = {n.node_id: -float(request.prefix_on(n.node_id).total) for n in candidates}
         best = pick_min(scores, longest_local)
-        p = preds[best]
+        p = predict(request, next(n for n in candidates if n.node_id == best), ctx)
         return Decision(
             node_id=best,
             policy=NAME,

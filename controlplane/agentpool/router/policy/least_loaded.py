@@ -16,7 +16,7 @@ from agentpool.router.policy.contract import (
     NodeState,
     PolicyContext,
     RequestView,
-    effective_queue,
+    effective_queued_tokens,
     node_load_requests,
     pick_min,
     require_candidates,
@@ -46,7 +46,7 @@ class LeastLoadedPolicy:
     def choose(self, request: RequestView, candidates: Sequence[NodeState], ctx: PolicyContext) -> Decision:
         require_candidates(candidates)
         scores = {n.node_id: float(node_load_requests(n, ctx)) for n in candidates}
-        tokens = {n.node_id: effective_queue(n, ctx).t_uc for n in candidates}
+        tokens = {n.node_id: effective_queued_tokens(n, ctx) for n in candidates}
         best = pick_min(scores, tokens)
         return Decision(
             node_id=best,

@@ -18,7 +18,7 @@ from agentpool.router.policy.contract import (
     NodeState,
     PolicyContext,
     RequestView,
-    effective_queue,
+    effective_queued_tokens,
     node_load_requests,
     pick_min,
     require_candidates,
@@ -48,7 +48,7 @@ class LMetricPolicy:
     def choose(self, request: RequestView, candidates: Sequence[NodeState], ctx: PolicyContext) -> Decision:
         require_candidates(candidates)
         left = {
-            n.node_id: effective_queue(n, ctx).t_uc
+            n.node_id: effective_queued_tokens(n, ctx)
             + request.prompt_tokens
             - request.prefix_on(n.node_id).total
             for n in candidates

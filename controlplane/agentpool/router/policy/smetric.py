@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from agentpool.router.policy.contract import (
     Decision,
@@ -31,8 +32,8 @@ from agentpool.router.policy.contract import (
     PolicyContext,
     RequestView,
     Role,
-    effective_queue,
-    effective_remaining_s,
+    effective_queued_tokens,
+    is_fresh,
     linear_attention_cost_of,
     pick_min,
     require_candidates,
@@ -52,8 +53,7 @@ class SMetricKnobs:
             raise ValueError(f"need slack >= 0 and 0 <= hit_ratio <= 1: {self}")
 
 
-@dataclass(frozen=True, slots=True)
-class NodeEstimate:
+class NodeEstimate(NamedTuple):
     hit: int
     own_cost_s: float
     load_s: float
@@ -64,10 +64,11 @@ def estimate(request: RequestView, node: NodeState, ctx: PolicyContext) -> NodeE
     length = request.prompt_tokens
     cost = linear_attention_cost_of(node.model)
     own = cost.cost(float(length - hit), float(length))
-    queue = effective_queue(node, ctx)
-    queued = effective_remaining_s(node, ctx) + queue.linear_attention_cost(cost)
+    queued = node.unreported.linear_attention_cost(cost)
+    if is_fresh(node, ctx):
+        queued += node.remaining_batch_s + node.queue.linear_attention_cost(cost)
     if node.role is Role.BOTH and node.running_decode:
-        iterations = math.ceil((queue.t_uc + length - hit) / node.model.t_bar)
+        iterations = math.ceil((effective_queued_tokens(node, ctx) + length - hit) / node.model.t_bar)
         queued += iterations * node.model.decode.d2 * node.running_decode
     return NodeEstimate(hit=hit, own_cost_s=own, load_s=queued + own)
 
@@ -86,12 +87,16 @@ class SMetricPolicy:
 
     def choose(self, request: RequestView, candidates: Sequence[NodeState], ctx: PolicyContext) -> Decision:
         require_candidates(candidates)
-        est = {n.node_id: estimate(request, n, ctx) for n in candidates}
-        load = {nid: e.load_s for nid, e in est.items()}
+        load: dict[str, float] = {}
+        neg_hits: dict[str, float] = {}
+        own: dict[str, float] = {}
+        for n in candidates:
+            e = estimate(request, n, ctx)
+            load[n.node_id], neg_hits[n.node_id], own[n.node_id] = e.load_s, -float(e.hit), e.own_cost_s
         deadline = self.knobs.slack * ctx.slo.deadline(request.prompt_tokens)
-        best = pick_min({nid: -float(e.hit) for nid, e in est.items()}, load)
+        best = pick_min(neg_hits, load)
         least = pick_min(load)
-        hit = est[best].hit
+        hit = int(-neg_hits[best])
         expected = self.knobs.hit_ratio * request.expected_hit
         if request.turn == 1 or hit == 0 or hit < expected:
             why = "first turn" if request.turn == 1 else f"session not cached (hit {hit} < {expected:.0f})"
@@ -102,7 +107,7 @@ class SMetricPolicy:
             return self._decision(
                 request, least, f"migrate: {best} would miss {deadline:.3f}s, {least} meets it", load
             )
-        added = pick_min({nid: e.own_cost_s for nid, e in est.items()}, load)
+        added = pick_min(own, load)
         return self._decision(request, added, f"no node meets {deadline:.3f}s: least added load", load)
 
     def _decision(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import random
@@ -31,7 +32,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from agentpool.models import DecodeModel, NodeModel, PrefillModel, Work
 from agentpool.router.policy import (
@@ -57,7 +57,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def random_nodes(n: int, rng: random.Random) -> list[NodeState]:
     nodes = []
     for i in range(n):
-        queue = QueuedPrefill.of([Work(t_uc=rng.uniform(100, 8000), t_c=rng.uniform(0, 60_000)) for _ in range(4)])
+        queue = QueuedPrefill.of(
+            [Work(t_uc=rng.uniform(100, 8000), t_c=rng.uniform(0, 60_000)) for _ in range(4)]
+        )
         nodes.append(
             NodeState(
                 node_id=f"node-{i:04d}",
@@ -278,10 +280,11 @@ def router_overhead(seconds: float, engines: int) -> None:
     print(f"\n## Router overhead on loopback, {engines} instant engines, {seconds:.0f}s per measurement")
     procs: list[subprocess.Popen[bytes]] = []
     tmp = Path(tempfile.mkdtemp(prefix="bench-router-"))
-    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     try:
         ports = [free_port() for _ in range(engines)]
-        eng = subprocess.Popen([sys.executable, "-c", ENGINE_SCRIPT, *map(str, ports)], stdout=subprocess.PIPE)
+        eng = subprocess.Popen(
+            [sys.executable, "-c", ENGINE_SCRIPT, *map(str, ports)], stdout=subprocess.PIPE
+        )
         procs.append(eng)
         assert eng.stdout is not None
         eng.stdout.readline()
@@ -296,8 +299,20 @@ def router_overhead(seconds: float, engines: int) -> None:
         (tmp / "router.json").write_text(json.dumps(config))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(ROOT / d) for d in ("controlplane",))}
         ap = subprocess.Popen(
-            [sys.executable, "-m", "agentpool.router", "--config", str(tmp / "router.json"), "--host", "127.0.0.1",
-             "--port", str(ap_port)], env=env, **quiet,
+            [
+                sys.executable,
+                "-m",
+                "agentpool.router",
+                "--config",
+                str(tmp / "router.json"),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(ap_port),
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         procs.append(ap)
         wait_http(f"http://127.0.0.1:{ap_port}/ready", 30, ap)
@@ -313,8 +328,8 @@ def router_overhead(seconds: float, engines: int) -> None:
                 r = asyncio.run(load(urls, concurrency, seconds, name))
                 results[(name, concurrency)] = r
                 print(
-                    f"{name:<22} c={concurrency:<3} {r.rps:>8.0f} req/s  p50 {r.p50:6.2f} ms  p99 {r.p99:6.2f} ms"
-                    f"  errors {r.errors}",
+                    f"{name:<22} c={concurrency:<3} {r.rps:>8.0f} req/s  p50 {r.p50:6.2f} ms"
+                    f"  p99 {r.p99:6.2f} ms  errors {r.errors}",
                     flush=True,
                 )
         print_ratios(results, [name for name, _ in targets])
@@ -332,20 +347,36 @@ def router_overhead(seconds: float, engines: int) -> None:
 
 
 def start_sglang(
-    engine_urls: list[str], procs: list[subprocess.Popen[bytes]], targets: list[tuple[str, list[str]]], tmp: Path
+    engine_urls: list[str],
+    procs: list[subprocess.Popen[bytes]],
+    targets: list[tuple[str, list[str]]],
+    tmp: Path,
 ) -> str:
-    try:
-        import sglang_router  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("sglang_router") is None:
         return "sglang-router: not installed (pip install sglang-router==0.3.2); comparison skipped"
     for policy in ("round_robin", "cache_aware"):
         port = free_port()
         log = (tmp / f"sglang-{policy}.log").open("wb")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *engine_urls, "--policy", policy,
-             "--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(free_port()),
-             "--log-level", "warn"],
-            stdout=log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "sglang_router.launch_router",
+                "--worker-urls",
+                *engine_urls,
+                "--policy",
+                policy,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--prometheus-port",
+                str(free_port()),
+                "--log-level",
+                "warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         procs.append(proc)
         try:

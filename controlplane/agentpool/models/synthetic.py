@@ -26,6 +26,11 @@ class SyntheticWorkload:
     max_cached: int = 262_144
     max_running: int = 256
     restore_fraction: float = 0.5  # fraction of records whose prefix is partly restored from host
+    # An effect Eq. 2 leaves out (App. B.4): reading the running requests' KV adds time per context
+    # token (about 1e-9 s, 1 ms per million tokens, for GLM-5.2 on GB300). Contexts are drawn
+    # uniformly from 4K to ``max_context`` tokens. 0 keeps the records exactly of the model's form.
+    decode_s_per_context_token: float = 0.0
+    max_context: int = 131_072
 
 
 def noisy(seconds: float, noise: float, rng: np.random.Generator) -> float:
@@ -88,7 +93,11 @@ def decode_records(
     for k in range(count):
         running = int(np.exp(rng.uniform(0.0, np.log(workload.max_running + 1))))
         running = min(max(running, 1), workload.max_running)
-        seconds = noisy(model.decode.iteration_time(running), noise, rng)
+        seconds = model.decode.iteration_time(running)
+        if workload.decode_s_per_context_token > 0:
+            contexts = rng.integers(4096, workload.max_context + 1, size=running)
+            seconds += workload.decode_s_per_context_token * float(contexts.sum())
+        seconds = noisy(seconds, noise, rng)
         records.append(
             DecodeIterationRecord(node=node, at=start + k * spacing, running=running, seconds=seconds)
         )

@@ -12,7 +12,7 @@ from agentpool.models.fitting import (
     fit_nodes,
     fit_prefill,
 )
-from agentpool.models.synthetic import decode_records, prefill_records
+from agentpool.models.synthetic import SyntheticWorkload, decode_records, prefill_records
 
 TRUE = NodeModel(
     prefill=PrefillModel(c0=0.015, c1=4e-5, c2=2e-10, c3=1e-6),
@@ -119,3 +119,11 @@ def test_fitting_rejects_what_it_cannot_fit() -> None:
         DecodeIterationRecord("a", 0.0, running=0, seconds=0.01)
     with pytest.raises(ValueError):
         DecodeIterationRecord("a", 0.0, running=1, seconds=0.0)
+
+
+def test_synthetic_context_effect_adds_kv_read_time_per_context_token() -> None:
+    work = SyntheticWorkload(decode_s_per_context_token=1e-9, max_context=8192)
+    for r in decode_records("a", TRUE, 50, noise=0.0, rng=np.random.default_rng(10), workload=work):
+        extra = r.seconds - TRUE.decode.iteration_time(r.running)
+        assert 1e-9 * 4096 * r.running <= extra + 1e-15
+        assert extra <= 1e-9 * 8192 * r.running + 1e-15

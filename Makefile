@@ -26,7 +26,7 @@ test-unit: ## hermetic unit tests only
 test-integration: ## integration tests (real Redis, gRPC, HTTP, NIXL on loopback)
 	$(PYTEST) -q tests/integration
 
-generate: ## regenerate gRPC stubs and the CRD from their sources
+generate: ## regenerate gRPC stubs, the CRD and docs/spec.md from their sources
 	$(PYTHON) scripts/generate.py
 
 verify-generated: ## fail if the committed generated files differ from a fresh generation

@@ -19,9 +19,11 @@ PROTO_ROOT = ROOT / "proto"
 STUB_ROOT = ROOT / "controlplane"
 STUB_DIR = STUB_ROOT / "agentpool" / "v1"
 CRD_DIR = ROOT / "crds"
+SPEC_DOC = ROOT / "docs" / "spec.md"
 
 
-def generate_into(stub_root: Path, crd_dir: Path) -> None:
+def generate_into(stub_root: Path, crd_dir: Path, spec_doc: Path) -> None:
+    stub_root.mkdir(parents=True, exist_ok=True)
     protos = sorted(str(p.relative_to(PROTO_ROOT)) for p in PROTO_ROOT.rglob("*.proto"))
     if protos:
         cmd = [
@@ -31,26 +33,27 @@ def generate_into(stub_root: Path, crd_dir: Path) -> None:
         ]
         subprocess.run(cmd, check=True, cwd=ROOT)
     crd_dir.mkdir(parents=True, exist_ok=True)
-    if not (ROOT / "controlplane" / "agentpool" / "api" / "crd.py").exists():
-        print("agentpool.api.crd does not exist yet: no CRD generated", file=sys.stderr)
-        return
     subprocess.run(
         [sys.executable, "-m", "agentpool.api.crd", "--out-dir", str(crd_dir)], check=True, cwd=ROOT
     )
+    subprocess.run([sys.executable, "-m", "agentpool.api.docs", "--out", str(spec_doc)], check=True, cwd=ROOT)
 
 
-def generated_files(stub_dir: Path, crd_dir: Path) -> dict[str, Path]:
+def generated_files(stub_dir: Path, crd_dir: Path, spec_doc: Path) -> dict[str, Path]:
     files = {f"stubs/{p.name}": p for p in stub_dir.glob("*_pb2*.py*")}
     files.update({f"crds/{p.name}": p for p in crd_dir.glob("*.yaml")})
+    if spec_doc.exists():
+        files["docs/spec.md"] = spec_doc
     return files
 
 
 def check() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         tmp_root = Path(tmp)
-        generate_into(tmp_root / "stubs", tmp_root / "crds")
-        fresh = generated_files(tmp_root / "stubs" / "agentpool" / "v1", tmp_root / "crds")
-        committed = generated_files(STUB_DIR, CRD_DIR)
+        generate_into(tmp_root / "stubs", tmp_root / "crds", tmp_root / "spec.md")
+        fresh_stubs = tmp_root / "stubs" / "agentpool" / "v1"
+        fresh = generated_files(fresh_stubs, tmp_root / "crds", tmp_root / "spec.md")
+        committed = generated_files(STUB_DIR, CRD_DIR, SPEC_DOC)
         problems = sorted(set(fresh) ^ set(committed))
         problems += [k for k in sorted(set(fresh) & set(committed))
                      if not filecmp.cmp(fresh[k], committed[k], shallow=False)]
@@ -71,7 +74,7 @@ def main() -> int:
         return check()
     with tempfile.TemporaryDirectory() as tmp:
         tmp_root = Path(tmp)
-        generate_into(tmp_root / "stubs", CRD_DIR)
+        generate_into(tmp_root / "stubs", CRD_DIR, SPEC_DOC)
         STUB_DIR.mkdir(parents=True, exist_ok=True)
         for p in (tmp_root / "stubs" / "agentpool" / "v1").glob("*"):
             shutil.copy2(p, STUB_DIR / p.name)

@@ -60,7 +60,8 @@ class EngineClient:
                     raise EngineFailure(f"{url} answered {resp.status}: {text}")
                 wait = self.first_event_s
                 while True:
-                    line = await asyncio.wait_for(resp.content.readline(), wait)
+                    async with asyncio.timeout(wait):
+                        line = await resp.content.readline()
                     if not line:
                         raise EngineFailure(f"{url} closed the stream before the request finished")
                     wait = self.between_events_s

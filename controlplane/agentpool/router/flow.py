@@ -122,8 +122,6 @@ class Dispatcher:
     def choose(self, prep: Prepared) -> Decision:
         routing = self.routing
         snapshot = self.nodes.snapshot(self.clock())
-        for n in snapshot:
-            self.metrics.queue_depth.labels(n.node_id).set(n.queue.requests + n.unreported.requests)
         candidates = [n for n in prefill_candidates(snapshot, routing.ctx) if n.node_id not in prep.excluded]
         if not candidates:
             raise self._no_candidate(snapshot, prep)

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from collections.abc import Callable, Iterator, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from agentpool.router.policy import NodeState
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -50,12 +56,6 @@ class RouterMetrics:
             ["kind"],
             registry=r,
         )
-        self.queue_depth = Gauge(
-            "agentpool_router_queue_depth_requests",
-            "Prefill requests queued per node, as the router sees it",
-            ["node"],
-            registry=r,
-        )
         self.retries = Counter(
             "agentpool_router_retries_total", "Re-dispatches of a request", ["reason"], registry=r
         )
@@ -71,3 +71,31 @@ class RouterMetrics:
         self.config_reloads = Counter(
             "agentpool_router_config_reloads_total", "Configuration reloads", ["result"], registry=r
         )
+
+
+class QueueDepthCollector(Collector):
+    """``agentpool_router_queue_depth_requests{node}``: read from the node table at scrape time.
+
+    Prefill requests queued per node as the router's policies see them (reported plus sent but not
+    yet reported), and ``..._running_decode_requests{node}`` for decode.
+    """
+
+    def __init__(self, snapshot: Callable[[], Sequence[NodeState]]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        queued = GaugeMetricFamily(
+            "agentpool_router_queue_depth_requests",
+            "Prefill requests queued per node, as the router sees it",
+            labels=["node"],
+        )
+        decoding = GaugeMetricFamily(
+            "agentpool_router_running_decode_requests",
+            "Requests decoding per node, as the router sees it",
+            labels=["node"],
+        )
+        for n in self._snapshot():
+            queued.add_metric([n.node_id], n.queue.requests + n.unreported.requests)
+            decoding.add_metric([n.node_id], n.running_decode)
+        yield queued
+        yield decoding

@@ -48,6 +48,7 @@ class NodeEntry:
     model: NodeModel
     draining: bool = False
     report: LoadReport | None = None
+    report_queue: QueuedPrefill = EMPTY_QUEUE
     report_at: float = 0.0
     down_until: float = float("-inf")
     next_seq: int = 0
@@ -110,6 +111,9 @@ class NodeTable:
     def apply_report(self, report: LoadReport, now: float) -> None:
         entry = self.get(report.node_id)
         entry.report = report
+        entry.report_queue = QueuedPrefill.of(
+            [Work(t_uc=float(q.t_uc), t_c=float(q.t_c)) for q in report.queue]
+        )
         entry.report_at = now
         if entry.draining and report.role is entry.role:
             entry.draining = False  # the engine switched and says so
@@ -162,7 +166,7 @@ class NodeTable:
         fresh = age is not None and age <= self.max_report_age_s
         if r is not None and fresh:
             after = r.last_dispatch_seq
-            queue = QueuedPrefill.of([Work(t_uc=float(q.t_uc), t_c=float(q.t_c)) for q in r.queue])
+            queue = e.report_queue
             unreported = QueuedPrefill.of([d.work for d in e.prefills.values() if d.seq > after])
             new_decodes = [d for d in e.decodes.values() if d.seq > after]
             running = r.running_decode + len(new_decodes)

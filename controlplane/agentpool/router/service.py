@@ -20,7 +20,7 @@ from agentpool.router.directory_view import DirectoryError, DirectoryView, Resol
 from agentpool.router.engine_client import EngineClient
 from agentpool.router.engine_protocol import LoadReport
 from agentpool.router.flow import Dispatcher, Endpoint, Prepared, Routing
-from agentpool.router.metrics import RouterMetrics
+from agentpool.router.metrics import QueueDepthCollector, RouterMetrics
 from agentpool.router.nodes import NodeTable
 from agentpool.router.policy import RequestView, create_policy
 from agentpool.router.policy.contract import serves_prefill
@@ -59,6 +59,7 @@ class RouterService:
         self.tokenizer: Tokenizer = load_tokenizer(config.tokenizer)
         self.routing = Routing(config, create_policy(config.policy, config.knobs), config.policy_context())
         self.nodes.configure(config.nodes, config.node_model)
+        self.metrics.registry.register(QueueDepthCollector(lambda: self.nodes.snapshot(time.monotonic())))
         self.dispatcher = Dispatcher(self.nodes, self.engines, directory, self.metrics, self.routing)
         self._reload_task: asyncio.Task[None] | None = None
 

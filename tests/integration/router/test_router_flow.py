@@ -61,6 +61,7 @@ async def test_streaming_chat_end_to_end(http: aiohttp.ClientSession) -> None:
             text = await resp.text()
         assert 'agentpool_router_ttft_seconds_count{policy="least-loaded"} 1.0' in text
         assert 'agentpool_router_decisions_total{node="a",phase="prefill",policy="least-loaded"} 1.0' in text
+        assert 'agentpool_router_queue_depth_requests{node="a"} 0.0' in text
     finally:
         await stop_all(router, [a])
 
@@ -202,17 +203,54 @@ async def test_role_change_reloads_config_drains_and_reroutes(
         assert len(a.received) == 2  # one running, one queued on a
         # the planner turns a into a decode node: a gives its queued request back, the router re-routes it
         a.draining = True
-        write_config(path, router_config([("a", a.url, "decode"), ("b", b.url, "both")], policy="smetric"))
+        new = router_config(
+            [("a", a.url, "decode"), ("b", b.url, "both")], policy="smetric", slo={"ttftBase": 7}
+        )
+        write_config(path, new)
         for _ in range(40):
             await asyncio.sleep(0.05)
             if router.service.routing.policy.name == "smetric":
                 break
         assert router.service.routing.policy.name == "smetric"
+        assert router.service.routing.ctx.slo.base == 7.0
         assert await asyncio.gather(*tasks) == [200] * 4
         assert len(a.requeued) == 1 and len(a.completed) == 1
         assert len(b.completed) == 3
         # new work does not go to the draining node
         assert await one(9) == 200
         assert len(a.received) == 2 and len(b.completed) == 4
+    finally:
+        await stop_all(router, [a, b])
+
+
+async def test_hung_engine_times_out_and_the_request_moves_on(http: aiohttp.ClientSession) -> None:
+    (slow,) = await engines("a", prefill_s=30.0)
+    (fast,) = await engines("b")
+    timeouts = {"connect": 1.0, "firstEvent": 5.0, "betweenEvents": 0.3, "directory": 1.0}
+    nodes = [("a", slow.url, "both"), ("b", fast.url, "both")]
+    router = await start_router(router_config(nodes, policy="round-robin", timeouts=timeouts))
+    try:
+        async with http.post(f"{router.url}/v1/chat/completions", json=chat_body()) as resp:
+            assert resp.status == 200, await resp.text()
+        assert len(slow.received) == 1 and len(fast.completed) == 1
+    finally:
+        await stop_all(router, [slow, fast])
+
+
+async def test_headerless_sessions_leave_no_state_behind(http: aiohttp.ClientSession) -> None:
+    a, b = await engines("a", "b", tokens=1)
+    router = await start_router(router_config([("a", a.url, "both"), ("b", b.url, "both")], policy="smetric"))
+    try:
+        history: list[dict[str, str]] = []
+        for turn in range(30):
+            history += [{"role": "user", "content": f"step {turn} " * 20}]
+            body = chat_body() | {"messages": history}
+            async with http.post(f"{router.url}/v1/chat/completions", json=body) as resp:
+                answer = (await resp.json())["choices"][0]["message"]["content"]
+            history.append({"role": "assistant", "content": answer})
+        view = router.service.directory
+        assert len(view.directory.branches) == 0  # type: ignore[attr-defined]
+        assert all(not e.prefills and not e.decodes for e in router.service.nodes.entries())
+        assert len(a.completed) + len(b.completed) == 30
     finally:
         await stop_all(router, [a, b])

@@ -46,7 +46,6 @@ class GenerateRequest(BaseModel):
     prompt_token_ids: list[int]
     cached_tokens: int = Field(0, ge=0)
     fetch_tokens: int = Field(0, ge=0)
-    decode_node: str | None = None
     kv_source: KvSource | None = None
 
 

@@ -109,7 +109,6 @@ class BuiltinTokenizer:
         if vocab_size < 16:
             raise TokenizerError("vocab_size must be at least 16")
         self.vocab_size = vocab_size
-        self._words: dict[int, str] = {}
 
     @property
     def name(self) -> str:

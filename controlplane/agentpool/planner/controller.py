@@ -94,7 +94,8 @@ class PlannerController:
         start = self._clock()
         if await _wait(stop, self._config().warmup_s):
             return
-        await asyncio.to_thread(self.fit, start, self._clock())
+        warmup_records = self._inbox.iterations(start, self._clock())  # a copy, taken on the loop
+        await asyncio.to_thread(self.fit_records, warmup_records)
         await self.start_disaggregation()
         while not stop.is_set():
             start = self._clock()
@@ -115,14 +116,20 @@ class PlannerController:
 
     def fit(self, start: float, end: float) -> dict[str, NodeFit]:
         """Fit and freeze each node's models from the iteration records of ``[start, end)``."""
-        fits = fit_nodes(self._inbox.iterations(start, end), self._shape)
+        return self.fit_records(self._inbox.iterations(start, end))
+
+    def fit_records(self, records: list[IterationRecord]) -> dict[str, NodeFit]:
+        """Fit and freeze each node's models from ``records`` (CPU only: safe in a worker thread)."""
+        fits = fit_nodes(records, self._shape)
         if not fits:
-            raise PlannerError(f"no iteration records between {start:.0f} and {end:.0f}: nothing to fit")
+            raise PlannerError("no iteration records from the warmup: nothing to fit")
         self.fits = fits
         self._models = {}
+        batches = _prefill_batches_by_node(records)
         for name, f in fits.items():
-            batches = _prefill_batches(self._inbox.iterations(start, end), name)
-            self._models[name] = with_window_stats(f.node_model(), measure_prefill_window(batches))
+            self._models[name] = with_window_stats(
+                f.node_model(), measure_prefill_window(batches.get(name, []))
+            )
             log.info(
                 "fitted %s: prefill MAPE %.1f%%, decode MAPE %.1f%% on held-out records",
                 name,
@@ -189,7 +196,7 @@ class PlannerController:
     def _planner_nodes(
         self, pods: list[PodRoleState], start: float, end: float
     ) -> tuple[tuple[PlannerNode, ...], list[str]]:
-        records = self._inbox.iterations(start, end)
+        batches = _prefill_batches_by_node(self._inbox.iterations(start, end))
         nodes: list[PlannerNode] = []
         excluded: list[str] = []
         for pod in pods:
@@ -198,8 +205,7 @@ class PlannerController:
                 why = "no fitted model" if model is None else f"role {pod.desired_role!r}"
                 excluded.append(f"{pod.name} ({why})")
                 continue
-            batches = _prefill_batches(records, pod.name)
-            model = with_window_stats(model, measure_prefill_window(batches))
+            model = with_window_stats(model, measure_prefill_window(batches.get(pod.name, [])))
             self._models[pod.name] = model
             nodes.append(
                 PlannerNode(
@@ -215,8 +221,13 @@ class PlannerController:
         return tuple(nodes), excluded
 
 
-def _prefill_batches(records: list[IterationRecord], node: str) -> list[tuple[PrefillBatchItem, ...]]:
-    return [r.batch for r in records if isinstance(r, PrefillIterationRecord) and r.node == node]
+def _prefill_batches_by_node(records: list[IterationRecord]) -> dict[str, list[tuple[PrefillBatchItem, ...]]]:
+    """Each node's prefill batches, in one pass over the records."""
+    batches: dict[str, list[tuple[PrefillBatchItem, ...]]] = {}
+    for r in records:
+        if isinstance(r, PrefillIterationRecord):
+            batches.setdefault(r.node, []).append(r.batch)
+    return batches
 
 
 def _event_message(decision: Decision, excluded: list[str]) -> str:

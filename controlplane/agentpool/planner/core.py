@@ -203,9 +203,9 @@ def plan(inp: PlannerInput, policy: PlannerPolicy) -> Decision:
         else:
             j = len(cur_p) - p
             new_prefill = prefill_sum - down_prefill[j - 1]
-            new_decode = _decode_sum(d_arrays, s, len(cur_d) + j) + p_arrays.decode_rates(s, len(cur_d) + j)[
-                down[:j]
-            ].sum(axis=0)
+            k = len(cur_d) + j
+            moved_decode = p_arrays.decode_rates(s, k)[down[:j]].sum(axis=0)
+            new_decode = _decode_sum(d_arrays, s, k) + moved_decode
             to_p, to_d = (), tuple(cur_p[i].name for i in down[:j])
         gains = np.minimum(new_prefill, new_decode) - current
         mean = float(gains.mean())

@@ -12,9 +12,10 @@ Dispatch: ``POST {engine}/agentpool/v1/generate`` with a :class:`GenerateRequest
 - ``done``: finished, with ``finish_reason`` and ``usage``;
 - ``error``: the engine failed the request.
 
-Load reports: engines ``POST {router}/agentpool/v1/report`` a :class:`LoadReport`. A report covers
-the requests the router dispatched to the node up to ``last_dispatch_seq`` (the router numbers its
-dispatches per node), so requests sent later count as "sent but not reported".
+Load reports: engines ``POST {router}/agentpool/v1/report`` a :class:`LoadReport`, with the role
+they serve (``role``) and, while the planner's annotation asks for another one, ``desired_role``.
+A report covers the requests the router dispatched to the node up to ``last_dispatch_seq`` (the
+router numbers its dispatches per node), so requests sent later count as "sent but not reported".
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class LoadReport(BaseModel):
     model_config = ConfigDict(extra="forbid")
     node_id: str
     role: Role
+    desired_role: Role | None = None
     last_dispatch_seq: int = Field(-1, ge=-1)
     remaining_batch_s: float = Field(0.0, ge=0)
     queue: list[QueuedItem] = Field(default_factory=list, max_length=100_000)

@@ -115,6 +115,9 @@ class NodeTable:
             [Work(t_uc=float(q.t_uc), t_c=float(q.t_c)) for q in report.queue]
         )
         entry.report_at = now
+        if report.desired_role is not None and report.desired_role is not entry.role:
+            entry.role = report.desired_role  # the planner switched the node: follow it at once
+            entry.draining = True
         if entry.draining and report.role is entry.role:
             entry.draining = False  # the engine switched and says so
 

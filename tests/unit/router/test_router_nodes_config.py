@@ -90,6 +90,16 @@ def test_role_change_drains_until_the_engine_reports_the_new_role() -> None:
     assert not t.snapshot(0.0)[0].draining
 
 
+def test_desired_role_in_a_report_starts_the_drain() -> None:
+    t = table(Role.PREFILL)
+    t.apply_report(LoadReport(node_id="n0", role=Role.PREFILL, desired_role=Role.DECODE), now=0.0)
+    (s,) = t.snapshot(0.0)
+    assert s.role is Role.DECODE and s.draining
+    t.apply_report(LoadReport(node_id="n0", role=Role.DECODE), now=0.5)
+    (s,) = t.snapshot(0.5)
+    assert s.role is Role.DECODE and not s.draining
+
+
 def test_a_failed_node_cools_down_then_comes_back() -> None:
     t = table(Role.BOTH)
     t.mark_down("n0", now=10.0)

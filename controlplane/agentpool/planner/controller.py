@@ -120,7 +120,13 @@ class PlannerController:
 
     def fit_records(self, records: list[IterationRecord]) -> dict[str, NodeFit]:
         """Fit and freeze each node's models from ``records`` (CPU only: safe in a worker thread)."""
-        fits = fit_nodes(records, self._shape)
+        prefill_nodes = {r.node for r in records if isinstance(r, PrefillIterationRecord)}
+        decode_nodes = {r.node for r in records if not isinstance(r, PrefillIterationRecord)}
+        unfit = sorted(prefill_nodes ^ decode_nodes)
+        if unfit:  # they are left out of planning until refitted; the others go on
+            log.warning("nodes without warmup records of both phases are not fitted: %s", ", ".join(unfit))
+        both = prefill_nodes & decode_nodes
+        fits = fit_nodes([r for r in records if r.node in both], self._shape)
         if not fits:
             raise PlannerError("no iteration records from the warmup: nothing to fit")
         self.fits = fits

@@ -52,7 +52,7 @@ class SimConfig:
     slo_ttft_base_s: float = 2.0
     slo_ttft_per_token_s: float = 1e-4
     slo_tpot_s: float = 0.1
-    host_evict_fraction: float = 0.1
+    host_evict_fraction: float = 0.25  # evict in batches: the order is recomputed per batch
     occupancy_sample_s: float = 5.0
 
     def __post_init__(self) -> None:

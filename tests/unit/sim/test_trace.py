@@ -73,6 +73,7 @@ def test_block_keys_separate_instances_and_share_the_system_prefix(trace: Path) 
     assert produced == [7 * INSTANCE_STRIDE + 4]
     # coarse blocks: groups of 2 trace blocks keyed by their last id
     coarse, coarse_out = conv.block_keys(1, instance=7, shared_prefix_blocks=0, group=2)
+    assert coarse_out == []
     assert coarse == [7 * INSTANCE_STRIDE + 2, 7 * INSTANCE_STRIDE + 4]
 
 

@@ -105,18 +105,28 @@ _WORD = re.compile(r"\S+")
 class BuiltinTokenizer:
     """Deterministic word-level tokenizer for simulated pools (no files, no downloads)."""
 
-    def __init__(self, vocab_size: int = 150_000) -> None:
+    def __init__(self, vocab_size: int = 150_000, cache_words: int = 200_000) -> None:
         if vocab_size < 16:
             raise TokenizerError("vocab_size must be at least 16")
         self.vocab_size = vocab_size
+        self._cache_words = cache_words
+        self._ids: dict[str, int] = {}  # word -> id memo, cleared when it reaches cache_words
 
     @property
     def name(self) -> str:
         return "builtin"
 
     def encode_text(self, text: str) -> list[int]:
-        digest = xxhash.xxh3_64_intdigest
-        return [digest(w.encode()) % self.vocab_size for w in _WORD.findall(text)]
+        ids = self._ids
+        out = []
+        for w in _WORD.findall(text):
+            t = ids.get(w)
+            if t is None:
+                if len(ids) >= self._cache_words:
+                    ids.clear()
+                t = ids[w] = xxhash.xxh3_64_intdigest(w.encode()) % self.vocab_size
+            out.append(t)
+        return out
 
     def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool) -> str:
         lines = []

@@ -98,3 +98,11 @@ def test_turn_counts_assistant_messages() -> None:
     assert turn_of([{"role": "user"}, {"role": "assistant"}, {"role": "tool"}, {"role": "assistant"}]) == 3
     with pytest.raises(TokenizerError):
         encode_chat(BuiltinTokenizer(), [])
+
+
+def test_builtin_word_memo_is_bounded_and_does_not_change_ids() -> None:
+    small = BuiltinTokenizer(cache_words=3)
+    plain = BuiltinTokenizer()
+    text = " ".join(f"w{i % 7}" for i in range(50))
+    assert small.encode_text(text) == plain.encode_text(text)
+    assert len(small._ids) <= 3

@@ -163,8 +163,7 @@ class Dispatcher:
                 t_c=float(decision.cached_tokens),
                 t_out=float(prep.view.expected_output_tokens),
             )
-            kv_tokens = prep.view.prompt_tokens + prep.view.expected_output_tokens
-            seq = self.nodes.dispatch_prefill(node, prep.request_id, work, kv_tokens)
+            seq = self.nodes.dispatch_prefill(node, prep.request_id, work, self._kv_tokens(prep))
             colocated = self.nodes.get(node).role is Role.BOTH
             try:
                 if colocated:
@@ -197,6 +196,10 @@ class Dispatcher:
                     raise RequestFailed(f"{failures} engines failed, last: {last_error}") from e
             finally:
                 self.nodes.finish_prefill(node, prep.request_id)
+
+    @staticmethod
+    def _kv_tokens(prep: Prepared) -> int:
+        return prep.view.prompt_tokens + prep.view.expected_output_tokens
 
     def _count_prefix(self, view: RequestView, d: Decision) -> None:
         local = d.cached_tokens - d.fetch_tokens
@@ -241,15 +244,25 @@ class Dispatcher:
     async def _colocated(
         self, prep: Prepared, decision: Decision, seq: int
     ) -> AsyncGenerator[Chunk | Finish, None]:
+        node = decision.node_id
         request = self._generate_request(prep, decision, seq, "both")
-        async with contextlib.aclosing(self._events(decision.node_id, request)) as events:
-            async for ev in events:
-                if ev.type == "token" and ev.text:
-                    yield Chunk(ev.text)
-                elif ev.type == "done":
-                    yield Finish(ev.finish_reason or "stop", ev.usage or Usage())
-                    return
-        raise EngineFailure(f"{decision.node_id}: stream ended without done")
+        decoding = False
+        try:
+            async with contextlib.aclosing(self._events(node, request)) as events:
+                async for ev in events:
+                    if ev.type == "token" and ev.text:
+                        if not decoding:  # prefill done: the request leaves the queue and decodes
+                            decoding = True
+                            self.nodes.finish_prefill(node, prep.request_id)
+                            self.nodes.bind_decode(node, prep.request_id, self._kv_tokens(prep))
+                        yield Chunk(ev.text)
+                    elif ev.type == "done":
+                        yield Finish(ev.finish_reason or "stop", ev.usage or Usage())
+                        return
+            raise EngineFailure(f"{node}: stream ended without done")
+        finally:
+            if decoding:
+                self.nodes.finish_decode(node, prep.request_id)
 
     async def _disaggregated(
         self, prep: Prepared, decision: Decision, seq: int
@@ -268,6 +281,7 @@ class Dispatcher:
                     elif ev.type == "prefilled":
                         transfer = ev.transfer_id
                         first = ev.text
+                        self.nodes.finish_prefill(prefill_node, prep.request_id)
                         break
                     elif ev.type == "done":  # finished on the prefill node (e.g. max_tokens=1)
                         if ev.text:
@@ -299,8 +313,7 @@ class Dispatcher:
         binding = bind_decode(prep.view, snapshot, self.routing.ctx)
         if binding is None:
             raise NoCapacity("no decode node has KV room for the request")
-        kv_tokens = prep.view.prompt_tokens + prep.view.expected_output_tokens
-        seq = self.nodes.bind_decode(binding.node_id, prep.request_id, kv_tokens)
+        seq = self.nodes.bind_decode(binding.node_id, prep.request_id, self._kv_tokens(prep))
         self.metrics.decisions.labels(self.routing.policy.name, binding.node_id, "decode").inc()
         if prep.branch is not None:
             await self._place(prep.branch, binding.node_id)

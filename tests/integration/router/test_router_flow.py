@@ -254,3 +254,24 @@ async def test_headerless_sessions_leave_no_state_behind(http: aiohttp.ClientSes
         assert len(a.completed) + len(b.completed) == 30
     finally:
         await stop_all(router, [a, b])
+
+
+async def test_router_view_moves_a_request_from_queue_to_decode_at_its_first_token(
+    http: aiohttp.ClientSession,
+) -> None:
+    (a,) = await engines("a", prefill_s=0.3, token_s=0.3, tokens=3)
+    router = await start_router(router_config([("a", a.url, "both")]))
+    try:
+        task = asyncio.create_task(http.post(f"{router.url}/v1/chat/completions", json=chat_body()))
+        await asyncio.sleep(0.15)
+        (queued,) = router.service.nodes.snapshot(0.0)
+        assert (queued.unreported.requests, queued.running_decode) == (1, 0)
+        await asyncio.sleep(0.35)  # prefill done, first token out, decoding
+        (decoding,) = router.service.nodes.snapshot(0.0)
+        assert (decoding.unreported.requests, decoding.running_decode) == (0, 1)
+        async with await task as resp:
+            assert resp.status == 200
+        (done,) = router.service.nodes.snapshot(0.0)
+        assert (done.unreported.requests, done.running_decode) == (0, 0)
+    finally:
+        await stop_all(router, [a])

@@ -55,6 +55,8 @@ class EventIngest:
         self.metrics = metrics
         self.wall = wall
         self.mono = mono
+        self._stored_events = metrics.events.labels("stored")
+        self._removed_events = metrics.events.labels("removed")
         self._seq: dict[str, int | None] = {}  # node -> last applied seq; None: waiting for a resync
         self._last_heard: dict[str, float] = {}
 
@@ -102,7 +104,7 @@ class EventIngest:
             except InvalidEventError as e:
                 ack, _ = self._ask_resync(node, f"inconsistent event: {e}", "inconsistent")
                 return ack, changes
-            self.metrics.events.labels("stored" if ev.stored else "removed").inc()
+            (self._stored_events if ev.stored else self._removed_events).inc()
             self.metrics.blocks.inc(len(ev.hashes))
         self._seq[node] = batch.seq
         return pb.PublishAck(node=node, seq=batch.seq), changes

@@ -8,12 +8,14 @@ node list change without a restart.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from agentpool.api.settings import RouterSettings
 from agentpool.models import FetchModel, TtftSlo
 from agentpool.router.policy import PolicyContext, PolicyError, Role, create_policy
 
@@ -124,6 +126,41 @@ def parse_config(text: str, fmt: Format = "yaml") -> RouterConfig:
         return RouterConfig.model_validate(raw or {})
     except ValidationError as e:
         raise ConfigError(f"invalid router config: {e}") from e
+
+
+def config_from_settings(
+    router: RouterSettings,
+    slo: TtftSlo,
+    *,
+    model: str,
+    nodes: Sequence[NodeConfig],
+    tokenizer: str = "builtin",
+    page_size: int = 64,
+) -> RouterConfig:
+    """The router's config from the pool spec's plain settings (for the operator to render)."""
+    return RouterConfig.model_validate(
+        {
+            "model": model,
+            "tokenizer": tokenizer,
+            "policy": router.policy,
+            "knobs": dict(router.knobs),
+            "slo": {"ttftBase": slo.base, "ttftPerToken": slo.per_token},
+            "fetch": {
+                "base": router.fetch.base_s,
+                "perToken": router.fetch.per_token_s,
+                "minTokens": router.fetch.min_tokens,
+            },
+            "copyPrice": router.copy_price_s_per_token,
+            "maxReportAge": router.state_max_age_s,
+            "pageSize": page_size,
+            "nodes": [n.model_dump(by_alias=True, mode="json") for n in nodes],
+        }
+    )
+
+
+def render_config(config: RouterConfig) -> str:
+    """JSON text of ``config`` as :func:`parse_config` reads it back."""
+    return config.model_dump_json(by_alias=True)
 
 
 class ConfigFile:

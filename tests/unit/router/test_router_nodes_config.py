@@ -141,3 +141,25 @@ def test_config_file_notices_changes(tmp_path: Path) -> None:
     assert f.changed()
     assert f.load().policy == "round-robin"
     assert RouterConfig().disaggregated is False
+
+
+def test_config_from_the_pool_spec_settings_round_trips() -> None:
+    from agentpool.api.settings import FetchSettings, RouterSettings
+    from agentpool.models import TtftSlo
+    from agentpool.router.config import config_from_settings, render_config
+
+    settings = RouterSettings(
+        policy="smetric",
+        knobs={"slack": 1.5, "hit_ratio": 0.7},
+        fetch=FetchSettings(base_s=0.001, per_token_s=2e-6, min_tokens=256),
+        copy_price_s_per_token=3e-7,
+        state_max_age_s=4.0,
+    )
+    nodes = [NodeConfig(id="p0", url="http://p0:8080", role=Role.PREFILL)]
+    cfg = config_from_settings(settings, TtftSlo(base=3.0, per_token=2e-4), model="m", nodes=nodes)
+    again = parse_config(render_config(cfg), "json")
+    assert again == cfg
+    ctx = again.policy_context()
+    assert ctx.fetch.tau(1000) == pytest.approx(0.001 + 2e-3)
+    assert (ctx.kappa_s_per_token, ctx.max_report_age_s, ctx.slo.base) == (3e-7, 4.0, 3.0)
+    assert again.nodes[0].role is Role.PREFILL and again.knobs == {"slack": 1.5, "hit_ratio": 0.7}

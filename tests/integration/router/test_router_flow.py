@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -273,5 +274,26 @@ async def test_router_view_moves_a_request_from_queue_to_decode_at_its_first_tok
             assert resp.status == 200
         (done,) = router.service.nodes.snapshot(0.0)
         assert (done.unreported.requests, done.running_decode) == (0, 0)
+    finally:
+        await stop_all(router, [a])
+
+
+async def test_front_door_uses_the_configured_hf_tokenizer(
+    http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["[UNK]", "<|user|>", "<|assistant|>", "hello", "world"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    template = "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}<|assistant|>"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    (a,) = await engines("a", tokens=1)
+    router = await start_router(router_config([("a", a.url, "both")], tokenizer=str(tmp_path)))
+    try:
+        async with http.post(f"{router.url}/v1/chat/completions", json=chat_body("hello world")) as resp:
+            assert resp.status == 200
+        assert a.received[0].prompt_token_ids == [1, 3, 4, 2]
     finally:
         await stop_all(router, [a])

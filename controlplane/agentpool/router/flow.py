@@ -16,6 +16,7 @@ timeouts, so no client hangs.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncGenerator, Callable
@@ -209,8 +210,9 @@ class Dispatcher:
 
     async def _place(self, branch: str, node: str) -> None:
         try:
-            await self.directory.place(branch, node)
-        except DirectoryError:
+            async with asyncio.timeout(self.routing.config.timeouts.directory_s):
+                await self.directory.place(branch, node)
+        except (DirectoryError, TimeoutError):
             self.metrics.directory_errors.labels("place").inc()
 
     def _generate_request(

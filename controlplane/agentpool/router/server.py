@@ -233,8 +233,12 @@ async def answer(
                 headers={"content-type": "text/event-stream", "cache-control": "no-cache"}
             )
             await resp.prepare(request)
-            tokens = await stream_sse(resp, prep, model, head, outs, include_usage)
-            await resp.write_eof()
+            try:
+                tokens = await stream_sse(resp, prep, model, head, outs, include_usage)
+                await resp.write_eof()
+            except ConnectionResetError:  # the client went away: stop generating (aclosing ends it)
+                code = "499"
+                log.info("client of %s disconnected mid-stream", prep.request_id)
             return resp
     except (StreamBroken, RequestFailed, NoCapacity) as e:
         code = "502"

@@ -30,6 +30,7 @@ class StandIn:
     received: list[GenerateRequest] = field(default_factory=list)
     completed: list[str] = field(default_factory=list)
     requeued: list[str] = field(default_factory=list)
+    aborted: list[str] = field(default_factory=list)
     transfers: dict[str, int] = field(default_factory=dict)
     url: str = ""
     _runner: web.AppRunner | None = None
@@ -107,7 +108,11 @@ class StandIn:
             if self.fail_after_tokens is not None and i >= self.fail_after_tokens:
                 await asyncio.sleep(0.05)  # let the tokens already written reach the router
                 raise ConnectionResetError("stand-in fails mid-stream")
-            await send({"type": "token", "text": f"tok{i} "})
+            try:
+                await send({"type": "token", "text": f"tok{i} "})
+            except ConnectionResetError:  # the router hung up
+                self.aborted.append(req.request_id)
+                return
             if self.token_s:
                 await asyncio.sleep(self.token_s)
         usage = {"prompt_tokens": len(req.prompt_token_ids), "completion_tokens": n}

@@ -297,3 +297,29 @@ async def test_front_door_uses_the_configured_hf_tokenizer(
         assert a.received[0].prompt_token_ids == [1, 3, 4, 2]
     finally:
         await stop_all(router, [a])
+
+
+async def test_client_disconnect_mid_stream_stops_the_engine_stream(http: aiohttp.ClientSession) -> None:
+    (a,) = await engines("a", token_s=0.2, tokens=50)
+    router = await start_router(router_config([("a", a.url, "both")]))
+    try:
+        resp = await http.post(
+            f"{router.url}/v1/chat/completions", json=chat_body(stream=True, max_tokens=50)
+        )
+        assert resp.status == 200
+        await resp.content.readline()  # the role chunk
+        resp.close()  # drop the connection
+        for _ in range(40):
+            await asyncio.sleep(0.05)
+            if all(not e.prefills and not e.decodes for e in router.service.nodes.entries()):
+                break
+        assert all(not e.prefills and not e.decodes for e in router.service.nodes.entries())
+        for _ in range(40):  # the router closed its engine stream: the engine's next write fails
+            await asyncio.sleep(0.05)
+            if a.aborted:
+                break
+        assert a.aborted == [a.received[0].request_id] and a.completed == []
+        async with http.get(f"{router.url}/metrics") as m:
+            assert 'agentpool_router_requests_total{code="499",endpoint="chat"} 1.0' in await m.text()
+    finally:
+        await stop_all(router, [a])

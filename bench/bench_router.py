@@ -7,7 +7,8 @@
    microseconds. Target: p99 <= 1 ms at 64 nodes.
 2. Router overhead per request on loopback against instant engines (each answers at once with
    one token): the same engines are hit directly (baseline), through the agentpool router
-   (``python -m agentpool.router``, evolving policy, in-process directory, builtin tokenizer) and
+   (``python -m agentpool.router``, evolving and round-robin policies, in-process directory,
+   builtin tokenizer, a 300-word chat prompt) and
    through ``sglang-router`` (PyPI, Rust, ``round_robin`` and ``cache_aware``) in the same run.
    Prints requests/s and latency at concurrency 1 and 32, the latency each router adds over the
    direct baseline, and the agentpool/sglang ratios. Engines, routers and the load generator are
@@ -290,36 +291,10 @@ def router_overhead(seconds: float, engines: int) -> None:
         eng.stdout.readline()
         engine_urls = [f"http://127.0.0.1:{p}" for p in ports]
 
-        ap_port = free_port()
-        config = {
-            "model": "bench",
-            "policy": "evolving",
-            "nodes": [{"id": f"e{i}", "url": u, "role": "both"} for i, u in enumerate(engine_urls)],
-        }
-        (tmp / "router.json").write_text(json.dumps(config))
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(ROOT / d) for d in ("controlplane",))}
-        ap = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "agentpool.router",
-                "--config",
-                str(tmp / "router.json"),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(ap_port),
-            ],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        procs.append(ap)
-        wait_http(f"http://127.0.0.1:{ap_port}/ready", 30, ap)
-        targets: list[tuple[str, list[str]]] = [
-            ("direct", [u + "/v1/chat/completions" for u in engine_urls]),
-            ("agentpool", [f"http://127.0.0.1:{ap_port}/v1/chat/completions"]),
-        ]
+        targets: list[tuple[str, list[str]]] = [("direct", [u + "/v1/chat/completions" for u in engine_urls])]
+        for policy in ("evolving", "round-robin"):
+            port = start_agentpool(policy, engine_urls, procs, tmp)
+            targets.append((f"agentpool-{policy}", [f"http://127.0.0.1:{port}/v1/chat/completions"]))
         sglang_note = start_sglang(engine_urls, procs, targets, tmp)
         results: dict[tuple[str, int], Result] = {}
         for concurrency in (1, 32):
@@ -344,6 +319,30 @@ def router_overhead(seconds: float, engines: int) -> None:
             except subprocess.TimeoutExpired:
                 p.kill()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def start_agentpool(
+    policy: str, engine_urls: list[str], procs: list[subprocess.Popen[bytes]], tmp: Path
+) -> int:
+    """``python -m agentpool.router`` with ``policy`` over the engines; returns its port once ready."""
+    port = free_port()
+    config = {
+        "model": "bench",
+        "policy": policy,
+        "nodes": [{"id": f"e{i}", "url": u, "role": "both"} for i, u in enumerate(engine_urls)],
+    }
+    path = tmp / f"router-{policy}.json"
+    path.write_text(json.dumps(config))
+    args = ["--config", str(path), "--host", "127.0.0.1", "--port", str(port)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentpool.router", *args],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    procs.append(proc)
+    wait_http(f"http://127.0.0.1:{port}/ready", 30, proc)
+    return port
 
 
 def start_sglang(
@@ -399,11 +398,11 @@ def print_ratios(results: dict[tuple[str, int], Result], names: list[str]) -> No
             )
     for other in [n for n in names if n.startswith("sglang")]:
         for concurrency in (1, 32):
-            ap, sg, base = (results[(n, concurrency)] for n in ("agentpool", other, "direct"))
+            ap, sg, base = (results[(n, concurrency)] for n in ("agentpool-evolving", other, "direct"))
             added_ap, added_sg = ap.p50 - base.p50, sg.p50 - base.p50
             ratio = f"{added_ap / added_sg:5.2f}" if added_sg > 0 else "n/a (sglang adds none measurable)"
             print(
-                f"  c={concurrency:<3} agentpool vs {other}: req/s ratio {ap.rps / sg.rps:5.2f}, "
+                f"  c={concurrency:<3} agentpool-evolving vs {other}: req/s ratio {ap.rps / sg.rps:5.2f}, "
                 f"added-latency ratio {ratio}"
             )
 

@@ -18,10 +18,10 @@ from agentpool.sim.replay import ConversationSource, Phase, Replay, cycle
 from agentpool.sim.simulator import SimConfig, Simulator
 from agentpool.sim.synthetic import generator
 from agentpool.sim.systems import PlannerKind, system
-from agentpool.sim.trace import Conversation, load_claude_code
+from agentpool.sim.trace import Conversation, load_claude_code, load_mooncake
 
 BUNDLED_TRACE = "claude-code-sample.jsonl.gz"
-WORKLOADS = ("claude-code", "putnam", "osworld", "shifting")
+WORKLOADS = ("claude-code", "mooncake", "putnam", "osworld", "shifting")
 
 
 def bundled_trace_path() -> Path:
@@ -39,6 +39,7 @@ class Scenario:
     arrival_per_min: float | None = None  # open loop when set
     max_agents: int = 258
     shared_prefix_tokens: int = 15000
+    max_pause_s: float | None = None  # cap recorded pauses (None: as recorded)
     preset: str = "glm52-4xgb300"
     static_prefill_nodes: int | None = 4  # split of systems without a planner (None: sim.prefill_nodes)
     sim: SimConfig = field(default_factory=SimConfig)
@@ -55,6 +56,8 @@ class Scenario:
 
 
 def _sources(sc: Scenario, conversations: Sequence[Conversation] | None) -> dict[str, ConversationSource]:
+    if sc.workload == "mooncake":
+        return {}
     if sc.workload == "claude-code":
         assert conversations is not None
         return {"claude-code": cycle(conversations)}
@@ -114,9 +117,14 @@ def run_system(
         _sources(sc, conversations),
         sc.shared_prefix_tokens // sc.sim.block_size,
         group=sc.sim.block_size // trace_block,
+        max_pause_s=sc.max_pause_s,
     )
     end = sc.warmup_s + sc.duration_s
-    if sc.arrival_per_min is not None:
+    if sc.workload == "mooncake":
+        if sc.trace is None:
+            raise ValueError("the mooncake workload needs --trace (e.g. ../shared/traces/mooncake/...)")
+        replay.timed("mooncake", load_mooncake(sc.trace, limit=sc.conversations), end)
+    elif sc.arrival_per_min is not None:
         replay.open_loop(sc.workload, sc.arrival_per_min, sc.max_agents, end, sc.seed)
     else:
         replay.closed_loop(_phases(sc))

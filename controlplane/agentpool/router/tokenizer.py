@@ -14,7 +14,6 @@ tokens after the prompt rendered up to (and including) the last assistant messag
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,9 +98,6 @@ def content_text(content: Any) -> str:
     raise TokenizerError(f"unsupported message content of type {type(content).__name__}")
 
 
-_WORD = re.compile(r"\S+")
-
-
 class BuiltinTokenizer:
     """Deterministic word-level tokenizer for simulated pools (no files, no downloads)."""
 
@@ -118,13 +114,22 @@ class BuiltinTokenizer:
 
     def encode_text(self, text: str) -> list[int]:
         ids = self._ids
+        words = text.split()  # the same words as the regex \S+, much faster
+        try:
+            return [ids[w] for w in words]
+        except KeyError:
+            pass
+        if len(ids) + len(words) > self._cache_words:
+            ids.clear()
+        vocab = self.vocab_size
+        digest = xxhash.xxh3_64_intdigest
         out = []
-        for w in _WORD.findall(text):
+        for w in words:
             t = ids.get(w)
             if t is None:
-                if len(ids) >= self._cache_words:
-                    ids.clear()
-                t = ids[w] = xxhash.xxh3_64_intdigest(w.encode()) % self.vocab_size
+                t = digest(w.encode()) % vocab
+                if len(ids) < self._cache_words:
+                    ids[w] = t
             out.append(t)
         return out
 

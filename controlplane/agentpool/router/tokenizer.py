@@ -195,7 +195,12 @@ class HfTokenizer:
                     messages=list(messages), add_generation_prompt=add_generation_prompt, **self._specials
                 )
             )
-        except jinja2.TemplateError as e:
+        except (
+            jinja2.TemplateError,
+            TypeError,
+            ValueError,
+            LookupError,
+        ) as e:  # bad content for the template
             raise TokenizerError(f"chat template failed: {e}") from e
 
     def decode(self, token_ids: Sequence[int]) -> str:

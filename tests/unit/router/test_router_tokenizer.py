@@ -106,3 +106,11 @@ def test_builtin_word_memo_is_bounded_and_does_not_change_ids() -> None:
     text = " ".join(f"w{i % 7}" for i in range(50))
     assert small.encode_text(text) == plain.encode_text(text)
     assert len(small._ids) <= 3
+
+
+def test_template_errors_on_odd_content_are_tokenizer_errors(hf_dir: Path) -> None:
+    (hf_dir / "tokenizer_config.json").write_text(
+        json.dumps({"chat_template": "{% for m in messages %}{{ m['content'] + 1 }}{% endfor %}"})
+    )
+    with pytest.raises(TokenizerError, match="chat template failed"):
+        encode_chat(HfTokenizer(hf_dir), [{"role": "user", "content": "x"}])

@@ -76,5 +76,5 @@ class EngineClient:
                         return
         except TimeoutError as e:
             raise EngineFailure(f"{url} timed out") from e
-        except aiohttp.ClientError as e:
+        except (aiohttp.ClientError, ValueError) as e:  # ValueError: a line over the reader's limit
             raise EngineFailure(f"{url}: {type(e).__name__}: {e}") from e

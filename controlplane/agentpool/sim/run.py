@@ -62,11 +62,8 @@ def _sources(sc: Scenario, conversations: Sequence[Conversation] | None) -> dict
         assert conversations is not None
         return {"claude-code": cycle(conversations)}
     if sc.workload in ("putnam", "osworld"):
-        return {sc.workload: generator(sc.workload, sc.seed, sc.sim.block_size)}
-    return {
-        "putnam": generator("putnam", sc.seed, sc.sim.block_size),
-        "osworld": generator("osworld", sc.seed + 1, sc.sim.block_size),
-    }
+        return {sc.workload: generator(sc.workload, sc.seed)}
+    return {"putnam": generator("putnam", sc.seed), "osworld": generator("osworld", sc.seed + 1)}
 
 
 def _phases(sc: Scenario) -> list[Phase]:

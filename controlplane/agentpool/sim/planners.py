@@ -44,18 +44,25 @@ class PlannerSettings:
     arrow_tpot_fraction: float = 0.9
 
 
+def tick_for(kind: PlannerKind, sim: Simulator, settings: PlannerSettings) -> tuple[float, Tick] | None:
+    """``kind``'s decision function on ``sim`` and how often it runs (None for ``none``)."""
+    if kind is PlannerKind.NONE:
+        return None
+    if kind is PlannerKind.EVOLVING:
+        return settings.window_s, _evolving(sim, settings)
+    if kind is PlannerKind.ORACLE:
+        return settings.window_s, _oracle(sim, settings)
+    if kind is PlannerKind.DYNAMO:
+        return settings.dynamo_interval_s, _dynamo(sim, settings)
+    return settings.arrow_interval_s, _arrow(sim, settings)
+
+
 def attach(kind: PlannerKind, sim: Simulator, settings: PlannerSettings) -> None:
     """Schedule ``kind``'s periodic decisions on ``sim`` (nothing for ``none``)."""
-    if kind is PlannerKind.NONE:
-        return
-    if kind is PlannerKind.EVOLVING:
-        sim.every(settings.window_s, settings.window_s, _evolving(sim, settings))
-    elif kind is PlannerKind.ORACLE:
-        sim.every(settings.window_s, settings.window_s, _oracle(sim, settings))
-    elif kind is PlannerKind.DYNAMO:
-        sim.every(settings.dynamo_interval_s, settings.dynamo_interval_s, _dynamo(sim, settings))
-    else:
-        sim.every(settings.arrow_interval_s, settings.arrow_interval_s, _arrow(sim, settings))
+    planned = tick_for(kind, sim, settings)
+    if planned is not None:
+        interval, tick = planned
+        sim.every(interval, interval, tick)
 
 
 def _remeasure(sim: Simulator) -> None:

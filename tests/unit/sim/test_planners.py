@@ -1,0 +1,89 @@
+"""Baseline planners react to their signals; the evolving planner drives the pure planner core."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentpool.models import OccupancySample, RequestWorkRecord, TtftSlo, Work
+from agentpool.sim.metrics import Metrics
+from agentpool.sim.node import Role, SimRequest
+from agentpool.sim.planners import PlannerSettings, tick_for
+from agentpool.sim.presets import preset
+from agentpool.sim.simulator import SimConfig, Simulator
+from agentpool.sim.systems import PlannerKind, system
+
+GLM = preset("glm52-4xgb300")
+
+
+def sim_of(name: str, prefill: int = 3, nodes: int = 6) -> Simulator:
+    metrics = Metrics(TtftSlo(2.0, 1e-4), 0.1, 0.0, 1e6)
+    return Simulator(system(name), GLM, SimConfig(nodes=nodes, prefill_nodes=prefill), metrics)
+
+
+def switching_to(sim: Simulator) -> dict[str, Role]:
+    return {sim.nodes[i].name: sw.to for i, sw in sim._switches.items()}
+
+
+def tick(kind: PlannerKind, sim: Simulator) -> None:
+    planned = tick_for(kind, sim, PlannerSettings())
+    assert planned is not None
+    planned[1](sim.now)
+
+
+def test_dynamo_moves_a_prefill_node_to_decode_when_decode_kv_is_full() -> None:
+    sim = sim_of("dynamo-like")
+    tick(PlannerKind.DYNAMO, sim)
+    assert switching_to(sim) == {}
+    for n in sim.nodes[3:]:
+        n.kv_used_tokens = int(0.9 * n.kv_capacity_tokens)
+    tick(PlannerKind.DYNAMO, sim)
+    assert list(switching_to(sim).values()) == [Role.DECODE]
+    tick(PlannerKind.DYNAMO, sim)  # one relaunch at a time
+    assert len(switching_to(sim)) == 1
+
+
+def test_dynamo_moves_a_decode_node_to_prefill_when_prefill_queues_grow() -> None:
+    sim = sim_of("dynamo-like")
+    for q in sim.queued[:3]:
+        q.requests = 5
+    tick(PlannerKind.DYNAMO, sim)
+    assert list(switching_to(sim).values()) == [Role.PREFILL]
+
+
+def test_arrow_counts_cached_prefixes_as_work() -> None:
+    sim = sim_of("arrow-like")
+    # three queued 100K-token requests, cached but for 512 tokens each: little real work (~0.1 s),
+    # but predicted from the full length (3 x 5.6 s > the 12 s deadline) they ask for a prefill node
+    for rid in range(3):
+        sim.nodes[0].queue.append(SimRequest(rid, 100_000, 10, [], [], "b", 0.0, cached_tokens=99_488))
+    tick(PlannerKind.ARROW, sim)
+    assert list(switching_to(sim).values()) == [Role.PREFILL]
+
+
+def test_evolving_planner_switches_on_a_sustained_imbalance() -> None:
+    sim = sim_of("agentpool", prefill=1, nodes=4)
+    sim.now = 600.0
+    # prefill-heavy work in every slice: long uncached prompts, short outputs, a busy decode side
+    for i in range(600):
+        sim.window.works.append(
+            RequestWorkRecord(float(i), Work(t_uc=30_000.0, t_c=1000.0, t_out=50.0, t_acc=1.7))
+        )
+    sim.window.occupancy += [OccupancySample(float(t), 40.0) for t in range(0, 600, 5)]
+    tick(PlannerKind.EVOLVING, sim)
+    assert sim.metrics.planner_log[-1]["outcome"] == "switch"
+    moving = switching_to(sim)
+    assert moving and set(moving.values()) == {Role.PREFILL}
+    assert all(sim.nodes[int(name[1:])].role is Role.DECODE for name in moving)
+
+
+def test_no_planner_for_static_systems() -> None:
+    assert tick_for(PlannerKind.NONE, sim_of("static-cache-aware"), PlannerSettings()) is None
+
+
+@pytest.mark.parametrize("name", ["agentpool", "oracle"])
+def test_window_planners_tolerate_an_empty_window(name: str) -> None:
+    sim = sim_of(name)
+    sim.now = 600.0
+    kind = system(name).planner
+    tick(kind, sim)
+    assert switching_to(sim) == {}

@@ -1,1 +1,43 @@
-"""agentpool.sim"""
+"""agentpool.sim: discrete-event simulator and trace replay that compares agentpool with baselines.
+
+Modules:
+
+- :mod:`.node`: pure node model (chunked prefill, decode batches, mixed colocated iterations, GPU
+  cache) in virtual time; no clock, no event loop.
+- :mod:`.simulator`: the event loop: router shell, directory, KV events, decode binding, P->D
+  hand-over, fetches, phase switches.
+- :mod:`.routing`: policy views (``RequestView``, ``NodeState``) built from simulated state.
+- :mod:`.systems`: the compared systems, each a configuration of the same plugins.
+- :mod:`.planners`: agentpool's planner (the pure planner core) and the dynamo-/arrow-like and
+  oracle planners.
+- :mod:`.trace`, :mod:`.synthetic`, :mod:`.replay`: workloads and closed/open-loop replay.
+- :mod:`.metrics`, :mod:`.report`, :mod:`.run`, :mod:`.cli`: measurements, reports, ``agentpool simulate``.
+- :mod:`.presets`: node calibration presets (``data/presets.json``).
+
+Shared pure code driven here: :class:`agentpool.kv.Directory` (prefix index, branch table E.1,
+branch counts E.2, eviction order), the routing policies of :mod:`agentpool.router.policy` and
+their decode binding, :func:`agentpool.planner.core.plan` with :mod:`agentpool.models` (Eq. 1-5,
+window slices, ``t_bar``/``f_n`` remeasurement) and the fetch model ``tau(x)`` of
+:mod:`agentpool.models.fetch` (0.45 ms + 1 us/token from 512 tokens: App. D.6's measurements; the
+0.45 s constant of App. E.3 is read as a unit slip, see that module).
+
+Modelling choices and approximations (each a knob or documented where it is made):
+
+- KV blocks of 512 tokens by default (eight 64-token trace blocks keyed by the last one's chained
+  id): prefixes match at 512-token granularity, so up to 511 tokens of a reusable prefix are
+  recomputed (under 1% of a typical 100K-token Claude Code prompt). ``--block-tokens 64`` is exact
+  and about 8x slower.
+- The host tier is the directory's index (every stored block is written through to host memory);
+  the GPU tier is the node's own LRU. Host eviction runs in batches of 25% of the capacity, in the
+  directory's order: ``(R > 0, last access)`` with branch ids, the same function with all counts 0
+  (LRU) without.
+- The decode node is bound when the prefill completes (the paper binds at prefill start); its KV
+  room is reserved from binding to the end of the request.
+- A queued request's prefix is not pinned: if eviction removes it before the prefill, the request
+  keeps the work computed at routing time.
+- The planner sees the preset's coefficients (the warmup's online NNLS fit is not simulated);
+  ``t_bar`` and ``f_n`` are remeasured from simulated iterations every window.
+- Arrow-like switches strand KV: the switched node's cache is dropped. Dynamo-like relaunches:
+  the node drains, is out of service for ``relaunch_s`` and loses its KV.
+- Replay may cap recorded pauses (``max_pause_s``) to reach the paper's offered load.
+"""

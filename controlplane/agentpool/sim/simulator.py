@@ -130,6 +130,7 @@ class Simulator:
         self.queued: list[QueueSums] = [QueueSums() for _ in self.nodes]
         self._wake_version = [0] * len(self.nodes)
         self._pending_decode: deque[tuple[SimRequest, Issue]] = deque()
+        self._local_decode: dict[int, deque[SimRequest]] = {}  # colocated: prefilled, waiting for KV room
         self._issues: dict[int, Issue] = {}
         self._switches: dict[int, _Switch] = {}
         self.last_switch_at: float | None = None
@@ -253,7 +254,10 @@ class Simulator:
         for r in out.decoded:
             self._on_decoded(node, r)
         if out.decoded:
-            self._retry_pending_decode()
+            if node.role is Role.BOTH:
+                self._admit_local(node)
+            else:
+                self._retry_pending_decode()
         self._after_step(node)
 
     def _after_step(self, node: SimNode) -> None:
@@ -295,10 +299,17 @@ class Simulator:
             self._complete(req, issue)
             return
         if node.role is Role.BOTH:
-            node.join_decode(req, self.now)
-            self.in_decode += 1
+            self._local_decode.setdefault(node.index, deque()).append(req)
+            self._admit_local(node)
             return
         self._bind_decode(req, issue)
+
+    def _admit_local(self, node: SimNode) -> None:
+        """Colocated nodes decode their own prefills, first come first served, while KV room lasts."""
+        waiting = self._local_decode.get(node.index)
+        while waiting and (waiting[0].kv_tokens <= node.kv_room_tokens or not node.running):
+            node.join_decode(waiting.popleft(), self.now)
+            self.in_decode += 1
 
     def _bind_decode(self, req: SimRequest, issue: Issue) -> None:
         target = choose_decode(req, self.nodes, self.models, self.ctx, self.now)

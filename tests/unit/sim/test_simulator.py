@@ -10,7 +10,7 @@ import pytest
 
 from agentpool.models import NodeModel, PrefillBatchItem, TtftSlo, Work
 from agentpool.sim.metrics import Metrics
-from agentpool.sim.node import NodeStatus, Role
+from agentpool.sim.node import NodeStatus, Role, SimRequest
 from agentpool.sim.presets import preset
 from agentpool.sim.replay import Phase, Replay, cycle
 from agentpool.sim.run import Scenario, load_conversations, run_system
@@ -163,3 +163,23 @@ def test_closed_loop_keeps_the_concurrency_and_open_loop_admits_at_most_max_agen
     sim.run(600.0)
     assert sum(replay.active.values()) <= 3
     assert replay.agents_started == 3 + replay.agents_finished
+
+
+def test_colocated_node_waits_for_kv_room_before_decoding() -> None:
+    small_kv = GLM.model_copy(update={"gpu_kv_tokens": 8000})  # room for one 5000+18-token request
+    metrics = Metrics(TtftSlo(2.0, 1e-4), 0.1, 0.0, 10_000.0)
+    sim = Simulator(
+        system("least-loaded"), small_kv, SimConfig(nodes=1, prefill_nodes=0, block_size=64), metrics
+    )
+    done: list[tuple[float, float, float]] = []
+    record = metrics.done
+    metrics.done = lambda req, nodes: (
+        done.append((req.first_token_at, req.decode_start, req.done_at)),
+        record(req, nodes),
+    )[1]  # type: ignore[method-assign]
+    replay = Replay(sim, {"w": cycle([one_request(5000, 18)])})
+    replay.closed_loop([Phase(0.0, {"w": 2})])
+    sim.run(5.0)
+    (f1, d1, e1), (f2, d2, _) = done[:2]
+    assert d1 == f1  # the first decodes as soon as its prefill ends
+    assert f2 < e1 and d2 == pytest.approx(e1)  # the second waits for the first to free its KV

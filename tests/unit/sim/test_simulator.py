@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from functools import cache
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 
 from agentpool.models import NodeModel, PrefillBatchItem, TtftSlo, Work
 from agentpool.sim.metrics import Metrics
-from agentpool.sim.node import NodeStatus, Role, SimRequest
+from agentpool.sim.node import NodeStatus, Role, SimNode, SimRequest
 from agentpool.sim.presets import preset
 from agentpool.sim.replay import Phase, Replay, cycle
 from agentpool.sim.run import Scenario, load_conversations, run_system
@@ -173,10 +174,12 @@ def test_colocated_node_waits_for_kv_room_before_decoding() -> None:
     )
     done: list[tuple[float, float, float]] = []
     record = metrics.done
-    metrics.done = lambda req, nodes: (
-        done.append((req.first_token_at, req.decode_start, req.done_at)),
-        record(req, nodes),
-    )[1]  # type: ignore[method-assign]
+
+    def spy(req: SimRequest, nodes: Sequence[SimNode]) -> None:
+        done.append((req.first_token_at, req.decode_start, req.done_at))
+        record(req, nodes)
+
+    metrics.done = spy  # type: ignore[method-assign]
     replay = Replay(sim, {"w": cycle([one_request(5000, 18)])})
     replay.closed_loop([Phase(0.0, {"w": 2})])
     sim.run(5.0)

@@ -4,6 +4,15 @@
   no switch while a node drains), on the window's slices of average work and decode occupancy, with
   each prefill node's ``t_bar`` and ``f_n`` remeasured from its iterations. The coefficients are the
   preset's (the online NNLS fit of the warmup is not simulated: the planner sees the true model).
+
+  What ``q̄`` counts (``SimConfig.occupancy``). Read literally ("requests in decode"), ``q̄`` makes
+  ``sum mu_D`` the *observed* decode throughput, which can never exceed the prefill capacity in a
+  closed loop: when prefill saturates, requests wait in prefill queues, decode occupancy falls, and
+  Eq. 5 still reports decode as the bottleneck, so the planner never adds prefill nodes (measured:
+  stuck at 1P8D with 12 s mean TTFT in the OSWorld period of the shifting run). The default counts
+  the requests in flight (routed, not finished): the decode demand if prefill kept up. With it the
+  planner converges to 4P5D on CC with 126 agents, as the paper reports; ``"decode"`` keeps the
+  literal reading.
 - ``dynamo``: Dynamo-like, driven by prefill queue depth and decode KV utilization: every interval,
   if the decode nodes' KV utilization is above ``kv_high`` move one prefill node to decode, else if
   the prefill queue per node is above ``queue_high`` move one decode node to prefill; one

@@ -54,10 +54,15 @@ class SimConfig:
     slo_tpot_s: float = 0.1
     host_evict_fraction: float = 0.25  # evict in batches: the order is recomputed per batch
     occupancy_sample_s: float = 5.0
+    # what the planner's q̄ counts: "decode" (requests decoding, the paper's wording) or "inflight"
+    # (requests routed and not finished: the decode demand if prefill kept up). See planners.py.
+    occupancy: str = "inflight"
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or not 0 <= self.prefill_nodes <= self.nodes:
             raise ValueError(f"need 1 <= nodes and 0 <= prefill_nodes <= nodes, got {self}")
+        if self.occupancy not in ("decode", "inflight"):
+            raise ValueError(f"occupancy must be 'decode' or 'inflight', got {self.occupancy!r}")
 
 
 @dataclass(slots=True)
@@ -353,7 +358,8 @@ class Simulator:
 
     # -- occupancy ----------------------------------------------------------------------------
     def _sample(self, now: float) -> None:
-        self.window.occupancy.append(OccupancySample(now, float(self.in_decode)))
+        q = len(self._issues) if self.cfg.occupancy == "inflight" else self.in_decode
+        self.window.occupancy.append(OccupancySample(now, float(q)))
         self.metrics.sample(now, self.nodes, self.queued)
 
     # -- phase switches -----------------------------------------------------------------------

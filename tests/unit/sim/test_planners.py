@@ -87,3 +87,28 @@ def test_window_planners_tolerate_an_empty_window(name: str) -> None:
     kind = system(name).planner
     tick(kind, sim)
     assert switching_to(sim) == {}
+
+
+def test_occupancy_counts_requests_in_flight_or_in_decode() -> None:
+    from agentpool.sim.replay import Phase, Replay, cycle
+    from agentpool.sim.run import bundled_trace_path
+    from agentpool.sim.trace import load_claude_code
+
+    convs = load_claude_code(bundled_trace_path(), limit=6)
+    samples = {}
+    for occupancy in ("inflight", "decode"):
+        metrics = Metrics(TtftSlo(2.0, 1e-4), 0.1, 0.0, 1e6)
+        sim = Simulator(
+            system("static-cache-aware"),
+            GLM,
+            SimConfig(nodes=2, prefill_nodes=1, occupancy=occupancy),
+            metrics,
+        )
+        Replay(sim, {"cc": cycle(convs)}, group=8).closed_loop([Phase(0.0, {"cc": 6})])
+        sim.run(600.0)
+        samples[occupancy] = [s.in_decode for s in sim.window.occupancy]
+    # in flight includes the requests queued or running in prefill: never fewer than in decode
+    assert all(a >= b for a, b in zip(samples["inflight"], samples["decode"], strict=True))
+    assert sum(samples["inflight"]) > sum(samples["decode"])
+    with pytest.raises(ValueError, match="occupancy"):
+        SimConfig(occupancy="queued")

@@ -25,8 +25,7 @@ from typing import Any
 import numpy as np
 
 from agentpool.models import TtftSlo
-from agentpool.sim.node import SimNode, SimRequest
-from agentpool.sim.routing import QueueSums
+from agentpool.sim.node import SimRequest
 from agentpool.sim.systems import SwitchMode
 
 _PCTS = (50, 90, 95, 99)
@@ -85,8 +84,7 @@ class Metrics:
     def first_token(self, req: SimRequest) -> None:
         self._ideal.update(req.blocks)
 
-    def done(self, req: SimRequest, nodes: Sequence[SimNode]) -> None:
-        del nodes
+    def done(self, req: SimRequest) -> None:
         self.completed_total += 1
         if not self.start <= req.done_at < self.end:
             return
@@ -108,9 +106,6 @@ class Metrics:
                 req.decode_node,
             )
         )
-
-    def sample(self, now: float, nodes: Sequence[SimNode], queued: Sequence[QueueSums]) -> None:
-        del now, nodes, queued
 
     def switch(
         self, node: str, decided_at: float, drained_at: float, done_at: float, mode: SwitchMode
@@ -199,7 +194,3 @@ class Metrics:
 
     def ttfts(self) -> list[float]:
         return [r[5] for r in self.rows]
-
-    def throughput_series(self, bucket_s: float = 60.0) -> list[tuple[float, float]]:
-        del bucket_s
-        return []

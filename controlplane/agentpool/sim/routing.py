@@ -103,7 +103,6 @@ def prefixes(
     req: SimRequest,
     nodes: Sequence[SimNode],
     cap_blocks: int,
-    block: int,
     branch: str | None,
     now: float,
 ) -> tuple[dict[int, tuple[int, int]], int]:

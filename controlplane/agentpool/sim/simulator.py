@@ -196,7 +196,7 @@ class Simulator:
         req, now, block = issue.req, self.now, self.cfg.block_size
         cap = max(0, (req.input_tokens - 1) // block)
         branch = req.branch if self.system.branch_ids else None
-        per_node, cluster = prefixes(self.directory, req, self.nodes, cap, block, branch, now)
+        per_node, cluster = prefixes(self.directory, req, self.nodes, cap, branch, now)
         ideal = self.metrics.ideal_prefix(req.blocks, cap)
         local = {
             self.nodes[i].name: CachedPrefix(gpu=g * block, total=t * block) for i, (g, t) in per_node.items()
@@ -351,7 +351,7 @@ class Simulator:
     def _complete(self, req: SimRequest, issue: Issue) -> None:
         del self._issues[req.rid]
         self.metrics.ideal_add(req.blocks, req.produced)
-        self.metrics.done(req, self.nodes)
+        self.metrics.done(req)
         if issue.last_of_branch and self.system.branch_ids:
             self.directory.end_branch(req.branch)
         issue.on_done(req, self.now)
@@ -360,7 +360,6 @@ class Simulator:
     def _sample(self, now: float) -> None:
         q = len(self._issues) if self.cfg.occupancy == "inflight" else self.in_decode
         self.window.occupancy.append(OccupancySample(now, float(q)))
-        self.metrics.sample(now, self.nodes, self.queued)
 
     # -- phase switches -----------------------------------------------------------------------
     def split(self) -> tuple[int, int, int]:

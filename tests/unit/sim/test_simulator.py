@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from functools import cache
 
 import numpy as np
@@ -11,7 +10,7 @@ import pytest
 
 from agentpool.models import NodeModel, PrefillBatchItem, TtftSlo, Work
 from agentpool.sim.metrics import Metrics
-from agentpool.sim.node import NodeStatus, Role, SimNode, SimRequest
+from agentpool.sim.node import NodeStatus, Role, SimRequest
 from agentpool.sim.presets import preset
 from agentpool.sim.replay import Phase, Replay, cycle
 from agentpool.sim.run import Scenario, load_conversations, run_system
@@ -175,9 +174,9 @@ def test_colocated_node_waits_for_kv_room_before_decoding() -> None:
     done: list[tuple[float, float, float]] = []
     record = metrics.done
 
-    def spy(req: SimRequest, nodes: Sequence[SimNode]) -> None:
+    def spy(req: SimRequest) -> None:
         done.append((req.first_token_at, req.decode_start, req.done_at))
-        record(req, nodes)
+        record(req)
 
     metrics.done = spy  # type: ignore[method-assign]
     replay = Replay(sim, {"w": cycle([one_request(5000, 18)])})

@@ -104,6 +104,10 @@ def run_system(
     )
     sim_cfg = sc.sim
     if cfg.planner is PlannerKind.NONE and sc.static_prefill_nodes is not None:
+        if not 0 <= sc.static_prefill_nodes <= sim_cfg.nodes:
+            raise ValueError(
+                f"static prefill nodes {sc.static_prefill_nodes} not within 0..{sim_cfg.nodes} nodes"
+            )
         sim_cfg = dataclasses.replace(sim_cfg, prefill_nodes=sc.static_prefill_nodes)
     sim = Simulator(cfg, p, sim_cfg, metrics)
     trace_block = 512 if sc.workload == "mooncake" else 64

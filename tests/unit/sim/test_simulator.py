@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from functools import cache
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -185,3 +187,27 @@ def test_colocated_node_waits_for_kv_room_before_decoding() -> None:
     (f1, d1, e1), (f2, d2, _) = done[:2]
     assert d1 == f1  # the first decodes as soon as its prefill ends
     assert f2 < e1 and d2 == pytest.approx(e1)  # the second waits for the first to free its KV
+
+
+def test_mooncake_requests_arrive_at_their_times_and_share_prefixes(tmp_path: Path) -> None:
+    lines = [
+        {"timestamp": 0, "input_length": 2048, "output_length": 5, "hash_ids": [1, 2, 3, 4]},
+        {"timestamp": 10_000, "input_length": 2600, "output_length": 5, "hash_ids": [1, 2, 3, 4, 5]},
+        {"timestamp": 20_000, "input_length": 1100, "output_length": 5, "hash_ids": [7, 8]},
+    ]
+    p = tmp_path / "m.jsonl"
+    p.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    sc = Scenario(
+        workload="mooncake",
+        trace=str(p),
+        warmup_s=0.0,
+        duration_s=60.0,
+        shared_prefix_tokens=0,
+        sim=SimConfig(nodes=2, prefill_nodes=1),
+        static_prefill_nodes=None,
+    )
+    r = run_system("static-cache-aware", sc)
+    s = r["summary"]
+    assert s["requests"] == 3
+    # the second request reuses the first's four 512-token blocks; the others reuse nothing
+    assert s["hit_rate"] == pytest.approx(4 * 512 / (2048 + 2600 + 1100))

@@ -25,7 +25,6 @@ from agentpool.router.policy.contract import (
     pick_min,
     require_candidates,
 )
-from agentpool.router.policy.knobs import parse_knobs
 
 NAME = "cache-aware"
 
@@ -44,10 +43,6 @@ class CacheAwareKnobs:
 class CacheAwarePolicy:
     def __init__(self, knobs: CacheAwareKnobs | None = None) -> None:
         self.knobs = knobs or CacheAwareKnobs()
-
-    @classmethod
-    def from_knobs(cls, knobs: Mapping[str, float] | None) -> CacheAwarePolicy:
-        return cls(parse_knobs(NAME, CacheAwareKnobs, knobs))
 
     @property
     def name(self) -> str:

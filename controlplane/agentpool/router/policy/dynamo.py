@@ -12,7 +12,7 @@ Knobs: ``overlap_weight`` (Dynamo's overlap_score_weight, default 1), ``host_cre
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agentpool.router.policy.contract import (
@@ -25,7 +25,6 @@ from agentpool.router.policy.contract import (
     pick_min,
     require_candidates,
 )
-from agentpool.router.policy.knobs import parse_knobs
 
 NAME = "dynamo"
 
@@ -43,10 +42,6 @@ class DynamoKnobs:
 class DynamoPolicy:
     def __init__(self, knobs: DynamoKnobs | None = None) -> None:
         self.knobs = knobs or DynamoKnobs()
-
-    @classmethod
-    def from_knobs(cls, knobs: Mapping[str, float] | None) -> DynamoPolicy:
-        return cls(parse_knobs(NAME, DynamoKnobs, knobs))
 
     @property
     def name(self) -> str:

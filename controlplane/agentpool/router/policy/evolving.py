@@ -16,7 +16,7 @@ applies to them unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agentpool.models import attention_pairs, copy_price
@@ -30,7 +30,6 @@ from agentpool.router.policy.contract import (
     pick_min,
     require_candidates,
 )
-from agentpool.router.policy.knobs import parse_knobs
 
 NAME = "evolving"
 
@@ -78,10 +77,6 @@ def predict(request: RequestView, node: NodeState, ctx: PolicyContext) -> Predic
 class EvolvingPolicy:
     def __init__(self, knobs: EvolvingKnobs | None = None) -> None:
         self.knobs = knobs or EvolvingKnobs()
-
-    @classmethod
-    def from_knobs(cls, knobs: Mapping[str, float] | None) -> EvolvingPolicy:
-        return cls(parse_knobs(NAME, EvolvingKnobs, knobs))
 
     @property
     def name(self) -> str:

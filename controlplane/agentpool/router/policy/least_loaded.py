@@ -8,7 +8,7 @@ KV cache entirely (the request's local prefix is reported in the decision, not u
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agentpool.router.policy.contract import (
@@ -21,7 +21,6 @@ from agentpool.router.policy.contract import (
     pick_min,
     require_candidates,
 )
-from agentpool.router.policy.knobs import parse_knobs
 
 NAME = "least-loaded"
 
@@ -34,10 +33,6 @@ class LeastLoadedKnobs:
 class LeastLoadedPolicy:
     def __init__(self, knobs: LeastLoadedKnobs | None = None) -> None:
         self.knobs = knobs or LeastLoadedKnobs()
-
-    @classmethod
-    def from_knobs(cls, knobs: Mapping[str, float] | None) -> LeastLoadedPolicy:
-        return cls(parse_knobs(NAME, LeastLoadedKnobs, knobs))
 
     @property
     def name(self) -> str:

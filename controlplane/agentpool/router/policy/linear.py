@@ -10,7 +10,7 @@ Knob ``lam`` (default 0.8: operators favour KV reuse for agents).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agentpool.router.policy.contract import (
@@ -22,7 +22,6 @@ from agentpool.router.policy.contract import (
     pick_min,
     require_candidates,
 )
-from agentpool.router.policy.knobs import parse_knobs
 
 NAME = "linear"
 
@@ -39,10 +38,6 @@ class LinearKnobs:
 class LinearPolicy:
     def __init__(self, knobs: LinearKnobs | None = None) -> None:
         self.knobs = knobs or LinearKnobs()
-
-    @classmethod
-    def from_knobs(cls, knobs: Mapping[str, float] | None) -> LinearPolicy:
-        return cls(parse_knobs(NAME, LinearKnobs, knobs))
 
     @property
     def name(self) -> str:

@@ -10,7 +10,7 @@ colocated nodes). Pick ``argmin f_n``; ties (e.g. every node idle, ``l_n = 0``) 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agentpool.router.policy.contract import (
@@ -23,7 +23,6 @@ from agentpool.router.policy.contract import (
     pick_min,
     require_candidates,
 )
-from agentpool.router.policy.knobs import parse_knobs
 
 NAME = "lmetric"
 
@@ -36,10 +35,6 @@ class LMetricKnobs:
 class LMetricPolicy:
     def __init__(self, knobs: LMetricKnobs | None = None) -> None:
         self.knobs = knobs or LMetricKnobs()
-
-    @classmethod
-    def from_knobs(cls, knobs: Mapping[str, float] | None) -> LMetricPolicy:
-        return cls(parse_knobs(NAME, LMetricKnobs, knobs))
 
     @property
     def name(self) -> str:

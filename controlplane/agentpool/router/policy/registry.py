@@ -1,4 +1,4 @@
-"""The explicit registry of routing policies: name -> factory taking the policy's knobs.
+"""The explicit registry of routing policies: name -> (policy class, its knobs dataclass).
 
 Adding a policy means adding one module and one line here; nothing registers itself on import.
 """
@@ -6,28 +6,38 @@ Adding a policy means adding one module and one line here; nothing registers its
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
-from agentpool.router.policy.cache_aware import CacheAwarePolicy
+from agentpool.router.policy.cache_aware import CacheAwareKnobs, CacheAwarePolicy
 from agentpool.router.policy.contract import Policy, PolicyError
-from agentpool.router.policy.dynamo import DynamoPolicy
-from agentpool.router.policy.evolving import EvolvingPolicy
-from agentpool.router.policy.least_loaded import LeastLoadedPolicy
-from agentpool.router.policy.linear import LinearPolicy
-from agentpool.router.policy.lmetric import LMetricPolicy
-from agentpool.router.policy.round_robin import RoundRobinPolicy
-from agentpool.router.policy.smetric import SMetricPolicy
+from agentpool.router.policy.dynamo import DynamoKnobs, DynamoPolicy
+from agentpool.router.policy.evolving import EvolvingKnobs, EvolvingPolicy
+from agentpool.router.policy.knobs import parse_knobs
+from agentpool.router.policy.least_loaded import LeastLoadedKnobs, LeastLoadedPolicy
+from agentpool.router.policy.linear import LinearKnobs, LinearPolicy
+from agentpool.router.policy.lmetric import LMetricKnobs, LMetricPolicy
+from agentpool.router.policy.round_robin import RoundRobinKnobs, RoundRobinPolicy
+from agentpool.router.policy.smetric import SMetricKnobs, SMetricPolicy
 
-PolicyFactory = Callable[[Mapping[str, float] | None], Policy]
 
-POLICIES: Mapping[str, PolicyFactory] = {
-    "cache-aware": CacheAwarePolicy.from_knobs,
-    "dynamo": DynamoPolicy.from_knobs,
-    "evolving": EvolvingPolicy.from_knobs,
-    "least-loaded": LeastLoadedPolicy.from_knobs,
-    "linear": LinearPolicy.from_knobs,
-    "lmetric": LMetricPolicy.from_knobs,
-    "round-robin": RoundRobinPolicy.from_knobs,
-    "smetric": SMetricPolicy.from_knobs,
+@dataclass(frozen=True, slots=True)
+class PolicyEntry:
+    """A registered policy: its class (constructed from its knobs) and its knobs dataclass."""
+
+    policy: Callable[[Any], Policy]
+    knobs: type[Any]
+
+
+POLICIES: Mapping[str, PolicyEntry] = {
+    "cache-aware": PolicyEntry(CacheAwarePolicy, CacheAwareKnobs),
+    "dynamo": PolicyEntry(DynamoPolicy, DynamoKnobs),
+    "evolving": PolicyEntry(EvolvingPolicy, EvolvingKnobs),
+    "least-loaded": PolicyEntry(LeastLoadedPolicy, LeastLoadedKnobs),
+    "linear": PolicyEntry(LinearPolicy, LinearKnobs),
+    "lmetric": PolicyEntry(LMetricPolicy, LMetricKnobs),
+    "round-robin": PolicyEntry(RoundRobinPolicy, RoundRobinKnobs),
+    "smetric": PolicyEntry(SMetricPolicy, SMetricKnobs),
 }
 
 
@@ -38,7 +48,7 @@ def policy_names() -> list[str]:
 def create_policy(name: str, knobs: Mapping[str, float] | None = None) -> Policy:
     """A new policy instance named ``name`` with ``knobs`` validated and bound."""
     try:
-        factory = POLICIES[name]
+        entry = POLICIES[name]
     except KeyError:
         raise PolicyError(f"unknown routing policy {name!r}; known: {policy_names()}") from None
-    return factory(knobs)
+    return entry.policy(parse_knobs(name, entry.knobs, knobs))

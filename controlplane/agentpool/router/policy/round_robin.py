@@ -6,7 +6,7 @@ policy picks the first id greater than the last one, wrapping around; it ignores
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agentpool.router.policy.contract import (
@@ -16,7 +16,6 @@ from agentpool.router.policy.contract import (
     RequestView,
     require_candidates,
 )
-from agentpool.router.policy.knobs import parse_knobs
 
 NAME = "round-robin"
 
@@ -30,10 +29,6 @@ class RoundRobinPolicy:
     def __init__(self, knobs: RoundRobinKnobs | None = None) -> None:
         self.knobs = knobs or RoundRobinKnobs()
         self._last: str | None = None
-
-    @classmethod
-    def from_knobs(cls, knobs: Mapping[str, float] | None) -> RoundRobinPolicy:
-        return cls(parse_knobs(NAME, RoundRobinKnobs, knobs))
 
     @property
     def name(self) -> str:

@@ -38,7 +38,6 @@ from agentpool.router.policy.contract import (
     pick_min,
     require_candidates,
 )
-from agentpool.router.policy.knobs import parse_knobs
 
 NAME = "smetric"
 
@@ -76,10 +75,6 @@ def estimate(request: RequestView, node: NodeState, ctx: PolicyContext) -> NodeE
 class SMetricPolicy:
     def __init__(self, knobs: SMetricKnobs | None = None) -> None:
         self.knobs = knobs or SMetricKnobs()
-
-    @classmethod
-    def from_knobs(cls, knobs: Mapping[str, float] | None) -> SMetricPolicy:
-        return cls(parse_knobs(NAME, SMetricKnobs, knobs))
 
     @property
     def name(self) -> str:

@@ -43,6 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="glm52-4xgb300", help="node calibration preset")
     parser.add_argument("--block-tokens", type=int, default=512, help="KV block size of the simulation")
     parser.add_argument("--max-pause", type=float, default=None, help="cap recorded pauses (seconds)")
+    parser.add_argument("--ramp", type=float, default=0.0, help="start closed-loop agents over N seconds")
     parser.add_argument("--shared-prefix", type=int, default=15000, help="shared system+tools prefix tokens")
     parser.add_argument("--out", default="sim-results", help="output directory")
     parser.add_argument("--no-plots", action="store_true")
@@ -69,6 +70,7 @@ def scenario_from(args: argparse.Namespace) -> Scenario:
         max_agents=args.max_agents,
         shared_prefix_tokens=args.shared_prefix,
         max_pause_s=args.max_pause,
+        ramp_s=args.ramp,
         preset=args.preset,
         sim=SimConfig(nodes=args.nodes, prefill_nodes=args.prefill_nodes, block_size=args.block_tokens),
         static_prefill_nodes=args.static_prefill_nodes,

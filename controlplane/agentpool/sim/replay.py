@@ -85,7 +85,10 @@ class Replay:
         self.agents_finished = 0
 
     # -- closed loop --------------------------------------------------------------------------
-    def closed_loop(self, phases: Sequence[Phase]) -> None:
+    def closed_loop(self, phases: Sequence[Phase], ramp_s: float = 0.0) -> None:
+        """Run ``phases``; with ``ramp_s`` > 0 the first phase's agents start evenly over ``ramp_s``."""
+        if ramp_s < 0:
+            raise ValueError(f"ramp must be >= 0 s, got {ramp_s}")
         if not phases or phases[0].start_s != 0.0:
             raise ValueError("a closed-loop schedule starts with a phase at 0 s")
         for ph in phases:
@@ -93,8 +96,19 @@ class Replay:
             if unknown:
                 raise ValueError(f"phase at {ph.start_s} s names unknown workloads {sorted(unknown)}")
         self.closed = True
-        for ph in phases:
+        first, *rest = phases
+        if ramp_s > 0:
+            for w, count in first.concurrency.items():
+                for k in range(1, count + 1):
+                    self.sim.call_at((k - 1) * ramp_s / count, functools.partial(self._raise_target, w, k))
+        else:
+            self.sim.call_at(0.0, functools.partial(self._enter_phase, first))
+        for ph in rest:
             self.sim.call_at(ph.start_s, functools.partial(self._enter_phase, ph))
+
+    def _raise_target(self, workload: str, target: int, now: float) -> None:
+        self.target[workload] = max(self.target[workload], target)
+        self._fill(now)
 
     def _enter_phase(self, ph: Phase, now: float) -> None:
         self.target = {w: ph.concurrency.get(w, 0) for w in self.sources}

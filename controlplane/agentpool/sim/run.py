@@ -40,6 +40,7 @@ class Scenario:
     max_agents: int = 258
     shared_prefix_tokens: int = 15000
     max_pause_s: float | None = None  # cap recorded pauses (None: as recorded)
+    ramp_s: float = 0.0  # closed loop: start the agents evenly over this time instead of all at 0
     preset: str = "glm52-4xgb300"
     static_prefill_nodes: int | None = 4  # split of systems without a planner (None: sim.prefill_nodes)
     sim: SimConfig = field(default_factory=SimConfig)
@@ -128,7 +129,7 @@ def run_system(
     elif sc.arrival_per_min is not None:
         replay.open_loop(sc.workload, sc.arrival_per_min, sc.max_agents, end, sc.seed)
     else:
-        replay.closed_loop(_phases(sc))
+        replay.closed_loop(_phases(sc), ramp_s=sc.ramp_s)
     attach(cfg.planner, sim, sc.planner)
     if progress is not None:
         sim.every(60.0, 60.0, lambda now: progress(now / end))

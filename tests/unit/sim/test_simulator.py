@@ -211,3 +211,14 @@ def test_mooncake_requests_arrive_at_their_times_and_share_prefixes(tmp_path: Pa
     assert s["requests"] == 3
     # the second request reuses the first's four 512-token blocks; the others reuse nothing
     assert s["hit_rate"] == pytest.approx(4 * 512 / (2048 + 2600 + 1100))
+
+
+def test_closed_loop_ramp_starts_agents_evenly() -> None:
+    metrics = Metrics(TtftSlo(2.0, 1e-4), 0.1, 0.0, 10_000.0)
+    sim = Simulator(system("static-cache-aware"), GLM, SimConfig(nodes=3, prefill_nodes=1), metrics)
+    replay = Replay(sim, {"cc": cycle(list(_conversations()))}, group=8)
+    replay.closed_loop([Phase(0.0, {"cc": 4})], ramp_s=100.0)
+    sim.run(50.0)  # agents start at 0, 25, 50, 75 s
+    assert replay.agents_started == 2
+    sim.run(80.0)
+    assert replay.agents_started == 4

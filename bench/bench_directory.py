@@ -4,9 +4,11 @@
 
 Starts ``python -m agentpool.directory`` as a separate process and measures from this one: engine
 event ingest (blocks/s over one pipelined stream), Resolve p50/p99 for a 2,000-block prompt over 64
-nodes, a routed request (Resolve with a branch + Place) and its Redis round trips (the server's
-``agentpool_directory_store_writes_total``; each store write is one pipelined MULTI/EXEC). The in-process
-core doing the same work is the baseline. Target: <= 2 Redis round trips per routed request.
+nodes, and a routed disaggregated request as the router sends it (Resolve with a branch, Place on the
+chosen prefill node, Place on a decode node when the prefill starts) with its Redis round trips (the
+server's ``agentpool_directory_store_writes_total``; each store write is one pipelined MULTI/EXEC, and
+the count includes every write the server made meanwhile, sweeper included). The in-process core doing
+the same work is the baseline. Target: <= 2 Redis round trips per routed request.
 """
 
 from __future__ import annotations
@@ -131,18 +133,21 @@ async def run(a: argparse.Namespace) -> None:
 
             writes0 = await store_writes(http, metrics_url)
             routed = []
+            prefill = [f"node-{i}" for i in range(0, a.nodes, 2)]
+            decode = [f"node-{i}" for i in range(1, a.nodes, 2)]
             for i in range(a.routed):
                 branch = f"agent-{i % 16}"
                 t0 = time.perf_counter()
                 r = await client.resolve(prompt[: a.prompt // 2 + i], branch)
-                best = max(r.nodes.values(), key=lambda n: n.local_blocks)
-                await client.place(branch, best.node)
+                best = max(prefill, key=lambda n: r.nodes[n].local_blocks if n in r.nodes else -1)
+                await client.place(branch, best)  # prefill routing
+                await client.place(branch, decode[i % len(decode)])  # decode binding at prefill start
                 routed.append((time.perf_counter() - t0) * 1e3)
             writes = await store_writes(http, metrics_url) - writes0
             print(
-                f"routed request (Resolve with branch + Place): p50 {pct(routed, 50):.2f} ms, "
-                f"p99 {pct(routed, 99):.2f} ms; Redis round trips per routed request "
-                f"{writes / a.routed:.2f} (target <= 2)"
+                f"routed disaggregated request (Resolve with branch + Place prefill + Place decode): "
+                f"p50 {pct(routed, 50):.2f} ms, p99 {pct(routed, 99):.2f} ms; "
+                f"Redis round trips per routed request {writes / a.routed:.2f} (target <= 2)"
             )
             await stream.close()
     finally:

@@ -2,8 +2,12 @@
 
 Every mutation runs on the core synchronously, is encoded at once (:func:`~.store.snapshot`) and written
 to the store in order (one write lock, FIFO) before the RPC answers; count changes then go to the
-engines' count streams. While the store is down, mutating RPCs answer UNAVAILABLE; when it is back the
-agent state is reloaded from it (what it persisted wins over what the failed writes left in memory).
+engines' count streams. One exception: the E.1 update of a Resolve with a branch is applied in memory
+and deferred, then written in the same ``MULTI`` as the next store write (normally the Place of that
+request), so a routed request costs one Redis round trip per Place and none for its Resolve; deferred
+rows older than ``sweep_interval_s`` are flushed by the sweeper. While the store is down, mutating RPCs
+answer UNAVAILABLE; when it is back the agent state is reloaded from it (what it persisted wins over
+what the failed writes, or deferred Resolves, left in memory).
 """
 
 from __future__ import annotations
@@ -86,6 +90,8 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         self.store_ok = False
         self._reload_needed = False
         self._write_lock = asyncio.Lock()
+        self._deferred = Changes()  # Resolve E.1 updates not written yet: they go with the next write
+        self._deferred_since: float | None = None
         self.ingest = EventIngest(directory, self.limits, self.metrics, wall_clock, monotonic)
         self._watchers: dict[str, set[_Watcher]] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -128,6 +134,7 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         async with self._write_lock:
             phases, branches = await self.store.load()
             self.dir.load_agent_state(phases, branches)
+            self._deferred, self._deferred_since = Changes(), None
             self.ingest.keep_only(phases)
             self._reload_needed = False
         log.info("directory agent state reloaded from the store: %d branches", len(self.dir.branches))
@@ -154,12 +161,25 @@ class DirectoryService(pb_grpc.DirectoryServicer):
                 changes.merge(self.dir.drop_node(node))
             self.ingest.forget(node)
             self.metrics.dropped_nodes.labels("timeout").inc()
-        if changes:
+        since = self._deferred_since
+        stale = since is not None and self.mono() - since >= self.timers.sweep_interval_s
+        if changes or stale:
             await self._commit(changes, strict=False)
 
     # -- persistence and publication ---------------------------------------------------------
+    def _defer(self, changes: Changes) -> None:
+        """Keep ``changes`` (a Resolve's E.1 update) in memory; the next :meth:`_commit` writes them."""
+        if self._deferred_since is None:
+            self._deferred_since = self.mono()
+        self._deferred.merge(changes)
+
     async def _commit(self, changes: Changes, strict: bool = True) -> None:
-        """Persist ``changes`` in call order, then publish count changes. ``strict``: raise UNAVAILABLE."""
+        """Persist ``changes`` (plus any deferred Resolve updates, in the same write) in call order, then
+        publish count changes. ``strict``: raise UNAVAILABLE."""
+        if self._deferred_since is not None:
+            deferred, self._deferred, self._deferred_since = self._deferred, Changes(), None
+            deferred.merge(changes)
+            changes = deferred
         snap = snapshot(self.dir, changes)
         async with self._write_lock:
             try:
@@ -182,12 +202,16 @@ class DirectoryService(pb_grpc.DirectoryServicer):
             raise _Abort(grpc.StatusCode.UNAVAILABLE, "store (Redis) unavailable; retry later")
 
     def _publish(self, counts: CountChanges) -> None:
+        """Send the changed blocks' counts as the core holds them now (a deferred Resolve's change may
+        be published after later changes to the same block: the current value is never stale)."""
         for node, blocks in counts.items():
-            if not blocks:
+            watchers = self._watchers.get(node)
+            if not blocks or not watchers or not self.dir.has_node(node):
                 continue
-            for w in self._watchers.get(node, ()):
+            current = {b: self.dir.counts.count(node, b) for b in blocks}
+            for w in watchers:
                 try:
-                    w.queue.put_nowait(dict(blocks))
+                    w.queue.put_nowait(current)
                 except asyncio.QueueFull:
                     w.overflow = True
                 w.wake.set()
@@ -239,7 +263,8 @@ class DirectoryService(pb_grpc.DirectoryServicer):
             self._require_store()
         res = self.dir.resolve(hashes, branch, self.wall())
         if branch is not None:
-            await self._commit(res.changes)
+            self._defer(res.changes)  # written with the next Place (or any write): no round trip here
+            self._update_gauges()
         phases = self.dir.phases()
         page = self.dir.page_size
         out = pb.ResolveResponse(

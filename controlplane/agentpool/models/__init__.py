@@ -22,6 +22,8 @@ from agentpool.models.records import (
 )
 from agentpool.models.slo import LinearAttentionCost, TtftSlo
 from agentpool.models.windows import (
+    DEFAULT_OCCUPANCY,
+    OccupancyCount,
     OccupancySample,
     PrefillWindowStats,
     RequestWorkRecord,
@@ -37,6 +39,7 @@ from agentpool.models.work import Work, attention_pairs
 __all__ = [
     "DEFAULT_COPY_PRICE_S_PER_TOKEN",
     "DEFAULT_FETCH_MODEL",
+    "DEFAULT_OCCUPANCY",
     "PAPER_LITERAL_FETCH_MODEL",
     "DecodeIterationRecord",
     "DecodeModel",
@@ -45,6 +48,7 @@ __all__ = [
     "LinearAttentionCost",
     "MoeShape",
     "NodeModel",
+    "OccupancyCount",
     "OccupancySample",
     "PrefillBatchItem",
     "PrefillIterationRecord",

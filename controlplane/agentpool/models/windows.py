@@ -1,10 +1,11 @@
 """Planning-window measurements (evolving-infra §5.1 "remeasure", §5.2, Algorithm E.3 line 15).
 
 A window of ``T_win`` seconds is divided into ``m`` slices. On each slice the planner needs the
-average work ``w̄_i`` of the requests that arrived and the average number ``q̄_i`` of requests in
-decode across the cluster. Each prefill node's ``t_bar`` (new tokens per prefill iteration) and
-``f_n`` (fraction of cached tokens restored from host memory) are remeasured every window from
-its iteration records. Everything here is pure: records in, values out.
+average work ``w̄_i`` of the requests and the average occupancy ``q̄_i`` across the cluster (what
+``q̄`` counts: :class:`OccupancyCount`; the default is requests in flight). Each prefill node's
+``t_bar`` (new tokens per prefill iteration) and ``f_n`` (fraction of cached tokens restored from
+host memory) are remeasured every window from its iteration records. Everything here is pure:
+records in, values out.
 """
 
 from __future__ import annotations
@@ -12,17 +13,43 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from enum import StrEnum
 
 from agentpool.models.iteration import NodeModel, PrefillBatchItem
 from agentpool.models.work import Work
 
 
+class OccupancyCount(StrEnum):
+    """What the planner's ``q̄`` counts; Eq. 5 divides it over the decode nodes (``B = q̄/|D|``).
+
+    - ``IN_FLIGHT`` (the default, :data:`DEFAULT_OCCUPANCY`): requests routed and not finished,
+      whatever phase they are in (queued for prefill, prefilling, handing over KV, decoding). It
+      is the decode demand if prefill kept up.
+    - ``IN_DECODE``: requests running in decode: the paper's literal wording.
+
+    Why in flight: read literally, ``q̄`` makes ``Σ μ_D`` the *observed* decode throughput, which
+    in a closed loop can never exceed what prefill delivers. When prefill saturates, requests wait
+    in prefill queues, decode occupancy falls, Eq. 5 still names decode the bottleneck, and the
+    planner never adds prefill nodes (the simulator measured it stuck at 1P8D with 12 s mean TTFT
+    in the OSWorld period of its shifting run; with in-flight counts it converges to 4P5D on CC
+    with 126 agents, as the paper reports; see ``agentpool.sim.planners``). In flight is also what
+    a router observes by itself: it routed the request and has not seen it finish.
+    """
+
+    IN_FLIGHT = "in_flight"
+    IN_DECODE = "in_decode"
+
+
+DEFAULT_OCCUPANCY = OccupancyCount.IN_FLIGHT
+
+
 @dataclass(frozen=True, slots=True)
 class WorkSlice:
-    """One slice of a planning window: average request work ``w̄_i`` and decode occupancy ``q̄_i``.
+    """One slice of a planning window: average request work ``w̄_i`` and occupancy ``q̄_i``.
 
-    ``decode_occupancy`` is the average number of requests running in decode over the whole
-    cluster; the planner divides it by the number of decode nodes of a split (``B = q̄/|D|``).
+    ``decode_occupancy`` is ``q̄_i``: the average number of requests over the whole cluster that
+    the planner counts as decode demand (requests in flight by default, :class:`OccupancyCount`);
+    the planner divides it by the number of decode nodes of a split (``B = q̄/|D|``).
     """
 
     work: Work
@@ -30,14 +57,18 @@ class WorkSlice:
 
     def __post_init__(self) -> None:
         if self.work.t_uc <= 0 or self.work.t_out <= 0:
-            raise ValueError(f"a slice needs positive average t_uc and t_out (no requests?): {self.work}")
+            raise ValueError(f"a slice needs positive average t_uc and t_out (no requests?): {self}")
         if not math.isfinite(self.decode_occupancy) or self.decode_occupancy < 0:
             raise ValueError(f"decode occupancy must be finite and >= 0, got {self.decode_occupancy}")
 
 
 @dataclass(frozen=True, slots=True)
 class RequestWorkRecord:
-    """The router's record of one request's work after KV reuse, stamped with its arrival time (s)."""
+    """One request's work after KV reuse, stamped with a wall-clock time ``at`` (s).
+
+    The simulator stamps the arrival; the live router (``agentpool.router.work_log``) stamps the
+    finish, when the output length is known (``t_out`` is then measured, not ``max_tokens``).
+    """
 
     at: float
     work: Work
@@ -45,10 +76,29 @@ class RequestWorkRecord:
 
 @dataclass(frozen=True, slots=True)
 class OccupancySample:
-    """Requests running in decode over the whole cluster at time ``at`` (s)."""
+    """``requests`` counted at time ``at`` (s) by one ``source``, as ``counts`` says.
+
+    ``source`` tells apart the routers that each see part of the cluster: :func:`slice_window`
+    averages each source's samples on a slice and sums the sources, so two routers with 50
+    requests in flight each make ``q̄ = 100``. One source (the simulator, one router) is ``""``.
+
+    ``in_decode`` is the field's old name, kept as a read-only alias of ``requests`` for callers
+    written before ``counts`` existed; it returns ``requests`` whatever ``counts`` says.
+    """
 
     at: float
-    in_decode: float
+    requests: float
+    counts: OccupancyCount = DEFAULT_OCCUPANCY
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.requests) or self.requests < 0:
+            raise ValueError(f"an occupancy sample counts >= 0 requests, got {self.requests}")
+
+    @property
+    def in_decode(self) -> float:
+        """Deprecated alias of ``requests`` (whatever ``counts`` says)."""
+        return self.requests
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,11 +128,14 @@ def slice_window(
     start: float,
     end: float,
     m: int,
+    counts: OccupancyCount | None = None,
 ) -> SlicedWindow:
     """Cut ``[start, end)`` into ``m`` equal slices and average work and occupancy on each.
 
     A slice without any request or without any occupancy sample carries no evidence and is left
-    out (counted in ``empty_slices``), never filled in.
+    out (counted in ``empty_slices``), never filled in. Occupancy on a slice is the sum over
+    sources of each source's mean sample. With ``counts`` given, only samples that count that are
+    used; without it, all samples must count the same thing (ValueError otherwise).
     """
     if m < 1:
         raise ValueError(f"need at least one slice, got {m}")
@@ -90,19 +143,26 @@ def slice_window(
         raise ValueError(f"window end {end} must be after start {start}")
     width = (end - start) / m
     works: list[list[Work]] = [[] for _ in range(m)]
-    samples: list[list[float]] = [[] for _ in range(m)]
+    samples: list[dict[str, list[float]]] = [{} for _ in range(m)]
+    kinds: set[OccupancyCount] = set()
     for r in requests:
         i = _slice_index(r.at, start, end, width, m)
         if i is not None:
             works[i].append(r.work)
     for s in occupancy:
+        if counts is not None and s.counts is not counts:
+            continue
         i = _slice_index(s.at, start, end, width, m)
         if i is not None:
-            samples[i].append(s.in_decode)
+            kinds.add(s.counts)
+            samples[i].setdefault(s.source, []).append(s.requests)
+    if len(kinds) > 1:
+        raise ValueError(f"occupancy samples count different things in one window: {sorted(kinds)}")
     slices: list[WorkSlice] = []
-    for ws, qs in zip(works, samples, strict=True):
-        if ws and qs:
-            slices.append(WorkSlice(work=mean_work(ws), decode_occupancy=sum(qs) / len(qs)))
+    for ws, by_source in zip(works, samples, strict=True):
+        if ws and by_source:
+            q = sum(sum(qs) / len(qs) for qs in by_source.values())
+            slices.append(WorkSlice(work=mean_work(ws), decode_occupancy=q))
     return SlicedWindow(slices=tuple(slices), empty_slices=m - len(slices))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from agentpool.models import DEFAULT_OCCUPANCY, OccupancyCount
 from agentpool.planner.core import PlannerPolicy
 
 
@@ -13,6 +14,8 @@ class PlannerConfig:
 
     Defaults are the paper's runs: 600 s windows of ten 60 s slices, 1800 s warmup, 120 s cooldown.
     ``initial_prefill`` is the prefill count of the split that disaggregation starts from.
+    ``occupancy`` is what ``q̄`` counts: requests in flight by default (why:
+    :class:`agentpool.models.OccupancyCount`); samples that count something else are ignored.
     """
 
     window_s: float = 600.0
@@ -23,6 +26,7 @@ class PlannerConfig:
     min_decode: int = 1
     initial_prefill: int = 1
     enabled: bool = True
+    occupancy: OccupancyCount = DEFAULT_OCCUPANCY
 
     def __post_init__(self) -> None:
         if self.window_s <= 0 or self.warmup_s < 0:

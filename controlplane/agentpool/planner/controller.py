@@ -175,7 +175,12 @@ class PlannerController:
         pods = await self._pods.pods()
         nodes, excluded = self._planner_nodes(pods, start, end)
         sliced = slice_window(
-            self._inbox.requests(start, end), self._inbox.occupancy(start, end), start, end, cfg.slices
+            self._inbox.requests(start, end),
+            self._inbox.occupancy(start, end),
+            start,
+            end,
+            cfg.slices,
+            cfg.occupancy,
         )
         since = None if self._last_switch_at is None else max(0.0, end - self._last_switch_at)
         decision = plan(

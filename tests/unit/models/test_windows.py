@@ -70,3 +70,33 @@ def test_prefill_window_remeasures_t_bar_and_restore_fraction() -> None:
     assert updated.prefill == model.prefill
     assert measure_prefill_window([]) is None
     assert with_window_stats(model, None) is model
+
+
+def test_occupancy_of_several_routers_is_summed_per_slice_and_averaged_per_router() -> None:
+    from agentpool.models import OccupancyCount
+
+    reqs = [RequestWorkRecord(1, Work(t_uc=10, t_out=5))]
+    samples = [
+        OccupancySample(1, 40, source="router-a"),
+        OccupancySample(3, 60, source="router-a"),  # router-a: 50 on average
+        OccupancySample(2, 30, source="router-b"),
+        OccupancySample(4, 30, OccupancyCount.IN_DECODE, source="router-b"),  # another count
+    ]
+    w = slice_window(reqs, samples, 0, 10, 1, counts=OccupancyCount.IN_FLIGHT)
+    assert w.slices[0].decode_occupancy == 80.0
+    w = slice_window(reqs, samples, 0, 10, 1, counts=OccupancyCount.IN_DECODE)
+    assert w.slices[0].decode_occupancy == 30.0
+    with pytest.raises(ValueError, match="count different things"):
+        slice_window(reqs, samples, 0, 10, 1)
+
+
+def test_occupancy_sample_names_what_it_counts_and_keeps_the_old_name() -> None:
+    from agentpool.models import DEFAULT_OCCUPANCY, OccupancyCount
+
+    s = OccupancySample(2.0, 7.0)  # the simulator's positional call
+    assert s.counts is DEFAULT_OCCUPANCY is OccupancyCount.IN_FLIGHT
+    assert s.requests == s.in_decode == 7.0 and s.source == ""
+    with pytest.raises(ValueError):
+        OccupancySample(0.0, -1.0)
+    with pytest.raises(ValueError):
+        OccupancySample(0.0, float("nan"))

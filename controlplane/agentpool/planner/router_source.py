@@ -1,0 +1,114 @@
+"""Polls the routers' work logs (``GET /agentpool/v1/work``) and feeds the planner's inbox.
+
+Each router is polled with the cursor its last batch returned; a batch that says ``more`` is
+followed at once (up to ``max_pages`` per poll). A router that fails (connection, timeout, status,
+malformed body) is logged and polled again at the next interval with the same cursor, so nothing
+is lost unless its ring buffer overwrote it meanwhile (``dropped``: logged). Occupancy samples
+keep the router's URL as their ``source``: the planner sums the routers' occupancy per slice.
+
+Poll each router replica directly (one URL per pod), not a Service that load-balances several:
+cursors belong to one router process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import aiohttp
+from pydantic import ValidationError
+
+from agentpool.planner.inbox import PlannerInbox
+from agentpool.planner.wire import MAX_BATCH, WORK_PATH, WorkBatch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class RouterCursor:
+    url: str
+    cursor: str | None = None
+    failures: int = 0
+    dropped: int = 0
+    records: int = 0
+
+
+class RouterWorkSource:
+    def __init__(
+        self,
+        urls: Sequence[str],
+        inbox: PlannerInbox,
+        session: aiohttp.ClientSession,
+        interval_s: float = 5.0,
+        timeout_s: float = 5.0,
+        limit: int = MAX_BATCH,
+        max_pages: int = 20,
+    ) -> None:
+        if not urls:
+            raise ValueError("no router to poll")
+        if interval_s <= 0 or timeout_s <= 0 or max_pages < 1:
+            raise ValueError("interval, timeout and max pages must be positive")
+        self.routers = [RouterCursor(u.rstrip("/")) for u in urls]
+        self._inbox = inbox
+        self._session = session
+        self._interval_s = interval_s
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._limit = limit
+        self._max_pages = max_pages
+
+    async def poll_once(self) -> int:
+        """Poll every router once (concurrently); returns how many entries reached the inbox."""
+        counts = await asyncio.gather(*(self._poll(r) for r in self.routers))
+        return sum(counts)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Poll every ``interval_s`` until ``stop``."""
+        while not stop.is_set():
+            await self.poll_once()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self._interval_s)
+
+    async def _poll(self, router: RouterCursor) -> int:
+        added = 0
+        for _ in range(self._max_pages):
+            try:
+                batch = await self._fetch(router)
+            except (aiohttp.ClientError, TimeoutError, ValidationError) as e:
+                router.failures += 1
+                log.warning("work log of %s not read: %s", router.url, e)
+                return added
+            added += self._take(router, batch)
+            if not batch.more:
+                break
+        return added
+
+    async def _fetch(self, router: RouterCursor) -> WorkBatch:
+        params = {"limit": str(self._limit)}
+        if router.cursor is not None:
+            params["since"] = router.cursor
+        async with self._session.get(router.url + WORK_PATH, params=params, timeout=self._timeout) as resp:
+            resp.raise_for_status()
+            body = await resp.read()
+        return WorkBatch.model_validate_json(body)
+
+    def _take(self, router: RouterCursor, batch: WorkBatch) -> int:
+        if batch.reset and router.cursor is not None:
+            log.warning(
+                "router %s (%s) restarted or forgot the cursor: reading from its oldest entry",
+                router.url,
+                batch.router,
+            )
+        if batch.dropped:
+            router.dropped += batch.dropped
+            log.warning(
+                "router %s overwrote %d work-log entries before they were read", router.url, batch.dropped
+            )
+        router.cursor = batch.next
+        self._inbox.add_requests(r.record() for r in batch.requests)
+        self._inbox.add_occupancy(s.sample(router.url) for s in batch.occupancy)
+        n = len(batch.requests) + len(batch.occupancy)
+        router.records += n
+        return n

@@ -1,0 +1,208 @@
+"""The router's log of per-request work and occupancy, served to the planner.
+
+The planner (evolving-infra §5.2, Algorithm E.3 line 15) needs, per slice of a window, the average
+work ``w̄ = (t_uc, t_c, t_out, t_acc)`` of the requests and the occupancy ``q̄``. The router knows
+both: the work after KV reuse when it routes a request (``t_uc``, ``t_c`` from the policy's
+decision), the output length when the request finishes, and which requests it routed and has not
+seen finish. This module keeps them and answers ``GET /agentpool/v1/work?since=<cursor>`` with a
+:class:`agentpool.planner.wire.WorkBatch` (the format and cursor rules are documented there).
+
+- :meth:`WorkLog.routed` at every dispatch of a request (a retry replaces the work, keeps the
+  arrival); :meth:`WorkLog.finished` when its answer ends, with the output tokens. A request
+  that produced at least one token becomes one work record, stamped when it finished, with
+  ``t_out`` the decode tokens (output tokens minus the one prefill produces, at least 1, as the
+  simulator counts them) instead of the ``max_tokens`` estimate the router routes with. A request
+  that failed before its first token leaves no record (it did no decode work).
+- Occupancy: every ``sample_interval_s`` the number of requests in flight (routed, not finished),
+  which is what the planner's ``q̄`` counts by default
+  (:class:`agentpool.models.OccupancyCount`).
+
+Memory is bounded: the entries are a ring buffer of ``capacity`` (the oldest are overwritten and
+a poller that fell behind is told how many it missed), and at most ``max_in_flight`` requests are
+tracked, each for at most ``max_request_s`` (a request whose end was never reported is dropped
+then, and counted in ``abandoned``). One asyncio loop owns a log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import secrets
+import time
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from agentpool.models import OccupancyCount, Work
+from agentpool.planner.wire import (
+    MAX_BATCH,
+    WORK_PATH,
+    WireOccupancy,
+    WireRequestWork,
+    WorkBatch,
+    format_cursor,
+    parse_cursor,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Finished:
+    seq: int
+    at: float
+    work: Work
+
+
+@dataclass(frozen=True, slots=True)
+class _Sample:
+    seq: int
+    at: float
+    requests: int
+
+
+@dataclass(slots=True)
+class _Pending:
+    routed_at: float
+    work: Work
+
+
+class WorkLog:
+    def __init__(
+        self,
+        router_id: str = "router",
+        capacity: int = 65_536,
+        max_in_flight: int = 100_000,
+        max_request_s: float = 3600.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if capacity < 1 or max_in_flight < 1 or max_request_s <= 0:
+            raise ValueError("capacity, max_in_flight and max_request_s must be positive")
+        self.router_id = router_id
+        self.epoch = secrets.token_hex(8)
+        self.max_in_flight = max_in_flight
+        self.max_request_s = max_request_s
+        self.abandoned = 0
+        self._clock = clock
+        self._seq = 0
+        self._entries: deque[_Finished | _Sample] = deque(maxlen=capacity)
+        self._pending: OrderedDict[str, _Pending] = OrderedDict()
+
+    # -- recording ---------------------------------------------------------------------------
+    def routed(self, request_id: str, work: Work) -> None:
+        """A dispatch of ``request_id`` with ``work``; a re-dispatch replaces the work."""
+        entry = self._pending.get(request_id)
+        if entry is not None:
+            entry.work = work
+            return
+        if len(self._pending) >= self.max_in_flight:
+            self._pending.popitem(last=False)
+            self.abandoned += 1
+        self._pending[request_id] = _Pending(self._clock(), work)
+
+    def finished(self, request_id: str, output_tokens: int) -> None:
+        """``request_id``'s answer ended after ``output_tokens`` tokens (0: it failed before any)."""
+        entry = self._pending.pop(request_id, None)
+        if entry is None or output_tokens < 1:
+            return
+        w = entry.work
+        work = Work(t_uc=w.t_uc, t_c=w.t_c, t_out=float(max(1, output_tokens - 1)), t_acc=w.t_acc)
+        self._seq += 1
+        self._entries.append(_Finished(self._seq, self._clock(), work))
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    def sample(self) -> None:
+        """Record the requests in flight now (after dropping those older than ``max_request_s``)."""
+        now = self._clock()
+        while self._pending:
+            rid, oldest = next(iter(self._pending.items()))
+            if now - oldest.routed_at <= self.max_request_s:
+                break
+            del self._pending[rid]
+            self.abandoned += 1
+        self._seq += 1
+        self._entries.append(_Sample(self._seq, now, len(self._pending)))
+
+    # -- serving -----------------------------------------------------------------------------
+    def batch(self, since: str | None, limit: int = MAX_BATCH) -> WorkBatch:
+        """The entries after ``since`` (at most ``limit``); ValueError for a malformed cursor."""
+        if not 1 <= limit <= MAX_BATCH:
+            raise ValueError(f"limit must be in 1..{MAX_BATCH}, got {limit}")
+        after, reset = 0, True
+        if since is not None:
+            epoch, seq = parse_cursor(since)
+            if epoch == self.epoch and seq <= self._seq:
+                after, reset = seq, False
+        oldest = self._entries[0].seq if self._entries else self._seq + 1
+        dropped = 0 if reset else max(0, oldest - after - 1)
+        start = max(0, after - oldest + 1)
+        stop = min(len(self._entries), start + limit)
+        requests: list[WireRequestWork] = []
+        occupancy: list[WireOccupancy] = []
+        last = max(after, oldest - 1)
+        for e in itertools.islice(self._entries, start, stop):
+            last = e.seq
+            if isinstance(e, _Finished):
+                w = e.work
+                requests.append(
+                    WireRequestWork(seq=e.seq, at=e.at, t_uc=w.t_uc, t_c=w.t_c, t_out=w.t_out, t_acc=w.t_acc)
+                )
+            else:
+                occupancy.append(
+                    WireOccupancy(seq=e.seq, at=e.at, requests=e.requests, counts=OccupancyCount.IN_FLIGHT)
+                )
+        return WorkBatch(
+            router=self.router_id,
+            epoch=self.epoch,
+            next=format_cursor(self.epoch, last),
+            requests=requests,
+            occupancy=occupancy,
+            dropped=dropped,
+            reset=reset,
+            more=stop < len(self._entries),
+        )
+
+
+WORK_LOG_KEY = web.AppKey("work_log", WorkLog)
+
+
+async def work_handler(request: web.Request) -> web.Response:
+    """``GET /agentpool/v1/work?since=<cursor>&limit=<n>``: a :class:`WorkBatch` as JSON."""
+    log = request.app[WORK_LOG_KEY]
+    raw_limit = request.query.get("limit", str(MAX_BATCH))
+    try:
+        batch = log.batch(request.query.get("since"), int(raw_limit))
+    except ValueError as e:
+        return web.json_response({"error": {"message": str(e), "type": "invalid_request_error"}}, status=400)
+    return web.json_response(text=batch.model_dump_json())
+
+
+async def sample_every(log: WorkLog, interval_s: float, stop: asyncio.Event) -> None:
+    """Sample the log's occupancy every ``interval_s`` until ``stop``."""
+    while True:
+        log.sample()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=interval_s)
+        if stop.is_set():
+            return
+
+
+def mount(app: web.Application, log: WorkLog, sample_interval_s: float = 1.0) -> None:
+    """Serve ``log`` at ``GET /agentpool/v1/work`` and sample it while ``app`` runs."""
+    if sample_interval_s <= 0:
+        raise ValueError(f"sample interval must be positive, got {sample_interval_s}")
+    app[WORK_LOG_KEY] = log
+    app.router.add_get(WORK_PATH, work_handler)
+
+    async def sampling(_: web.Application) -> AsyncIterator[None]:
+        stop = asyncio.Event()
+        task = asyncio.create_task(sample_every(log, sample_interval_s, stop), name="work-log-sampler")
+        yield
+        stop.set()
+        await task
+
+    app.cleanup_ctx.append(sampling)

@@ -1,6 +1,6 @@
 """Router benchmark: policy decision latency, and router overhead against sglang-router.
 
-``python -m bench.bench_router [--skip-overhead] [--seconds S]``
+``python -m bench.bench_router [--skip-overhead | --skip-decision] [--seconds S]``
 
 1. Decision latency per policy (in-process, pure): ``prefill_candidates`` + ``policy.choose`` on
    8, 64 and 512 prefill nodes with random queues, reports and cached prefixes. Prints p50/p99 in
@@ -411,10 +411,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_router")
     parser.add_argument("--skip-overhead", action="store_true", help="only the in-process decision latency")
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds per overhead measurement")
+    parser.add_argument("--skip-decision", action="store_true", help="only the router overhead")
     parser.add_argument("--engines", type=int, default=4)
     args = parser.parse_args(argv)
     print(f"router benchmark on {os.cpu_count()} CPUs (shared machine: figures are noisy)")
-    decision_latency((8, 64, 512))
+    if not args.skip_decision:
+        decision_latency((8, 64, 512))
     if not args.skip_overhead:
         router_overhead(args.seconds, args.engines)
 

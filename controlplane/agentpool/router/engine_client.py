@@ -11,6 +11,9 @@ from pydantic import ValidationError
 from agentpool.router.engine_protocol import EngineEvent, GenerateRequest
 
 GENERATE_PATH = "/agentpool/v1/generate"
+# The longest event line accepted (aiohttp's readline limit, which the client used before).
+MAX_EVENT_BYTES = 1 << 17
+_JSON = {"content-type": "application/json"}
 
 
 class EngineFailure(Exception):
@@ -29,6 +32,7 @@ class EngineClient:
         self.first_event_s = first_event_s
         self.between_events_s = between_events_s
         self._session: aiohttp.ClientSession | None = None
+        self._urls: dict[str, str] = {}  # engine base URL -> its generate URL
 
     async def start(self) -> None:
         if self._session is None:
@@ -43,14 +47,20 @@ class EngineClient:
             await self._session.close()
             self._session = None
 
+    def _url(self, url: str) -> str:
+        full = self._urls.get(url)
+        if full is None:
+            full = self._urls[url] = url.rstrip("/") + GENERATE_PATH
+        return full
+
     async def generate(self, url: str, request: GenerateRequest) -> AsyncGenerator[EngineEvent, None]:
         if self._session is None:
             raise RuntimeError("EngineClient.start() was not called")
         try:
             async with self._session.post(
-                url.rstrip("/") + GENERATE_PATH,
-                data=request.model_dump_json(),
-                headers={"content-type": "application/json"},
+                self._url(url),
+                data=request.model_dump_json().encode(),
+                headers=_JSON,
                 timeout=aiohttp.ClientTimeout(total=None, connect=self.connect_s, sock_read=None),
             ) as resp:
                 if resp.status in (429, 503):
@@ -58,10 +68,10 @@ class EngineClient:
                 if resp.status != 200:
                     text = (await resp.content.read(500)).decode(errors="replace")
                     raise EngineFailure(f"{url} answered {resp.status}: {text}")
+                lines = _Lines(resp.content)
                 wait = self.first_event_s
                 while True:
-                    async with asyncio.timeout(wait):
-                        line = await resp.content.readline()
+                    line = await lines.next(wait)
                     if not line:
                         raise EngineFailure(f"{url} closed the stream before the request finished")
                     wait = self.between_events_s
@@ -76,5 +86,45 @@ class EngineClient:
                         return
         except TimeoutError as e:
             raise EngineFailure(f"{url} timed out") from e
-        except (aiohttp.ClientError, ValueError) as e:  # ValueError: a line over the reader's limit
+        except (aiohttp.ClientError, ValueError) as e:  # ValueError: a line over MAX_EVENT_BYTES
             raise EngineFailure(f"{url}: {type(e).__name__}: {e}") from e
+
+
+class _Lines:
+    """Newline-delimited lines of a response body, each within ``timeout_s`` of asking for it.
+
+    Lines already received are returned without arming a timer (engines often send several events
+    in one TCP segment); only waiting for more data is bounded by the timeout. A line (newline
+    included) may not exceed :data:`MAX_EVENT_BYTES`. At the end of the body a last line without
+    its newline is returned as it is, then ``b""``.
+    """
+
+    __slots__ = ("_buf", "_content", "_pos")
+
+    def __init__(self, content: aiohttp.StreamReader) -> None:
+        self._content = content
+        self._buf = b""
+        self._pos = 0
+
+    async def next(self, timeout_s: float) -> bytes:
+        deadline: float | None = None
+        while True:
+            buf, pos = self._buf, self._pos
+            end = buf.find(b"\n", pos)
+            if end >= 0:
+                if end + 1 - pos > MAX_EVENT_BYTES:
+                    raise ValueError(f"an event line is over {MAX_EVENT_BYTES} bytes")
+                self._pos = end + 1
+                return buf[pos : end + 1]
+            if len(buf) - pos > MAX_EVENT_BYTES:
+                raise ValueError(f"an event line is over {MAX_EVENT_BYTES} bytes")
+            data = self._content.read_nowait()
+            if not data:
+                if deadline is None:
+                    deadline = asyncio.get_running_loop().time() + timeout_s
+                async with asyncio.timeout_at(deadline):
+                    data = await self._content.readany()
+                if not data:  # end of the body
+                    self._buf, self._pos = b"", 0
+                    return buf[pos:]
+            self._buf, self._pos = buf[pos:] + data, 0

@@ -128,8 +128,9 @@ class Dispatcher:
             raise self._no_candidate(snapshot, prep)
         t0 = time.perf_counter()
         decision = routing.policy.choose(prep.view, candidates, routing.ctx)
-        self.metrics.decision.labels(routing.policy.name).observe(time.perf_counter() - t0)
-        self.metrics.decisions.labels(routing.policy.name, decision.node_id, "prefill").inc()
+        m = self.metrics
+        m.child(m.decision, routing.policy.name).observe(time.perf_counter() - t0)
+        m.child(m.decisions, routing.policy.name, decision.node_id, "prefill").inc()
         return decision
 
     def _no_candidate(self, snapshot: list[NodeState], prep: Prepared) -> FlowError:
@@ -204,9 +205,10 @@ class Dispatcher:
 
     def _count_prefix(self, view: RequestView, d: Decision) -> None:
         local = d.cached_tokens - d.fetch_tokens
-        self.metrics.prefix_tokens.labels("local").inc(local)
-        self.metrics.prefix_tokens.labels("remote").inc(d.fetch_tokens)
-        self.metrics.prefix_tokens.labels("miss").inc(view.prompt_tokens - d.cached_tokens)
+        m = self.metrics
+        m.child(m.prefix_tokens, "local").inc(local)
+        m.child(m.prefix_tokens, "remote").inc(d.fetch_tokens)
+        m.child(m.prefix_tokens, "miss").inc(view.prompt_tokens - d.cached_tokens)
 
     async def _place(self, branch: str, node: str) -> None:
         try:
@@ -218,7 +220,10 @@ class Dispatcher:
     def _generate_request(
         self, prep: Prepared, decision: Decision, seq: int, phase: Phase, kv: KvSource | None = None
     ) -> GenerateRequest:
-        return GenerateRequest(
+        if seq < 0 or decision.cached_tokens < 0 or decision.fetch_tokens < 0:  # what validation checked
+            raise ValueError(f"negative dispatch counts from {decision.policy}: {decision}")
+        # The other fields were validated where they came from: skip re-validating body and token ids.
+        return GenerateRequest.model_construct(
             request_id=prep.request_id,
             dispatch_seq=seq,
             phase=phase,
@@ -316,7 +321,8 @@ class Dispatcher:
         if binding is None:
             raise NoCapacity("no decode node has KV room for the request")
         seq = self.nodes.bind_decode(binding.node_id, prep.request_id, self._kv_tokens(prep))
-        self.metrics.decisions.labels(self.routing.policy.name, binding.node_id, "decode").inc()
+        m = self.metrics
+        m.child(m.decisions, self.routing.policy.name, binding.node_id, "decode").inc()
         if prep.branch is not None:
             await self._place(prep.branch, binding.node_id)
         return binding.node_id, seq

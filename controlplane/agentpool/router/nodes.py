@@ -170,10 +170,17 @@ class NodeTable:
         if r is not None and fresh:
             after = r.last_dispatch_seq
             queue = e.report_queue
-            unreported = QueuedPrefill.of([d.work for d in e.prefills.values() if d.seq > after])
-            new_decodes = [d for d in e.decodes.values() if d.seq > after]
-            running = r.running_decode + len(new_decodes)
-            room = max(0, r.kv_room_tokens - sum(d.kv_tokens for d in new_decodes))
+            unreported = EMPTY_QUEUE
+            for d in e.prefills.values():
+                if d.seq > after:
+                    unreported = unreported.add(d.work)
+            running = r.running_decode
+            room = r.kv_room_tokens
+            for d in e.decodes.values():
+                if d.seq > after:
+                    running += 1
+                    room -= d.kv_tokens
+            room = max(0, room)
             used = r.kv_used_tokens
             remaining = r.remaining_batch_s
             accepting = r.accepting

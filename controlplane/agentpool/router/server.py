@@ -210,6 +210,7 @@ async def answer(
     end_branch: bool,
 ) -> web.StreamResponse:
     policy = service.routing.policy.name
+    stats = service.metrics
     endpoint = prep.endpoint
     t0 = time.monotonic()
     first_at: float | None = None
@@ -224,7 +225,7 @@ async def answer(
                 code = str(error.status)
                 return error
             first_at = time.monotonic()
-            service.metrics.ttft.labels(policy).observe(first_at - t0)
+            stats.child(stats.ttft, policy).observe(first_at - t0)
             if not stream:
                 text, finish, usage, tokens = await collect(head, outs)
                 make = chat_response if endpoint == "chat" else completion_response
@@ -247,11 +248,11 @@ async def answer(
         raise
     finally:
         done = time.monotonic()
-        service.metrics.requests.labels(endpoint, code).inc()
+        stats.child(stats.requests, endpoint, code).inc()
         if first_at is not None:
-            service.metrics.e2e.labels(policy).observe(done - t0)
+            stats.child(stats.e2e, policy).observe(done - t0)
             if tokens > 1:
-                service.metrics.tpot.labels(policy).observe((done - first_at) / (tokens - 1))
+                stats.child(stats.tpot, policy).observe((done - first_at) / (tokens - 1))
         if end_branch and prep.branch is not None:
             with contextlib.suppress(DirectoryError, TimeoutError):
                 await service.end_branch(prep.branch)

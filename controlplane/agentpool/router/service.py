@@ -143,9 +143,9 @@ class RouterService:
         """One directory round trip; on failure route without prefix knowledge (counted, logged)."""
         hashes = block_hashes(token_ids, self.config.page_size)
         try:
-            return await asyncio.wait_for(
-                self.directory.resolve(hashes, branch, parent), self.config.timeouts.directory_s
-            )
+            # asyncio.timeout, not wait_for: on 3.11 wait_for runs the call in a task of its own
+            async with asyncio.timeout(self.config.timeouts.directory_s):
+                return await self.directory.resolve(hashes, branch, parent)
         except (DirectoryError, TimeoutError) as e:
             self.metrics.directory_errors.labels("resolve").inc()
             log.warning("directory resolve failed, routing without prefix information: %s", e)
@@ -172,11 +172,12 @@ class RouterService:
             cluster_prefix=min(prompt, resolved.cluster_prefix),
             expected_output_tokens=output_limit or self.config.default_output_tokens,
         )
-        return Prepared(view.request_id, endpoint, body, list(encoded.token_ids), view, branch)
+        return Prepared(view.request_id, endpoint, body, encoded.token_ids, view, branch)
 
     async def end_branch(self, branch: str) -> bool:
         try:
-            return await asyncio.wait_for(self.directory.end_branch(branch), self.config.timeouts.directory_s)
+            async with asyncio.timeout(self.config.timeouts.directory_s):
+                return await self.directory.end_branch(branch)
         except (DirectoryError, TimeoutError):
             self.metrics.directory_errors.labels("end_branch").inc()
             raise

@@ -1,7 +1,9 @@
 """The planner's I/O shell (Algorithm E.3 line 1 and the outer loop): warmup, fit, windows, apply.
 
+0. Restart: when a saved state (:mod:`agentpool.planner.state`) has models of the pods, the
+   planner resumes from the pods' current roles and skips 1-2.
 1. Warmup: every unpinned engine pod is set to ``both`` (colocated) and serves both phases for
-   ``warmup_s``; the engines' iteration records are fitted per node (NNLS) and frozen.
+   ``warmup_s``; the engines' iteration records are fitted per node (NNLS) and frozen (and saved).
 2. Disaggregation starts from the initial split: ``initial_prefill`` prefill nodes (pinned pods
    keep their role; the others in name order), the rest decode.
 3. Every window: slices of average work and decode occupancy from the router's records, each
@@ -39,10 +41,12 @@ from agentpool.planner.core import Decision, Outcome, PlannerInput, PlannerNode,
 from agentpool.planner.inbox import PlannerInbox
 from agentpool.planner.kube import ObjectRef, PodRoles, PodRoleState
 from agentpool.planner.metrics import PlannerMetrics
+from agentpool.planner.state import PlannerState, StateStore
 
 log = logging.getLogger(__name__)
 
 COLOCATED = "both"
+MIN_WARMUP_RETRY_S = 10.0  # a warmup repeated after a failed fit lasts at least this long
 
 
 class PlannerError(Exception):
@@ -68,8 +72,10 @@ class PlannerController:
         shape: MoeShape,
         clock: Callable[[], float] = time.time,
         on_evaluation: Callable[[Evaluation], None] | None = None,
+        state: StateStore | None = None,
     ):
-        """``on_evaluation`` receives every window's evaluation (e.g. to put it in the pool's status)."""
+        """``on_evaluation`` receives every window's evaluation (e.g. to put it in the pool's status);
+        ``state`` keeps the models and the last switch time across restarts."""
         self._pods = pods
         self._inbox = inbox
         self._config = config
@@ -80,33 +86,112 @@ class PlannerController:
         self._on_evaluation = on_evaluation
         self._models: dict[str, NodeModel] = {}
         self._last_switch_at: float | None = None
+        self._fitted_at = 0.0
+        self._state = state
+        self.fits_failed = 0
         self.fits: dict[str, NodeFit] = {}
         self.last: Evaluation | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Warmup, fit, start from the initial split, then evaluate every window until ``stop``."""
+        """Resume or warm up and fit, start from the split, then evaluate every window until ``stop``.
+
+        With a saved state (``state``) whose models cover some of the pods, a restart resumes from
+        the pods' current roles: no warmup, no re-colocation, and the cooldown continues from the
+        saved last switch. A warmup that fits nothing (no iteration records) is repeated. A window
+        that fails (the Kubernetes API, the planner's checks, a configuration that does not
+        validate) is logged and skipped; the next window runs.
+        """
         cfg = self._config()
         if max(cfg.warmup_s, cfg.window_s) > self._inbox.keep_s:
             raise PlannerError(
                 f"the inbox keeps {self._inbox.keep_s:.0f} s of records, less than warmup or window"
             )
-        await self.begin_warmup()
-        start = self._clock()
-        if await _wait(stop, self._config().warmup_s):
-            return
-        warmup_records = self._inbox.iterations(start, self._clock())  # a copy, taken on the loop
-        await asyncio.to_thread(self.fit_records, warmup_records)
-        await self.start_disaggregation()
-        while not stop.is_set():
-            start = self._clock()
-            if await _wait(stop, self._config().window_s):
+        if not await self.resume():
+            if not await self._warm_up(stop):
                 return
+            await self.start_disaggregation()
+            await self.save_state()
+        window_s = cfg.window_s
+        while not stop.is_set():
             try:
-                await self.evaluate_window(start, self._clock())
+                window_s = self._config().window_s
+            except (PlannerError, ValueError) as exc:
+                log.error("planner configuration unreadable, keeping %.0f s windows: %s", window_s, exc)
+            start = self._clock()
+            if await _wait(stop, window_s):
+                return
+            end = self._clock()
+            try:
+                await self.evaluate_window(start, end)
             except ApiException as exc:  # the API server failed this window; the next one retries
                 log.error(
                     "planner window %.0f failed at the Kubernetes API: %s %s", start, exc.status, exc.reason
                 )
+            except (PlannerError, ValueError) as exc:
+                log.error("planner window %.0f-%.0f skipped: %s", start, end, exc)
+
+    async def _warm_up(self, stop: asyncio.Event) -> bool:
+        """Colocate, wait ``warmup_s``, fit; again until a fit succeeds. False when stopped."""
+        while True:
+            await self.begin_warmup()
+            start = self._clock()
+            wait_s = self._config().warmup_s
+            if self.fits_failed:
+                wait_s = max(wait_s, MIN_WARMUP_RETRY_S)
+            if await _wait(stop, wait_s):
+                return False
+            warmup_records = self._inbox.iterations(start, self._clock())  # a copy, taken on the loop
+            try:
+                await asyncio.to_thread(self.fit_records, warmup_records)
+            except (PlannerError, ValueError) as exc:
+                self.fits_failed += 1
+                log.error("warmup %d fitted nothing, warming up again: %s", self.fits_failed, exc)
+                continue
+            return True
+
+    async def resume(self) -> bool:
+        """Take the saved models and last switch time if they fit the pool; True when resumed."""
+        if self._state is None:
+            return False
+        saved = await self._state.load()
+        if saved is None:
+            return False
+        if not saved.matches(self._shape):
+            log.warning("saved planner state is for another MoE shape (%s): warming up", saved.shape)
+            return False
+        models = saved.node_models()
+        pods = await self._pods.pods()
+        known = [p for p in pods if p.name in models]
+        if not known:
+            log.warning("saved planner state has models of none of the pods: warming up")
+            return False
+        self._models = models
+        self._fitted_at = saved.fitted_at
+        self._last_switch_at = saved.last_switch_at
+        unfitted = sorted(p.name for p in pods if p.name not in models)
+        if unfitted:
+            log.warning("pods without a saved model stay out of planning: %s", ", ".join(unfitted))
+        if not any(p.desired_role in (Role.PREFILL, Role.DECODE) for p in known):
+            await self.start_disaggregation()  # stopped between the fit and the initial split
+            pods = await self._pods.pods()
+        prefill = sum(p.desired_role == Role.PREFILL for p in pods)
+        decode = sum(p.desired_role == Role.DECODE for p in pods)
+        last = "none" if saved.last_switch_at is None else f"{self._clock() - saved.last_switch_at:.0f} s ago"
+        await self._pods.record_event(
+            self._pool,
+            "PlannerResumed",
+            f"resumed at {prefill}P{decode}D with the saved models of {len(known)} pods; last switch {last}",
+        )
+        log.info("planner resumed from its saved state: %dP%dD, last switch %s", prefill, decode, last)
+        return True
+
+    async def save_state(self) -> None:
+        """Save the models and the last switch time (no-op without a state store)."""
+        if self._state is None or not self._models:
+            return
+        await self._state.save(
+            PlannerState.of(self._shape, self._models, self._fitted_at, self._last_switch_at)
+        )
 
     async def begin_warmup(self) -> None:
         """Set every unpinned pod to serve both phases (colocated) for the warmup."""
@@ -130,6 +215,7 @@ class PlannerController:
         if not fits:
             raise PlannerError("no iteration records from the warmup: nothing to fit")
         self.fits = fits
+        self._fitted_at = self._clock()
         self._models = {}
         batches = _prefill_batches_by_node(records)
         for name, f in fits.items():
@@ -194,6 +280,7 @@ class PlannerController:
                 await self._pods.set_role(name, Role.PREFILL.value)
             for name in decision.to_decode:
                 await self._pods.set_role(name, Role.DECODE.value)
+            await self.save_state()
         self._metrics.observe(decision)
         if decision.outcome is Outcome.SWITCH or decision.near_switch:
             reason = "PhaseSplitChanged" if decision.outcome is Outcome.SWITCH else "PhaseSplitNearlyChanged"

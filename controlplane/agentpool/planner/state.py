@@ -1,0 +1,178 @@
+"""What the planner keeps across restarts: the fitted node models and the last switch time.
+
+Without it a restarted planner would set every node back to colocated, wait out a new warmup
+(30 minutes by default) and split the pool again from the initial split, throwing away the
+split it had converged to. With it, a restart resumes from the pods' current roles.
+
+Where: a ConfigMap ``<pool>-planner-state`` (key ``state.json``) in the pool's namespace, owned by
+the pool (garbage-collected with it). Not an annotation on the ``AgentServingPool``: the operator
+watches that object, so every save would wake its handlers, annotations share a 256 KiB budget
+with everyone else's, and the planner would need write access to the pool. A ConfigMap is the
+planner's own object (1 MiB: about 4000 nodes' models), readable with ``kubectl get cm``, and
+needs only ``get/create/patch`` on configmaps. Saved after the fit and after every switch, so
+writes are rare.
+
+A saved state is used only if its MoE shape matches the planner's; otherwise (or if it cannot be
+parsed) the planner warms up as on a first start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Literal, Protocol
+
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from agentpool.models import DecodeModel, MoeShape, NodeModel, PrefillModel
+from agentpool.planner.kube import MERGE_PATCH, ObjectRef
+
+log = logging.getLogger(__name__)
+
+STATE_KEY = "state.json"
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class SavedShape(_Wire):
+    experts_active: int = Field(ge=0)
+    experts_total: int = Field(ge=0)
+    t_fwd: float = Field(gt=0)
+
+
+class SavedNodeModel(_Wire):
+    c0: float
+    c1: float
+    c2: float
+    c3: float
+    d0: float
+    d1: float
+    d2: float
+    experts_active: int
+    experts_total: int
+    t_fwd: float
+    t_bar: float
+    f_restore: float
+
+    @staticmethod
+    def of(m: NodeModel) -> SavedNodeModel:
+        p, d = m.prefill, m.decode
+        return SavedNodeModel(
+            c0=p.c0, c1=p.c1, c2=p.c2, c3=p.c3, d0=d.d0, d1=d.d1, d2=d.d2,
+            experts_active=d.experts_active, experts_total=d.experts_total, t_fwd=d.t_fwd,
+            t_bar=m.t_bar, f_restore=m.f_restore,
+        )  # fmt: skip
+
+    def node_model(self) -> NodeModel:
+        return NodeModel(
+            prefill=PrefillModel(self.c0, self.c1, self.c2, self.c3),
+            decode=DecodeModel(
+                self.d0, self.d1, self.d2, self.experts_active, self.experts_total, self.t_fwd
+            ),
+            t_bar=self.t_bar,
+            f_restore=self.f_restore,
+        )
+
+
+class PlannerState(_Wire):
+    """``fitted_at`` and ``last_switch_at`` are wall-clock seconds (the planner's clock)."""
+
+    version: Literal[1] = 1
+    shape: SavedShape
+    fitted_at: float
+    last_switch_at: float | None = None
+    models: dict[str, SavedNodeModel]
+
+    @staticmethod
+    def of(
+        shape: MoeShape, models: dict[str, NodeModel], fitted_at: float, last_switch_at: float | None
+    ) -> PlannerState:
+        return PlannerState(
+            shape=SavedShape(
+                experts_active=shape.experts_active, experts_total=shape.experts_total, t_fwd=shape.t_fwd
+            ),
+            fitted_at=fitted_at,
+            last_switch_at=last_switch_at,
+            models={name: SavedNodeModel.of(m) for name, m in sorted(models.items())},
+        )
+
+    def matches(self, shape: MoeShape) -> bool:
+        s = self.shape
+        return (s.experts_active, s.experts_total, s.t_fwd) == (
+            shape.experts_active,
+            shape.experts_total,
+            shape.t_fwd,
+        )
+
+    def node_models(self) -> dict[str, NodeModel]:
+        return {name: m.node_model() for name, m in self.models.items()}
+
+
+class StateStore(Protocol):
+    async def load(self) -> PlannerState | None: ...
+
+    async def save(self, state: PlannerState) -> None: ...
+
+
+class ConfigMapStateStore:
+    """The state in ConfigMap ``name`` (key ``state.json``); ``owner`` becomes its owner reference."""
+
+    def __init__(self, api: k8s.ApiClient, namespace: str, name: str, owner: ObjectRef | None = None):
+        self._core = k8s.CoreV1Api(api)
+        self.namespace = namespace
+        self.name = name
+        self._owner = owner
+
+    async def load(self) -> PlannerState | None:
+        """The saved state; None when there is none or it cannot be read (logged)."""
+        try:
+            cm = await asyncio.to_thread(self._core.read_namespaced_config_map, self.name, self.namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        raw = (cm.data or {}).get(STATE_KEY)
+        if raw is None:
+            log.warning(
+                "configmap %s/%s has no %s: no saved planner state", self.namespace, self.name, STATE_KEY
+            )
+            return None
+        try:
+            return PlannerState.model_validate_json(raw)
+        except ValidationError as e:
+            log.warning(
+                "saved planner state in %s/%s is not readable, ignored: %s", self.namespace, self.name, e
+            )
+            return None
+
+    async def save(self, state: PlannerState) -> None:
+        data = {STATE_KEY: state.model_dump_json()}
+        try:
+            await asyncio.to_thread(
+                self._core.patch_namespaced_config_map,
+                self.name,
+                self.namespace,
+                {"data": data},
+                _content_type=MERGE_PATCH,
+            )
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            await asyncio.to_thread(self._core.create_namespaced_config_map, self.namespace, self._body(data))
+
+    def _body(self, data: dict[str, str]) -> k8s.V1ConfigMap:
+        owners = None
+        o = self._owner
+        if o is not None and o.uid:
+            owners = [k8s.V1OwnerReference(api_version=o.api_version, kind=o.kind, name=o.name, uid=o.uid)]
+        meta = k8s.V1ObjectMeta(
+            name=self.name,
+            namespace=self.namespace,
+            labels={"app.kubernetes.io/component": "planner"},
+            owner_references=owners,
+        )
+        return k8s.V1ConfigMap(metadata=meta, data=data)

@@ -1,0 +1,193 @@
+"""A restarted planner resumes from its saved state (a ConfigMap on KMock) and a failing window
+does not end the loop."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import pytest_asyncio
+from kubernetes import client as k8s
+from prometheus_client import CollectorRegistry
+from test_planner_controller import NODE, NS, OSWORLD, PODS, POOL, SHAPE, Harness, pod_body, warmup_records
+
+from agentpool.models import MoeShape
+from agentpool.planner.config import PlannerConfig
+from agentpool.planner.controller import Evaluation, PlannerController, PlannerError
+from agentpool.planner.core import Outcome
+from agentpool.planner.inbox import PlannerInbox
+from agentpool.planner.kube import PodRoles
+from agentpool.planner.metrics import PlannerMetrics
+from agentpool.planner.state import ConfigMapStateStore, PlannerState
+
+pytestmark = pytest.mark.integration
+
+STATE = "demo-planner-state"
+Build = Callable[..., PlannerController]
+
+
+@dataclasses.dataclass
+class Env:
+    h: Harness
+    api: k8s.ApiClient
+    build: Build
+    box: list[Any]
+
+    def state_map(self) -> dict[str, Any] | None:
+        key = (self.h.kmock.resource("v1", "configmaps"), NS, STATE)
+        if key not in self.h.kmock.objects:
+            return None
+        return dict(self.h.kmock.objects[key].raw)
+
+    def pod_patches(self) -> list[Any]:
+        return [r for r in self.h.kmock if r.method == "PATCH" and "/pods/" in r.url.path]
+
+
+@pytest_asyncio.fixture()
+async def env(kmock: Any) -> AsyncIterator[Env]:
+    for i, name in enumerate(PODS):
+        role = "decode" if name == PODS[-1] else ("prefill" if i == 0 else "both")
+        kmock.objects[kmock.resource("v1", "pods"), NS, name] = pod_body(name, role, pinned=name == PODS[-1])
+    kmock.resources["v1/events"] = {}
+    kmock.resources["v1/configmaps"] = {}
+    api = k8s.ApiClient(k8s.Configuration(host=str(kmock.url).rstrip("/")))
+    box: list[Any] = [
+        PlannerConfig(window_s=600, slices=10, warmup_s=1800, cooldown_s=120, initial_prefill=2)
+    ]
+    evaluated = asyncio.Event()
+
+    def config() -> PlannerConfig:
+        if isinstance(box[0], Exception):
+            raise box[0]
+        assert isinstance(box[0], PlannerConfig)
+        return box[0]
+
+    def build(cls: type[PlannerController] = PlannerController, shape: MoeShape = SHAPE) -> PlannerController:
+        return cls(
+            pods=PodRoles(api, NS, "agentpool.io/pool=demo"),
+            inbox=PlannerInbox(),
+            config=config,
+            pool=POOL,
+            metrics=PlannerMetrics(CollectorRegistry()),
+            shape=shape,
+            on_evaluation=lambda _: evaluated.set(),
+            state=ConfigMapStateStore(api, NS, STATE, POOL),
+        )
+
+    first = build()
+    h = Harness(kmock, first, first._inbox, CollectorRegistry(), box, evaluated)
+    yield Env(h, api, build, box)
+    await asyncio.to_thread(api.close)
+
+
+async def converge(env: Env) -> Evaluation:
+    """The first planner fits, splits 2P7D, and switches to 6P3D on OSWorld-like work; state saved."""
+    h, rng = env.h, np.random.default_rng(7)
+    warmup_records(h.inbox, 0.0, 1800.0, rng)
+    h.controller.fit(0.0, 1800.0)
+    await h.controller.start_disaggregation()
+    await h.controller.save_state()
+    h.engines_report_observed_roles()
+    h.route(1800, 2400, OSWORLD, rng)
+    ev = await h.controller.evaluate_window(1800, 2400)
+    assert ev is not None and ev.decision.outcome is Outcome.SWITCH, ev.decision.reason
+    h.engines_report_observed_roles()
+    return ev
+
+
+async def test_state_is_a_configmap_owned_by_the_pool_and_holds_models_and_the_last_switch(env: Env) -> None:
+    assert env.state_map() is None
+    await converge(env)
+    cm = env.state_map()
+    assert cm is not None
+    assert cm["metadata"]["ownerReferences"][0]["uid"] == "pool-uid"
+    state = PlannerState.model_validate_json(cm["data"]["state.json"])
+    assert state.last_switch_at == 2400 and sorted(state.models) == PODS
+    assert state.models["engine-3"].node_model().prefill.c1 == pytest.approx(NODE.prefill.c1, rel=0.05)
+    assert json.loads(cm["data"]["state.json"])["version"] == 1
+
+
+async def test_a_restarted_planner_resumes_the_split_and_the_cooldown_without_rewarming(env: Env) -> None:
+    switched = await converge(env)
+    roles = {n: env.h.role(n) for n in PODS}
+    patches = len(env.pod_patches())
+
+    restarted = env.build()
+    assert await restarted.resume()
+    assert len(env.pod_patches()) == patches  # nothing re-colocated, nothing re-split
+    assert {n: env.h.role(n) for n in PODS} == roles
+    assert env.h.events()[-1]["reason"] == "PlannerResumed"
+    assert "6P3D" in env.h.events()[-1]["message"]
+
+    ev = await restarted.evaluate_window(2400, 2460)  # 60 s after the saved switch: cooldown
+    assert ev is not None and ev.decision.outcome is Outcome.COOLDOWN and ev.excluded == ()
+    assert sorted(ev.decision.prefill) == sorted(switched.decision.prefill)
+
+
+async def test_run_after_a_restart_evaluates_windows_at_once_instead_of_warming_up(env: Env) -> None:
+    await converge(env)
+    patches = len(env.pod_patches())
+    env.box[0] = dataclasses.replace(env.box[0], window_s=0.2)  # warmup stays 1800 s
+    env.h.evaluated.clear()
+    restarted = env.build()
+    stop = asyncio.Event()
+    task = asyncio.create_task(restarted.run(stop))
+    await asyncio.wait_for(env.h.evaluated.wait(), timeout=5.0)
+    stop.set()
+    await asyncio.wait_for(task, timeout=5.0)
+    assert len(env.pod_patches()) == patches
+    assert restarted.last is not None and restarted.last.excluded == ()
+
+
+async def test_no_state_or_a_state_for_another_model_means_a_warmup(env: Env) -> None:
+    assert not await env.build().resume()
+    await converge(env)
+    assert not await env.build(shape=MoeShape(experts_active=2, experts_total=8)).resume()
+    key = (env.h.kmock.resource("v1", "configmaps"), NS, STATE)
+    env.h.kmock.objects[key].patch({"data": {"state.json": "{not json"}})
+    assert not await env.build().resume()
+
+
+class Flaky(PlannerController):
+    """Its first window fails with a PlannerError, its second with a ValueError."""
+
+    calls = 0
+
+    async def evaluate_window(self, start: float, end: float) -> Evaluation | None:
+        self.calls += 1
+        if self.calls == 1:
+            raise PlannerError("pinned pods contradict the split")
+        if self.calls == 2:
+            raise ValueError("a slice without requests")
+        return await super().evaluate_window(start, end)
+
+
+async def test_a_window_that_fails_is_logged_and_skipped_and_the_loop_goes_on(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    await converge(env)
+    env.box[0] = dataclasses.replace(env.box[0], window_s=0.1)
+    env.h.evaluated.clear()
+    flaky = env.build(Flaky)
+    assert isinstance(flaky, Flaky)
+    stop = asyncio.Event()
+    caplog.set_level(logging.ERROR, logger="agentpool.planner.controller")
+    task = asyncio.create_task(flaky.run(stop))
+    await asyncio.wait_for(env.h.evaluated.wait(), timeout=5.0)
+    # A configuration that stops validating (a bad reload) keeps the last window length.
+    env.box[0] = ValueError("window must be > 0 s")
+    await asyncio.sleep(0.35)
+    assert not task.done()
+    stop.set()
+    await asyncio.wait_for(task, timeout=5.0)  # raises if the loop died
+    assert flaky.calls >= 3
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("skipped: pinned pods contradict" in m for m in messages)
+    assert any("skipped: a slice without requests" in m for m in messages)
+    assert any("configuration unreadable" in m for m in messages)

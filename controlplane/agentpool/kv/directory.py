@@ -150,16 +150,20 @@ class Directory:
         return changes
 
     def apply_removed(self, node: str, hashes: Iterable[int], tier: Tier) -> Changes:
-        """Blocks that leave ``node`` entirely (no tier left) lose their counts there (E.2 line 20)."""
+        """E.2 line 20: evicting the host copy of a block on ``node`` removes it from every branch's
+        ``C[beta, node]`` and sets ``R[b, node] = 0``, even while the node keeps a GPU copy (the count is
+        the host copy's eviction priority). A GPU-only removal keeps the counts while the host copy
+        stays; a block that leaves the node entirely (no tier left) loses its counts too."""
         self.phase(node)
-        gone = self.index.apply_removed(node, hashes, tier)
-        return self._zero_counts(node, gone)
+        host_lost, gone = self.index.remove(node, hashes, tier)
+        return self._zero_counts(node, dict.fromkeys([*host_lost, *gone]))
 
     def resync_node(self, node: str, blocks: Iterable[HeldBlock], now: float) -> Changes:
-        """Replace ``node``'s placement with its engine's full block list (atomic for the index)."""
+        """Replace ``node``'s placement with its engine's full block list (atomic for the index). Blocks
+        whose host copy or every copy is gone since the last known state lose their counts (E.2 line 20)."""
         self.phase(node)
-        gone = self.index.replace_node(node, blocks, now)
-        changes = self._zero_counts(node, gone)
+        host_lost, gone = self.index.resync(node, blocks, now)
+        changes = self._zero_counts(node, dict.fromkeys([*host_lost, *gone]))
         # Counted blocks the node never stored (e.g. before a directory restart) stay counted: the
         # branch placed there and the prefill will store them.
         self._settle_moves_to(node, changes)

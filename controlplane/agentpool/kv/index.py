@@ -143,26 +143,41 @@ class PrefixIndex:
 
         Removing a block the node does not hold is a no-op (engines may repeat removals).
         """
+        return self.remove(node, hashes, tier)[1]
+
+    def remove(self, node: str, hashes: Iterable[int], tier: Tier) -> tuple[list[int], list[int]]:
+        """``node`` dropped ``hashes`` from ``tier``. Returns ``(host_lost, gone)``: the hashes whose host
+        copy this removed, and the hashes the node no longer holds in any tier."""
         slot = self._slot(node)
         bit = 1 << slot
         keep = ~bit
         la = self._last_access[slot]
+        host_lost: list[int] = []
         gone: list[int] = []
         for h in hashes:
             if h not in la:
                 continue
+            had_host = bool(self._host.get(h, 0) & bit)
             self._clear_bits(h, keep, tier)
+            if had_host and not self._host.get(h, 0) & bit:
+                host_lost.append(h)
             if not ((self._gpu.get(h, 0) | self._host.get(h, 0)) & bit):
                 del la[h]
                 gone.append(h)
-        return gone
+        return host_lost, gone
 
     def replace_node(self, node: str, blocks: Iterable[HeldBlock], now: float) -> list[int]:
         """Resync: ``node`` holds exactly ``blocks`` now. Returns the hashes it held before but not now."""
+        return self.resync(node, blocks, now)[1]
+
+    def resync(self, node: str, blocks: Iterable[HeldBlock], now: float) -> tuple[list[int], list[int]]:
+        """Resync: ``node`` holds exactly ``blocks`` now. Returns ``(host_lost, gone)``: the hashes it held
+        in host memory before but not now, and the hashes it held before but not now in any tier."""
         self.add_node(node)
-        before = set(self._clear_node(node))
         slot = self._slot_of[node]
         bit = 1 << slot
+        host_before = {h for h in self._last_access[slot] if self._host.get(h, 0) & bit}
+        before = set(self._clear_node(node))
         la = self._last_access[slot]
         for b in blocks:
             if not b.tiers:
@@ -173,9 +188,10 @@ class PrefixIndex:
                 self._gpu[h] = self._gpu.get(h, 0) | bit
             if b.tiers & Tier.HOST:
                 self._host[h] = self._host.get(h, 0) | bit
+                host_before.discard(h)
             la[h] = now
             before.discard(h)
-        return sorted(before)
+        return sorted(host_before), sorted(before)
 
     def touch(self, node: str, hashes: Iterable[int], now: float) -> None:
         """Record an access at ``now`` to the blocks of ``hashes`` that ``node`` holds."""

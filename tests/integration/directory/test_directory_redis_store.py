@@ -30,8 +30,11 @@ async def delete_namespace(namespace: str) -> None:
     await client.aclose()
 
 
+_KV_TESTS = Path(__file__).parents[2] / "unit" / "kv"
+if str(_KV_TESTS) not in sys.path:
+    sys.path.insert(0, str(_KV_TESTS))  # kv_reference, the history driver the property tests share
 _spec = importlib.util.spec_from_file_location(
-    "kv_count_properties", Path(__file__).parents[2] / "unit" / "kv" / "test_kv_counts_properties.py"
+    "kv_count_properties", _KV_TESTS / "test_kv_counts_properties.py"
 )
 assert _spec is not None and _spec.loader is not None
 props = importlib.util.module_from_spec(_spec)

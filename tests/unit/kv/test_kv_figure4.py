@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentpool.kv import Directory, Phase, Tier
+from agentpool.kv import Directory, HeldBlock, Phase, Tier
 
 # Blocks: S is the shared system prompt; A*, B* belong to branches 1 and 2; K is branch 1's compaction.
 S, A1, A2, B1, K = 0x51, 0xA1, 0xA2, 0xB1, 0x4B
@@ -107,8 +107,28 @@ def test_eviction_zeroes_counts_and_order_puts_zero_counts_first() -> None:
     d.apply_stored("P1", S, [K], Tier.HOST, 3.5)
     order = [c.block_hash for c in d.eviction_order("P1")]
     assert order == [A1, B1, S, K]  # zero count first; then LRU among counted (B1@2, S@3 touched, K@3.5)
-    d.apply_removed("P1", [B1], Tier.GPU)  # still in host: keeps its count
+    d.apply_removed("P1", [B1], Tier.GPU)  # the GPU copy goes, the host copy stays: count kept
     assert d.count("P1", B1) == 1
-    d.apply_removed("P1", [B1], Tier.HOST)  # gone from the node: count zeroed, branch forgets it
+    d.apply_removed("P1", [B1], Tier.HOST)  # host copy evicted (E.2 line 20): count zeroed
     assert d.count("P1", B1) == 0
     assert d.branches.get("b2").counted["P1"] == {S}
+
+
+def test_host_eviction_zeroes_counts_while_the_gpu_copy_stays() -> None:
+    """E.2 line 20: freeing the host copy of b on n removes b from every C[beta, n] and sets R = 0; the
+    rule is about the host copy, so a GPU copy of the block on the node does not keep the count."""
+    d = _pool(("P1", Phase.PREFILL))
+    _serve(d, "b1", [S, A1], "P1", 1.0)
+    _serve(d, "b2", [S, B1], "P1", 2.0)
+    assert _r(d, "P1", S, A1, B1) == [2, 1, 1]
+    d.apply_removed("P1", [S], Tier.HOST)
+    assert d.index.tiers("P1", S) == Tier.GPU  # still in GPU memory
+    assert _r(d, "P1", S, A1, B1) == [0, 1, 1]
+    assert d.branches.get("b1").counted["P1"] == {A1}
+    assert d.branches.get("b2").counted["P1"] == {B1}
+    d.apply_removed("P1", [A1], Tier.GPU)  # GPU copy only: the host copy and its count stay
+    assert d.index.tiers("P1", A1) == Tier.HOST and d.count("P1", A1) == 1
+    # a resync that reports a block without its host copy applies the same rule
+    held = [b for b in d.index.node_blocks("P1") if b.block_hash != B1]
+    d.resync_node("P1", [*held, HeldBlock(B1, S, Tier.GPU)], 4.0)
+    assert d.count("P1", B1) == 0 and d.index.tiers("P1", B1) == Tier.GPU

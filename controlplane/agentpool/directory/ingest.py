@@ -23,12 +23,24 @@ from agentpool.directory.metrics import DirectoryMetrics
 from agentpool.kv import Changes, Directory, InvalidEventError, Tier
 from agentpool.v1 import directory_pb2 as pb
 
+DEFAULT_MAX_MESSAGE_BYTES = 64 << 20  # gRPC max message size of the server and the client
+# A resync entry on the wire: HeldBlock{fixed64, fixed64, Tier} = 9 + 9 + 2 bytes, plus its field tag and
+# length byte in the Resync message (repeated messages are not packed).
+RESYNC_BYTES_PER_BLOCK = 22
+RESYNC_OVERHEAD_BYTES = 1024  # node name (<= 253 bytes), seq, phase, tags and lengths, with room
+
+
+def resync_block_limit(max_message_bytes: int) -> int:
+    """The most blocks a resync may carry so that any resync within the limit fits in one gRPC message
+    of ``max_message_bytes``; a larger (but still receivable) one gets INVALID_ARGUMENT with a reason."""
+    return max(0, (max_message_bytes - RESYNC_OVERHEAD_BYTES) // RESYNC_BYTES_PER_BLOCK)
+
 
 @dataclass(frozen=True)
 class ServiceLimits:
     max_blocks_per_request: int = 1 << 16
     max_events_per_batch: int = 4096
-    max_resync_blocks: int = 1 << 22
+    max_resync_blocks: int = resync_block_limit(DEFAULT_MAX_MESSAGE_BYTES)  # 3,050,356 blocks
     max_eviction_limit: int = 1 << 20
     watch_queue: int = 1024
 

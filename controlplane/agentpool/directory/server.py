@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hmac
 import logging
 import signal
 from collections.abc import Awaitable, Callable
@@ -19,7 +20,7 @@ from prometheus_client import start_http_server
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentpool.directory.handlers import directory_handler
-from agentpool.directory.ingest import ServiceLimits
+from agentpool.directory.ingest import DEFAULT_MAX_MESSAGE_BYTES, ServiceLimits, resync_block_limit
 from agentpool.directory.metrics import DirectoryMetrics
 from agentpool.directory.redis_store import RedisBranchStore
 from agentpool.directory.service import DirectoryService, ServiceTimers
@@ -42,7 +43,7 @@ class DirectoryConfig(BaseModel):
     sweep_interval_s: float = Field(1.0, gt=0)
     store_check_interval_s: float = Field(0.5, gt=0)
     max_blocks_per_request: int = Field(1 << 16, gt=0)
-    max_message_bytes: int = Field(64 << 20, gt=0)
+    max_message_bytes: int = Field(DEFAULT_MAX_MESSAGE_BYTES, ge=4096)  # also bounds resyncs
     auth_token: str | None = None
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
@@ -53,7 +54,7 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg
     """Rejects calls without ``authorization: Bearer <token>`` with UNAUTHENTICATED."""
 
     def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}"
+        self._expected = f"Bearer {token}".encode()
 
         async def deny(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
@@ -72,7 +73,10 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler[Any, Any]:
         metadata = dict(handler_call_details.invocation_metadata or ())
-        if metadata.get("authorization") == self._expected:
+        given = metadata.get("authorization")
+        if isinstance(given, str):
+            given = given.encode()
+        if isinstance(given, bytes) and hmac.compare_digest(given, self._expected):  # constant time
             return await continuation(handler_call_details)
         handler = await continuation(handler_call_details)
         if handler is None:
@@ -99,7 +103,10 @@ class DirectoryServer:
             Directory(config.page_size),
             store,
             self.metrics,
-            ServiceLimits(max_blocks_per_request=config.max_blocks_per_request),
+            ServiceLimits(
+                max_blocks_per_request=config.max_blocks_per_request,
+                max_resync_blocks=resync_block_limit(config.max_message_bytes),
+            ),
             ServiceTimers(
                 idle_ttl_s=config.idle_ttl_s,
                 node_timeout_s=config.node_timeout_s,

@@ -150,7 +150,7 @@ def slice_window(
         if i is not None:
             works[i].append(r.work)
     for s in occupancy:
-        if counts is not None and s.counts is not counts:
+        if counts is not None and s.counts != counts:
             continue
         i = _slice_index(s.at, start, end, width, m)
         if i is not None:

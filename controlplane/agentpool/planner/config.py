@@ -29,6 +29,7 @@ class PlannerConfig:
     occupancy: OccupancyCount = DEFAULT_OCCUPANCY
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "occupancy", OccupancyCount(self.occupancy))  # "in_flight" from a file
         if self.window_s <= 0 or self.warmup_s < 0:
             raise ValueError(f"window must be > 0 s and warmup >= 0 s: {self}")
         if self.slices < 2:

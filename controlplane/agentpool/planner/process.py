@@ -1,0 +1,187 @@
+"""The planner process: Kubernetes client, router polling, settings reload, the controller.
+
+``python -m agentpool.planner --namespace NS --pool NAME --router http://router-0:8000 [...]``
+
+- Kubernetes: ``--in-cluster`` (service account) or ``--kubeconfig PATH`` (default: the usual
+  kubeconfig lookup). The engine pods are those matching ``--selector`` (default
+  ``agentpool.io/pool=<pool>``); Events are about the ``AgentServingPool`` (its uid from
+  ``--pool-uid``, else read from the API when readable).
+- Data: every ``--poll-interval-s`` each ``--router`` URL (repeat the flag, one per router pod)
+  is polled for work records and occupancy (:mod:`agentpool.planner.router_source`). Engines'
+  iteration records have no API yet: until they do, every warmup fits nothing and is repeated
+  (logged), and the pool stays colocated.
+- Settings: ``--settings FILE`` and/or the flags (flags win); the file is re-read while running
+  (:mod:`agentpool.planner.settings_file`).
+- State across restarts: ConfigMap ``--state-configmap`` (default ``<pool>-planner-state``;
+  ``""`` turns it off) (:mod:`agentpool.planner.state`).
+- Metrics: ``--metrics-port`` (0: none) serves ``agentpool_planner_*``.
+
+SIGTERM or SIGINT stops it cleanly (exit 0); a startup failure exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+from prometheus_client import CollectorRegistry, start_http_server
+
+from agentpool.models import MoeShape, OccupancyCount
+from agentpool.planner.controller import PlannerController, PlannerError
+from agentpool.planner.inbox import PlannerInbox
+from agentpool.planner.kube import ObjectRef, PodRoles
+from agentpool.planner.metrics import PlannerMetrics
+from agentpool.planner.router_source import RouterWorkSource
+from agentpool.planner.settings_file import PlannerSettings
+from agentpool.planner.state import ConfigMapStateStore
+
+log = logging.getLogger("agentpool.planner")
+
+GROUP, VERSION, PLURAL, KIND = "agentpool.io", "v1alpha1", "agentservingpools", "AgentServingPool"
+SETTING_FLAGS = (
+    ("window_s", float, "planning window T_win (s)"),
+    ("slices", int, "slices per window (m)"),
+    ("warmup_s", float, "colocated warmup T_learn (s)"),
+    ("cooldown_s", float, "no switch this long after one (s)"),
+    ("min_prefill", int, "minimum prefill nodes"),
+    ("min_decode", int, "minimum decode nodes"),
+    ("initial_prefill", int, "prefill nodes of the split disaggregation starts from"),
+)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m agentpool.planner", description="agentpool's prefill/decode split planner"
+    )
+    p.add_argument("--namespace", required=True, help="the pool's namespace")
+    p.add_argument("--pool", required=True, help="the AgentServingPool's name")
+    p.add_argument("--pool-uid", default=None, help="its uid (default: read from the API)")
+    p.add_argument("--selector", default=None, help="engine pods (default agentpool.io/pool=<pool>)")
+    p.add_argument("--router", action="append", required=True, help="a router's base URL (repeatable)")
+    p.add_argument("--poll-interval-s", type=float, default=5.0)
+    auth = p.add_mutually_exclusive_group()
+    auth.add_argument("--in-cluster", action="store_true", help="use the pod's service account")
+    auth.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: the usual lookup)")
+    p.add_argument("--settings", type=Path, default=None, help="planner settings file (YAML/JSON), reloaded")
+    for name, kind, text in SETTING_FLAGS:
+        p.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help=text)
+    p.add_argument("--enabled", choices=("true", "false"), default=None, help="evaluate windows")
+    p.add_argument(
+        "--occupancy", choices=[c.value for c in OccupancyCount], default=None, help="what q̄ counts"
+    )
+    p.add_argument("--experts-active", type=int, default=0, help="routed experts per token (0: dense)")
+    p.add_argument("--experts-total", type=int, default=0, help="routed experts (0: dense)")
+    p.add_argument("--state-configmap", default=None, help="state ConfigMap ('' = none)")
+    p.add_argument("--inbox-keep-s", type=float, default=7200.0)
+    p.add_argument("--metrics-port", type=int, default=0)
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def setting_flags(args: argparse.Namespace) -> dict[str, Any]:
+    flags: dict[str, Any] = {n: getattr(args, n) for n, _, _ in SETTING_FLAGS if getattr(args, n) is not None}
+    if args.enabled is not None:
+        flags["enabled"] = args.enabled == "true"
+    if args.occupancy is not None:
+        flags["occupancy"] = OccupancyCount(args.occupancy)
+    return flags
+
+
+def api_client(args: argparse.Namespace) -> k8s.ApiClient:
+    """A client from the service account or a kubeconfig (file I/O: call it in a thread)."""
+    configuration = k8s.Configuration()
+    if args.in_cluster:
+        k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    else:
+        k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=args.kubeconfig, client_configuration=configuration
+        )
+    return k8s.ApiClient(configuration)
+
+
+async def pool_ref(api: k8s.ApiClient, args: argparse.Namespace) -> ObjectRef:
+    uid = args.pool_uid
+    if uid is None:
+        objects = k8s.CustomObjectsApi(api)
+        try:
+            pool = await asyncio.to_thread(
+                objects.get_namespaced_custom_object, GROUP, VERSION, args.namespace, PLURAL, args.pool
+            )
+            meta = pool.get("metadata", {}) if isinstance(pool, dict) else {}
+            uid = meta.get("uid")
+        except ApiException as e:
+            log.warning(
+                "pool %s/%s not readable (%s): Events carry no uid", args.namespace, args.pool, e.status
+            )
+    return ObjectRef(f"{GROUP}/{VERSION}", KIND, args.pool, args.namespace, uid)
+
+
+async def run(args: argparse.Namespace, stop: asyncio.Event) -> int:
+    """Run until ``stop`` (0) or until the controller fails (1)."""
+    try:
+        settings = PlannerSettings(setting_flags(args), args.settings)
+        shape = MoeShape(args.experts_active, args.experts_total)
+        api = await asyncio.to_thread(api_client, args)
+    except (ValueError, ConfigException) as e:
+        log.error("planner not started: %s", e)
+        return 1
+    registry = CollectorRegistry()
+    if args.metrics_port:
+        start_http_server(args.metrics_port, registry=registry)
+    try:
+        pool = await pool_ref(api, args)
+        inbox = PlannerInbox(keep_s=args.inbox_keep_s)
+        state_name = f"{args.pool}-planner-state" if args.state_configmap is None else args.state_configmap
+        controller = PlannerController(
+            pods=PodRoles(api, args.namespace, args.selector or f"agentpool.io/pool={args.pool}"),
+            inbox=inbox,
+            config=settings,
+            pool=pool,
+            metrics=PlannerMetrics(registry),
+            shape=shape,
+            state=ConfigMapStateStore(api, args.namespace, state_name, pool) if state_name else None,
+        )
+        async with aiohttp.ClientSession() as session:
+            source = RouterWorkSource(args.router, inbox, session, interval_s=args.poll_interval_s)
+            helpers = [asyncio.create_task(source.run(stop)), asyncio.create_task(settings.run(stop))]
+            try:
+                await controller.run(stop)
+            except (ApiException, PlannerError, ValueError) as e:
+                log.error("planner stopped: %s", e)
+                return 1
+            finally:
+                stop.set()
+                await asyncio.gather(*helpers)
+        log.info("planner stopped")
+        return 0
+    finally:
+        await asyncio.to_thread(api.close)
+
+
+async def serve(args: argparse.Namespace) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        return await run(args, stop)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(ValueError):
+                loop.remove_signal_handler(sig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return asyncio.run(serve(args))

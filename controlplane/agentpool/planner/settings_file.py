@@ -1,0 +1,92 @@
+"""The planner's configuration from flags and an optional file that is re-read while it runs.
+
+The file (YAML or JSON) holds :class:`agentpool.planner.config.PlannerConfig` fields by name
+(``window_s``, ``slices``, ``warmup_s``, ``cooldown_s``, ``min_prefill``, ``min_decode``,
+``initial_prefill``, ``enabled``, ``occupancy``); unknown keys are an error. Flags given on the
+command line win over the file, the file over the defaults. The file is re-read every
+``reload_s`` in a worker thread (no blocking I/O on the event loop); a change applies at the
+next window. A file that stops parsing or validating is logged and the last good configuration
+stays in force.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agentpool.planner.config import PlannerConfig
+
+log = logging.getLogger(__name__)
+
+FIELDS = frozenset(f.name for f in dataclasses.fields(PlannerConfig))
+
+
+def build_config(file_values: Mapping[str, Any], flags: Mapping[str, Any]) -> PlannerConfig:
+    """Defaults, then the file's values, then the flags; ValueError for unknown or bad values."""
+    unknown = sorted(set(file_values) - FIELDS)
+    if unknown:
+        raise ValueError(f"unknown planner settings {unknown}; known: {sorted(FIELDS)}")
+    try:
+        return PlannerConfig(**{**file_values, **flags})
+    except TypeError as e:  # a value of the wrong type the dataclass could not compare
+        raise ValueError(str(e)) from e
+
+
+def read_file(path: Path) -> dict[str, Any]:
+    """The mapping in ``path`` (YAML, of which JSON is a subset); ValueError if it is not one."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ValueError(f"cannot read planner settings {path}: {e}") from e
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"planner settings {path} must be a mapping, got {type(raw).__name__}")
+    return {str(k): v for k, v in raw.items()}
+
+
+class PlannerSettings:
+    """Callable that returns the current :class:`PlannerConfig` (what the controller reads)."""
+
+    def __init__(self, flags: Mapping[str, Any], path: Path | None = None, reload_s: float = 5.0):
+        self._flags = dict(flags)
+        self.path = path
+        self.reload_s = reload_s
+        self._text: str | None = None
+        self._config = build_config(read_file(path) if path is not None else {}, self._flags)
+
+    def __call__(self) -> PlannerConfig:
+        return self._config
+
+    async def reload(self) -> bool:
+        """Re-read the file; True when the configuration changed."""
+        if self.path is None:
+            return False
+        try:
+            values = await asyncio.to_thread(read_file, self.path)
+            config = build_config(values, self._flags)
+        except ValueError as e:
+            log.error("planner settings not applied, keeping the last good ones: %s", e)
+            return False
+        if config == self._config:
+            return False
+        log.info("planner settings changed: %s", config)
+        self._config = config
+        return True
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Reload every ``reload_s`` until ``stop``."""
+        if self.path is None:
+            return
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self.reload_s)
+            if not stop.is_set():
+                await self.reload()

@@ -1,0 +1,183 @@
+"""``python -m agentpool.planner`` as a real process against KMock and a real router work log."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import re
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from test_planner_controller import NODE, NS, PODS, SHAPE, pod_body
+
+from agentpool.models import Work
+from agentpool.planner.process import parser, run
+from agentpool.planner.state import PlannerState
+from agentpool.router.work_log import WorkLog, mount
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture()
+async def router() -> AsyncIterator[tuple[str, list[str], WorkLog]]:
+    """A router stand-in that serves a real work log and remembers the queries it got."""
+    seen: list[str] = []
+
+    @web.middleware
+    async def remember(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        seen.append(request.path_qs)
+        return await handler(request)
+
+    app = web.Application(middlewares=[remember])
+    log = WorkLog("router-0")
+    mount(app, log, sample_interval_s=0.05)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    yield f"http://127.0.0.1:{runner.addresses[0][1]}", seen, log
+    await runner.cleanup()
+
+
+def kubeconfig(tmp_path: Path, url: str) -> Path:
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "kmock", "cluster": {"server": url.rstrip("/")}}],
+                "users": [{"name": "test", "user": {}}],
+                "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "test"}}],
+                "current-context": "kmock",
+            }
+        )
+    )
+    return path
+
+
+def add_pods(kmock: Any, roles: dict[str, str]) -> None:
+    for name in PODS:
+        kmock.objects[kmock.resource("v1", "pods"), NS, name] = pod_body(name, roles[name], name == PODS[-1])
+    kmock.resources["v1/events"] = {}
+    kmock.resources["v1/configmaps"] = {}
+
+
+def role(kmock: Any, name: str) -> str:
+    return str(
+        kmock.objects[kmock.resource("v1", "pods"), NS, name].raw["metadata"]["annotations"][
+            "agentpool.io/role"
+        ]
+    )
+
+
+def events(kmock: Any) -> list[dict[str, Any]]:
+    res = kmock.resource("v1", "events")
+    return [dict(obj.raw) for (r, _, _), obj in kmock.objects.items() if r == res]
+
+
+async def start(tmp_path: Path, kmock: Any, router_url: str, *extra: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agentpool.planner",
+        "--namespace", NS, "--pool", "demo", "--router", router_url,
+        "--kubeconfig", str(kubeconfig(tmp_path, str(kmock.url))),
+        "--poll-interval-s", "0.2", "--initial-prefill", "2",
+        "--experts-active", "8", "--experts-total", "256",
+        *extra,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+
+
+async def until(check: Callable[[], bool], within_s: float, proc: asyncio.subprocess.Process) -> None:
+    deadline = time.monotonic() + within_s
+    while not check():
+        if proc.returncode is not None or time.monotonic() > deadline:
+            out = b""
+            if proc.returncode is None:
+                proc.kill()
+            out = await proc.stdout.read() if proc.stdout else b""
+            raise AssertionError(f"condition not met; planner output:\n{out.decode()}")
+        await asyncio.sleep(0.1)
+
+
+async def stop(proc: asyncio.subprocess.Process) -> str:
+    proc.send_signal(signal.SIGTERM)
+    out, _ = await asyncio.wait_for(proc.communicate(), timeout=15)
+    assert proc.returncode == 0, out.decode()
+    return out.decode()
+
+
+async def test_process_warms_up_polls_the_router_and_stops_cleanly_on_sigterm(
+    kmock: Any, router: tuple[str, list[str], WorkLog], tmp_path: Path
+) -> None:
+    url, seen, _ = router
+    add_pods(kmock, {n: ("decode" if n == PODS[-1] else "prefill") for n in PODS})
+    proc = await start(tmp_path, kmock, url, "--warmup-s", "3600")
+    await until(lambda: all(role(kmock, n) == "both" for n in PODS[:-1]), 20, proc)
+    await until(lambda: sum(p.startswith("/agentpool/v1/work") for p in seen) >= 2, 10, proc)
+    assert role(kmock, PODS[-1]) == "decode"  # pinned
+    assert any("since=" in p for p in seen)  # the second poll sends the first one's cursor
+    out = await stop(proc)
+    assert "planner stopped" in out
+
+
+async def test_process_resumes_from_the_saved_state_and_plans_from_the_routers_records(
+    kmock: Any, router: tuple[str, list[str], WorkLog], tmp_path: Path
+) -> None:
+    url, _, work_log = router
+    roles = {n: ("prefill" if n in PODS[:3] else "decode") for n in PODS}
+    add_pods(kmock, roles)
+    state = PlannerState.of(SHAPE, dict.fromkeys(PODS, NODE), fitted_at=1.0, last_switch_at=2.0)
+    kmock.objects[kmock.resource("v1", "configmaps"), NS, "demo-planner-state"] = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "demo-planner-state", "namespace": NS, "resourceVersion": "1"},
+        "data": {"state.json": state.model_dump_json()},
+    }
+    for i in range(300):  # Putnam-like load: 300 requests in flight, one finishing every 20 ms
+        work_log.routed(f"long-{i}", Work(t_uc=6000, t_c=30000, t_out=4096))
+
+    async def traffic() -> None:
+        for i in itertools.count():
+            work_log.routed(f"r{i}", Work(t_uc=6000, t_c=30000, t_out=4096))
+            work_log.finished(f"r{i}", 2001)
+            await asyncio.sleep(0.02)
+
+    feeding = asyncio.create_task(traffic())
+    try:
+        proc = await start(tmp_path, kmock, url, "--warmup-s", "3600", "--window-s", "1", "--slices", "2")
+        await until(lambda: any(e["reason"] == "PlannerResumed" for e in events(kmock)), 20, proc)
+        await asyncio.sleep(2.5)  # two windows
+        out = await stop(proc)
+    finally:
+        feeding.cancel()
+    assert "3P6D" in next(e["message"] for e in events(kmock) if e["reason"] == "PlannerResumed")
+    outcomes = re.findall(r"planner window \d+-\d+: ([a-z-]+):", out)
+    assert outcomes and outcomes[0] in {"hold", "switch"}, out  # a window with data, no warmup
+    assert "both" not in {role(kmock, n) for n in PODS}
+    if "switch" in outcomes:  # Putnam-like work: 2P7D is better than 3P6D; the switch is saved
+        cm = kmock.objects[kmock.resource("v1", "configmaps"), NS, "demo-planner-state"].raw
+        assert PlannerState.model_validate_json(cm["data"]["state.json"]).last_switch_at > time.time() - 60
+        assert sum(role(kmock, n) == "prefill" for n in PODS) == 2
+    else:
+        assert {n: role(kmock, n) for n in PODS} == roles
+
+
+async def test_bad_settings_or_kubeconfig_fail_the_start(tmp_path: Path) -> None:
+    common = ["--namespace", NS, "--pool", "demo", "--router", "http://127.0.0.1:9"]
+    args = parser().parse_args([*common, "--slices", "1", "--kubeconfig", str(tmp_path / "none")])
+    assert await run(args, asyncio.Event()) == 1
+    args = parser().parse_args([*common, "--kubeconfig", str(tmp_path / "none")])
+    assert await run(args, asyncio.Event()) == 1
+    settings = tmp_path / "planner.yaml"
+    settings.write_text("window_s: 60\nbogus: 1\n")
+    args = parser().parse_args([*common, "--settings", str(settings)])
+    assert await run(args, asyncio.Event()) == 1

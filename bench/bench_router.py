@@ -1,6 +1,6 @@
 """Router benchmark: policy decision latency, and router overhead against sglang-router.
 
-``python -m bench.bench_router [--skip-overhead | --skip-decision] [--seconds S]``
+``python -m bench.bench_router [--skip-overhead | --skip-decision] [--seconds S] [--uvloop]``
 
 1. Decision latency per policy (in-process, pure): ``prefill_candidates`` + ``policy.choose`` on
    8, 64 and 512 prefill nodes with random queues, reports and cached prefixes. Prints p50/p99 in
@@ -10,6 +10,7 @@
    (``python -m agentpool.router``, evolving and round-robin policies, in-process directory,
    builtin tokenizer, a 300-word chat prompt) and
    through ``sglang-router`` (PyPI, Rust, ``round_robin`` and ``cache_aware``) in the same run.
+   With ``--uvloop`` the agentpool router also runs with ``--loop uvloop`` (rows ``...-uvloop``).
    Prints requests/s and latency at concurrency 1 and 32, the latency each router adds over the
    direct baseline, and the agentpool/sglang ratios. Engines, routers and the load generator are
    separate processes.
@@ -277,7 +278,7 @@ def warm_chat(url: str, timeout_s: float, proc: subprocess.Popen[bytes]) -> None
     raise RuntimeError(f"{url} never served a chat request within {timeout_s}s")
 
 
-def router_overhead(seconds: float, engines: int) -> None:
+def router_overhead(seconds: float, engines: int, loops: Sequence[str] = ("asyncio",)) -> None:
     print(f"\n## Router overhead on loopback, {engines} instant engines, {seconds:.0f}s per measurement")
     procs: list[subprocess.Popen[bytes]] = []
     tmp = Path(tempfile.mkdtemp(prefix="bench-router-"))
@@ -292,9 +293,13 @@ def router_overhead(seconds: float, engines: int) -> None:
         engine_urls = [f"http://127.0.0.1:{p}" for p in ports]
 
         targets: list[tuple[str, list[str]]] = [("direct", [u + "/v1/chat/completions" for u in engine_urls])]
-        for policy in ("evolving", "round-robin"):
-            port = start_agentpool(policy, engine_urls, procs, tmp)
-            targets.append((f"agentpool-{policy}", [f"http://127.0.0.1:{port}/v1/chat/completions"]))
+        for loop in loops:
+            suffix = "" if loop == "asyncio" else f"-{loop}"
+            for policy in ("evolving", "round-robin"):
+                port = start_agentpool(policy, engine_urls, procs, tmp, loop)
+                targets.append(
+                    (f"agentpool-{policy}{suffix}", [f"http://127.0.0.1:{port}/v1/chat/completions"])
+                )
         sglang_note = start_sglang(engine_urls, procs, targets, tmp)
         results: dict[tuple[str, int], Result] = {}
         for concurrency in (1, 32):
@@ -322,9 +327,15 @@ def router_overhead(seconds: float, engines: int) -> None:
 
 
 def start_agentpool(
-    policy: str, engine_urls: list[str], procs: list[subprocess.Popen[bytes]], tmp: Path
+    policy: str,
+    engine_urls: list[str],
+    procs: list[subprocess.Popen[bytes]],
+    tmp: Path,
+    loop: str = "asyncio",
 ) -> int:
-    """``python -m agentpool.router`` with ``policy`` over the engines; returns its port once ready."""
+    """``python -m agentpool.router`` with ``policy`` over the engines; returns its port once ready.
+
+    ``loop`` other than ``asyncio`` passes ``--loop`` (the default router takes no such flag)."""
     port = free_port()
     config = {
         "model": "bench",
@@ -334,6 +345,8 @@ def start_agentpool(
     path = tmp / f"router-{policy}.json"
     path.write_text(json.dumps(config))
     args = ["--config", str(path), "--host", "127.0.0.1", "--port", str(port)]
+    if loop != "asyncio":
+        args += ["--loop", loop]
     proc = subprocess.Popen(
         [sys.executable, "-m", "agentpool.router", *args],
         cwd=ROOT,
@@ -396,15 +409,17 @@ def print_ratios(results: dict[tuple[str, int], Result], names: list[str]) -> No
                 f"  c={concurrency:<3} {name:<22} +{r.p50 - base.p50:6.2f} ms   "
                 f"{r.rps / base.rps:5.2f}x direct req/s"
             )
+    ours = [n for n in names if n.startswith("agentpool-evolving")]
     for other in [n for n in names if n.startswith("sglang")]:
-        for concurrency in (1, 32):
-            ap, sg, base = (results[(n, concurrency)] for n in ("agentpool-evolving", other, "direct"))
-            added_ap, added_sg = ap.p50 - base.p50, sg.p50 - base.p50
-            ratio = f"{added_ap / added_sg:5.2f}" if added_sg > 0 else "n/a (sglang adds none measurable)"
-            print(
-                f"  c={concurrency:<3} agentpool-evolving vs {other}: req/s ratio {ap.rps / sg.rps:5.2f}, "
-                f"added-latency ratio {ratio}"
-            )
+        for mine in ours:
+            for concurrency in (1, 32):
+                ap, sg, base = (results[(n, concurrency)] for n in (mine, other, "direct"))
+                added_ap, added_sg = ap.p50 - base.p50, sg.p50 - base.p50
+                ratio = f"{added_ap / added_sg:5.2f}" if added_sg > 0 else "n/a (sglang adds none measurable)"
+                print(
+                    f"  c={concurrency:<3} {mine} vs {other}: req/s ratio {ap.rps / sg.rps:5.2f}, "
+                    f"added-latency ratio {ratio}"
+                )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -413,12 +428,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds per overhead measurement")
     parser.add_argument("--skip-decision", action="store_true", help="only the router overhead")
     parser.add_argument("--engines", type=int, default=4)
+    parser.add_argument(
+        "--uvloop",
+        action="store_true",
+        help="also run the agentpool router with --loop uvloop (needs: pip install uvloop)",
+    )
     args = parser.parse_args(argv)
     print(f"router benchmark on {os.cpu_count()} CPUs (shared machine: figures are noisy)")
     if not args.skip_decision:
         decision_latency((8, 64, 512))
     if not args.skip_overhead:
-        router_overhead(args.seconds, args.engines)
+        loops = ("asyncio", "uvloop") if args.uvloop else ("asyncio",)
+        router_overhead(args.seconds, args.engines, loops)
 
 
 if __name__ == "__main__":

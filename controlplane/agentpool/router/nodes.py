@@ -54,6 +54,9 @@ class NodeEntry:
     next_seq: int = 0
     prefills: dict[str, Dispatch] = field(default_factory=dict)
     decodes: dict[str, Dispatch] = field(default_factory=dict)
+    # bumped on every change to ``prefills``; keys the memo of the unreported queue aggregate
+    prefills_version: int = 0
+    unreported_memo: tuple[int, int, QueuedPrefill] | None = None
 
     @property
     def node_id(self) -> str:
@@ -127,12 +130,14 @@ class NodeTable:
         seq = entry.next_seq
         entry.next_seq += 1
         entry.prefills[request_id] = Dispatch(request_id, seq, work, kv_tokens)
+        entry.prefills_version += 1
         return seq
 
     def finish_prefill(self, node_id: str, request_id: str) -> None:
         entry = self._nodes.get(node_id)
         if entry is not None:
-            entry.prefills.pop(request_id, None)
+            if entry.prefills.pop(request_id, None) is not None:
+                entry.prefills_version += 1
             self._maybe_drained(entry)
 
     def bind_decode(self, node_id: str, request_id: str, kv_tokens: int) -> int:
@@ -170,10 +175,7 @@ class NodeTable:
         if r is not None and fresh:
             after = r.last_dispatch_seq
             queue = e.report_queue
-            unreported = EMPTY_QUEUE
-            for d in e.prefills.values():
-                if d.seq > after:
-                    unreported = unreported.add(d.work)
+            unreported = self._unreported(e, after)
             running = r.running_decode
             room = r.kv_room_tokens
             for d in e.decodes.values():
@@ -186,7 +188,7 @@ class NodeTable:
             accepting = r.accepting
         else:
             queue = EMPTY_QUEUE
-            unreported = QueuedPrefill.of([d.work for d in e.prefills.values()])
+            unreported = self._unreported(e, -1)  # every dispatch (sequence numbers start at 0)
             running = len(e.decodes)
             used = sum(d.kv_tokens for d in e.decodes.values())
             room = max(0, e.config.kv_capacity_tokens - used)
@@ -206,3 +208,16 @@ class NodeTable:
             draining=e.draining,
             report_age_s=age,
         )
+
+    @staticmethod
+    def _unreported(e: NodeEntry, after: int) -> QueuedPrefill:
+        """The prefills dispatched after sequence ``after``, summed in dispatch order (memoized)."""
+        memo = e.unreported_memo
+        if memo is not None and memo[0] == e.prefills_version and memo[1] == after:
+            return memo[2]
+        queue = EMPTY_QUEUE
+        for d in e.prefills.values():
+            if d.seq > after:
+                queue = queue.add(d.work)
+        e.unreported_memo = (e.prefills_version, after, queue)
+        return queue

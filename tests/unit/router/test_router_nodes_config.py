@@ -163,3 +163,25 @@ def test_config_from_the_pool_spec_settings_round_trips() -> None:
     assert ctx.fetch.tau(1000) == pytest.approx(0.001 + 2e-3)
     assert (ctx.kappa_s_per_token, ctx.max_report_age_s, ctx.slo.base) == (3e-7, 4.0, 3.0)
     assert again.nodes[0].role is Role.PREFILL and again.knobs == {"slack": 1.5, "hit_ratio": 0.7}
+
+
+def test_the_unreported_queue_follows_every_dispatch_and_finish() -> None:
+    """The aggregate is memoized per node: each change to the outstanding prefills must show."""
+    t = table(Role.PREFILL)
+    works = [Work(t_uc=100.0 * (i + 1), t_c=10.0 * i) for i in range(4)]
+    for i, w in enumerate(works):
+        t.dispatch_prefill("n0", f"r{i}", w, 1000)
+        (state,) = t.snapshot(0.0)
+        assert state.unreported.requests == i + 1
+        assert state.unreported.t_uc == sum(x.t_uc for x in works[: i + 1])
+    assert t.snapshot(0.5)[0].unreported is t.snapshot(0.6)[0].unreported  # unchanged: memo reused
+    t.finish_prefill("n0", "r1")
+    t.finish_prefill("n0", "unknown")
+    (state,) = t.snapshot(1.0)
+    assert (state.unreported.requests, state.unreported.t_uc) == (3, 100.0 + 300.0 + 400.0)
+    t.apply_report(LoadReport(node_id="n0", role=Role.PREFILL, last_dispatch_seq=2), 1.0)
+    (state,) = t.snapshot(1.0)  # only r3 (sequence 3) is after the report
+    assert (state.unreported.requests, state.unreported.t_uc, state.unreported.t_c) == (1, 400.0, 30.0)
+    for rid in ("r0", "r2", "r3"):
+        t.finish_prefill("n0", rid)
+    assert t.snapshot(2.0)[0].unreported.requests == 0

@@ -8,6 +8,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import aiohttp
 import pytest
 from aiohttp import web
+from router_engine_standin import StandIn
+from router_harness import chat_body, router_config, start_router
 
 from agentpool.models import OccupancyCount, Work, slice_window
 from agentpool.planner.inbox import PlannerInbox
@@ -136,3 +138,28 @@ async def test_source_rejects_a_malformed_answer(session: aiohttp.ClientSession)
         assert source.routers[0].failures == 1 and source.routers[0].cursor is None
     finally:
         await runner.cleanup()
+
+
+async def test_a_routed_request_reaches_the_planner_through_the_router(
+    session: aiohttp.ClientSession,
+) -> None:
+    """End to end: a chat request through a real router becomes one work record for the planner.
+
+    Skipped until ``flow.py``/``server.py`` call the work log (their owner adds the lines).
+    """
+    engine = await StandIn("a", tokens=4).start()
+    router = await start_router(router_config([("a", engine.url, "both")]))
+    try:
+        if not hasattr(router.service.dispatcher, "work_log"):
+            pytest.skip("the router does not record work yet (flow.py/server.py not wired)")
+        async with session.post(f"{router.url}/v1/chat/completions", json=chat_body(max_tokens=4)) as resp:
+            assert resp.status == 200
+        inbox = PlannerInbox()
+        source = RouterWorkSource([router.url], inbox, session)
+        assert await source.poll_once() >= 2  # the record and the startup sample
+        (record,) = inbox.requests(0, 1e12)
+        assert record.work.t_out == 3 and record.work.t_uc + record.work.t_c > 0
+        assert inbox.occupancy(0, 1e12)[0].requests == 0
+    finally:
+        await router.stop()
+        await engine.kill()

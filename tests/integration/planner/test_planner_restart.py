@@ -95,7 +95,7 @@ async def converge(env: Env) -> Evaluation:
     await h.controller.save_state()
     h.engines_report_observed_roles()
     h.route(1800, 2400, OSWORLD, rng)
-    ev = await h.controller.evaluate_window(1800, 2400)
+    ev: Evaluation | None = await h.controller.evaluate_window(1800, 2400)
     assert ev is not None and ev.decision.outcome is Outcome.SWITCH, ev.decision.reason
     h.engines_report_observed_roles()
     return ev

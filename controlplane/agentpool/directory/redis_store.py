@@ -11,8 +11,12 @@ Key layout (``ns`` is the configured namespace, default ``agentpool:dir``):
 ``<ns>:nodes``  HASH node -> phase (``prefill``/``decode``/``both``).
 
 Counts ``R[b, n]`` are the sizes of the ``C`` sets and are rebuilt on load. Each save is one
-``MULTI``/``EXEC`` round trip: per branch ``DEL`` + ``HSET`` + ``EXPIRE`` (the row is replaced as a
-whole, atomically), ``DEL`` for ended branches, ``HSET``/``HDEL`` for node phases.
+``MULTI``/``EXEC`` round trip: per new (or re-written) branch ``DEL`` + ``HSET`` + ``PEXPIRE`` (the row
+replaced whole), per known branch ``HSET`` of the changed fields + ``HDEL`` of the dropped ones +
+``PEXPIRE``, ``DEL`` for ended branches, ``HSET``/``HDEL`` for node phases. The key TTL is the idle
+limit plus ``ttl_margin_s``, so the directory's own idle sweep (which deletes the row) always comes
+first while it runs; a row missing ``v``, ``p`` or ``s`` (a patch that landed after an expiry) is
+skipped on load.
 """
 
 from __future__ import annotations
@@ -23,19 +27,25 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from agentpool.directory.store import Snapshot, StoreUnavailableError, decode_branch
+from agentpool.directory.store import Snapshot, StoreUnavailableError, decode_branch, is_complete
 from agentpool.kv import BranchState, Phase
 
 _REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
 
 
 class RedisBranchStore:
-    def __init__(self, client: aioredis.Redis, namespace: str = "agentpool:dir", idle_ttl_s: float = 3600.0):
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        namespace: str = "agentpool:dir",
+        idle_ttl_s: float = 3600.0,
+        ttl_margin_s: float = 60.0,
+    ):
         if "{" in namespace or "}" in namespace:
             raise ValueError("namespace must not contain hash-tag braces")
         self.client = client
         self.namespace = namespace
-        self.idle_ttl_ms = max(1, int(idle_ttl_s * 1000))
+        self.idle_ttl_ms = max(1, int((idle_ttl_s + ttl_margin_s) * 1000))
         self.round_trips = 0
 
     @classmethod
@@ -65,20 +75,26 @@ class RedisBranchStore:
                     pipe.hgetall(k)
                 rows = cast(list[dict[bytes, bytes]], await pipe.execute())
                 for k, row in zip(keys[i : i + 500], rows, strict=True):
-                    if row:  # expired between SCAN and HGETALL
+                    if is_complete(row):  # empty: expired between SCAN and HGETALL
                         states.append(decode_branch(k.decode()[len(prefix) : -1], row))
         except _REDIS_DOWN as e:
             raise StoreUnavailableError(f"redis: {e}") from e
         return {n.decode(): Phase(p.decode()) for n, p in raw_phases.items()}, states
 
     async def save(self, snap: Snapshot) -> None:
-        if not (snap.branches or snap.ended or snap.phases):
+        if not (snap.branches or snap.ended or snap.phases or snap.patches):
             return
         pipe = self.client.pipeline(transaction=True)
         for b, row in snap.branches.items():
             key = self.branch_key(b)
             pipe.delete(key)
             pipe.hset(key, mapping=row)  # type: ignore[arg-type]
+            pipe.pexpire(key, self.idle_ttl_ms)
+        for b, (put, drop) in snap.patches.items():
+            key = self.branch_key(b)
+            pipe.hset(key, mapping=put)  # type: ignore[arg-type]
+            if drop:
+                pipe.hdel(key, *drop)
             pipe.pexpire(key, self.idle_ttl_ms)
         for b in snap.ended:
             pipe.delete(self.branch_key(b))

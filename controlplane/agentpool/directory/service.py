@@ -33,7 +33,7 @@ from agentpool.directory.convert import (
 )
 from agentpool.directory.ingest import EventIngest, ServiceLimits
 from agentpool.directory.metrics import DirectoryMetrics
-from agentpool.directory.store import BranchStore, StoreUnavailableError, snapshot
+from agentpool.directory.store import BranchStore, RowTracker, StoreUnavailableError, snapshot
 from agentpool.kv import Changes, CountChanges, Directory
 from agentpool.v1 import directory_pb2 as pb
 from agentpool.v1 import directory_pb2_grpc as pb_grpc
@@ -92,6 +92,8 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         self._write_lock = asyncio.Lock()
         self._deferred = Changes()  # Resolve E.1 updates not written yet: they go with the next write
         self._deferred_since: float | None = None
+        self._rows = RowTracker()  # writes only the changed fields of known branch rows
+        self._epoch = 0  # bumped by a failed write: snapshots diffed before it are rewritten whole
         self.ingest = EventIngest(directory, self.limits, self.metrics, wall_clock, monotonic)
         self._watchers: dict[str, set[_Watcher]] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -101,6 +103,7 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         """Load the agent state from the store (raises StoreUnavailableError) and start the sweeps."""
         phases, branches = await self.store.load()
         self.dir.load_agent_state(phases, branches)
+        self._rows.loaded(branches)
         self.ingest.expect(phases)
         self.store_ok = True
         self.metrics.store_up.set(1)
@@ -134,6 +137,7 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         async with self._write_lock:
             phases, branches = await self.store.load()
             self.dir.load_agent_state(phases, branches)
+            self._rows.loaded(branches)
             self._deferred, self._deferred_since = Changes(), None
             self.ingest.keep_only(phases)
             self._reload_needed = False
@@ -180,13 +184,17 @@ class DirectoryService(pb_grpc.DirectoryServicer):
             deferred, self._deferred, self._deferred_since = self._deferred, Changes(), None
             deferred.merge(changes)
             changes = deferred
-        snap = snapshot(self.dir, changes)
+        snap, epoch = self._rows.snapshot(self.dir, changes), self._epoch
         async with self._write_lock:
+            if epoch != self._epoch:  # diffed against a write that failed: write the rows whole
+                snap = snapshot(self.dir, changes)
             try:
                 await self.store.save(snap)
                 self.metrics.store_writes.labels("ok").inc()
             except StoreUnavailableError as e:
                 self.metrics.store_writes.labels("error").inc()
+                self._epoch += 1
+                self._rows.clear()
                 self.store_ok = False
                 self._reload_needed = True
                 self.metrics.store_up.set(0)

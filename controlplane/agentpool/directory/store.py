@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from agentpool.kv import BranchState, Changes, Directory, PendingMove, Phase
@@ -26,11 +26,16 @@ class StoreUnavailableError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """Encoded rows of one mutation, taken synchronously right after the core changed."""
+    """Encoded rows of one mutation, taken synchronously right after the core changed.
+
+    ``branches`` rows replace the stored row whole; ``patches`` (branch -> (fields to set, fields to
+    delete)) change only those fields of a row the store already holds (:class:`RowTracker`).
+    """
 
     branches: dict[str, Row]
     ended: frozenset[str]
     phases: dict[str, str | None]  # node -> phase value, None: node dropped
+    patches: dict[str, tuple[Row, tuple[bytes, ...]]] = field(default_factory=dict)
 
 
 def encode_hashes(hashes: tuple[int, ...] | frozenset[int]) -> bytes:
@@ -55,6 +60,11 @@ def encode_branch(state: BranchState) -> Row:
     for node, move in state.pending.items():
         row[b"m:" + node.encode()] = f"{move.version}:{move.blocks}".encode()
     return row
+
+
+def is_complete(row: Mapping[bytes, bytes]) -> bool:
+    """A row has its version and path (a patch can only land on a row that expired in between)."""
+    return b"v" in row and b"p" in row and b"s" in row
 
 
 def decode_branch(branch_id: str, row: Mapping[bytes, bytes]) -> BranchState:
@@ -88,6 +98,67 @@ def snapshot(directory: Directory, changes: Changes) -> Snapshot:
     )
 
 
+@dataclass(slots=True)
+class _Written:
+    """The objects of a branch row as last encoded (paths and counted sets are immutable, so an
+    unchanged field is the very same object)."""
+
+    path: tuple[int, ...]
+    counted: dict[str, frozenset[int]]
+    pending: dict[str, PendingMove]
+
+
+class RowTracker:
+    """Encodes only the fields of a branch row that changed since the row was last encoded.
+
+    ``v`` and ``s`` are always written (a few bytes); ``p`` only when the path object changed, ``c:<node>``
+    only when that counted set changed, deleted sets and moves are deleted. A branch the tracker does
+    not know (new, or after :meth:`clear`) is written whole. Diffs are against the last *snapshot*, not
+    the last confirmed write: valid because writes go to the store in snapshot order, and the service
+    clears the tracker (and rewrites queued snapshots whole) after a failed write.
+    """
+
+    def __init__(self) -> None:
+        self._rows: dict[str, _Written] = {}
+
+    def clear(self) -> None:
+        self._rows.clear()
+
+    def loaded(self, states: list[BranchState]) -> None:
+        """The rows of ``states`` are what the store holds (just loaded)."""
+        self._rows = {s.branch_id: _remember(s) for s in states}
+
+    def snapshot(self, directory: Directory, changes: Changes) -> Snapshot:
+        full = snapshot(directory, changes)
+        patches: dict[str, tuple[Row, tuple[bytes, ...]]] = {}
+        for b in full.ended:
+            self._rows.pop(b, None)
+        for b in list(full.branches):
+            state = directory.branches.get(b)
+            old = self._rows.get(b)
+            self._rows[b] = _remember(state)
+            if old is None:
+                continue
+            row = full.branches.pop(b)
+            put: Row = {b"v": row[b"v"], b"s": row[b"s"]}
+            if state.path is not old.path:
+                put[b"p"] = row[b"p"]
+            for node, blocks in state.counted.items():
+                if old.counted.get(node) is not blocks:
+                    put[b"c:" + node.encode()] = row[b"c:" + node.encode()]
+            for node, move in state.pending.items():
+                if old.pending.get(node) != move:
+                    put[b"m:" + node.encode()] = row[b"m:" + node.encode()]
+            drop = [b"c:" + n.encode() for n in old.counted if n not in state.counted]
+            drop += [b"m:" + n.encode() for n in old.pending if n not in state.pending]
+            patches[b] = (put, tuple(drop))
+        return Snapshot(full.branches, full.ended, full.phases, patches)
+
+
+def _remember(state: BranchState) -> _Written:
+    return _Written(state.path, dict(state.counted), dict(state.pending))
+
+
 class BranchStore(Protocol):
     async def load(self) -> tuple[dict[str, Phase], list[BranchState]]:
         """Every persisted node phase and branch row."""
@@ -112,13 +183,18 @@ class MemoryBranchStore:
 
     async def load(self) -> tuple[dict[str, Phase], list[BranchState]]:
         phases = {n: Phase(p) for n, p in self.phases.items()}
-        return phases, [decode_branch(b, row) for b, row in self.rows.items()]
+        return phases, [decode_branch(b, row) for b, row in self.rows.items() if is_complete(row)]
 
     async def save(self, snap: Snapshot) -> None:
         self.writes += 1
         for b in snap.ended:
             self.rows.pop(b, None)
         self.rows.update({b: dict(row) for b, row in snap.branches.items()})
+        for b, (put, drop) in snap.patches.items():
+            row = self.rows.setdefault(b, {})
+            row.update(put)
+            for f in drop:
+                row.pop(f, None)
         for node, phase in snap.phases.items():
             if phase is None:
                 self.phases.pop(node, None)

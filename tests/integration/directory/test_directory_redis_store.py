@@ -64,7 +64,7 @@ async def test_key_layout_hash_tags_and_ttl() -> None:
     await store.save(snapshot(d, d.place("agent/7", "p1", 1.0)))
     key = f"{namespace}:branch:{{agent/7}}"
     assert await client.exists(key) == 1
-    assert 0 < await client.ttl(key) <= 30
+    assert 30 < await client.ttl(key) <= 90  # idle limit + 60 s margin: the directory's sweep comes first
     assert await client.hget(f"{namespace}:nodes", "p1") == b"prefill"
     row = await client.hgetall(key)
     assert set(row) == {b"v", b"p", b"s", b"c:p1"}

@@ -11,6 +11,7 @@ from agentpool.directory.convert import InvalidRequestError, block_list, branch_
 from agentpool.directory.service import DirectoryService, ServiceTimers, _Abort
 from agentpool.directory.store import (
     MemoryBranchStore,
+    RowTracker,
     Snapshot,
     StoreUnavailableError,
     decode_branch,
@@ -182,5 +183,42 @@ async def test_the_sweeper_flushes_a_resolve_left_without_a_place() -> None:
             if "lonely" in store.rows:
                 break
         assert decode_branch("lonely", store.rows["lonely"]).path == (4, 5)
+    finally:
+        await svc.stop()
+
+
+def test_row_tracker_writes_only_changed_fields() -> None:
+    d = Directory(page_size=1)
+    d.register_node("p1", Phase.PREFILL)
+    d.register_node("d1", Phase.DECODE)
+    rows = RowTracker()
+    first = d.resolve([1, 2, 3], "a", 1.0).changes
+    first.merge(d.place("a", "p1", 1.0))
+    snap = rows.snapshot(d, first)
+    assert set(snap.branches) == {"a"} and not snap.patches  # a new row is written whole
+    snap = rows.snapshot(d, d.place("a", "d1", 2.0))
+    assert not snap.branches
+    put, drop = snap.patches["a"]
+    assert set(put) == {b"v", b"s", b"c:d1"} and drop == ()  # not the path, not c:p1
+    d.resolve([7], "a", 3.0)  # compaction: every counted set and the path change
+    snap = rows.snapshot(d, d.place("a", "p1", 3.0))
+    put, drop = snap.patches["a"]
+    assert set(put) == {b"v", b"s", b"p", b"c:p1"} and drop == (b"c:d1",)
+
+
+async def test_a_failed_write_makes_queued_diffs_whole_rows() -> None:
+    store = FlakyStore()
+    svc = DirectoryService(Directory(page_size=1), store, timers=ServiceTimers(store_check_interval_s=3600))
+    await svc.start()
+    try:
+        await svc._commit(svc.dir.register_node("p1", Phase.PREFILL))
+        await svc._commit(svc.dir.resolve([1, 2], "a", 1.0).changes)
+        store.down = True
+        with pytest.raises(_Abort):
+            await svc._commit(svc.dir.place("a", "p1", 2.0))
+        store.down = False
+        store.rows.clear()  # what a patch would now land on: nothing of the row
+        await svc._commit(svc.dir.place("a", "p1", 3.0), strict=False)
+        assert decode_branch("a", store.rows["a"]).counted == {"p1": frozenset({1, 2})}  # whole row
     finally:
         await svc.stop()

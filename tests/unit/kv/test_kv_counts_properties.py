@@ -8,7 +8,8 @@ phases it applied, never the directory's own sets); every branch counts only blo
 a completed same-phase move leaves one counted copy in that phase; an evicted host copy has count zero
 and no branch counts it (E.2 line 20); and after all branches end every count is zero. The same
 histories are persisted through a store and reloaded into a fresh directory, which must hold the same
-counts (memory store here; the Redis store runs the same check in tests/integration/directory).
+counts (memory store here; the Redis store runs the same check in tests/integration/directory). The
+writes go through :class:`RowTracker`, as in the service: only the changed fields of a known row.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from kv_reference import NODES, Op, Reference, drive, ops
 
-from agentpool.directory.store import BranchStore, MemoryBranchStore, snapshot
+from agentpool.directory.store import BranchStore, MemoryBranchStore, RowTracker, snapshot
 from agentpool.kv import Changes, Directory, Tier
 from agentpool.kv.hashing import block_hashes
 
@@ -43,8 +44,10 @@ def run_history(history: list[Op], store: BranchStore, loop: asyncio.AbstractEve
     for n, p in NODES.items():
         loop.run_until_complete(store.save(snapshot(d, d.register_node(n, p))))
 
+    rows = RowTracker()  # as the service writes: changed fields of known rows, new rows whole
+
     def persist(changes: Changes) -> None:
-        loop.run_until_complete(store.save(snapshot(d, changes)))
+        loop.run_until_complete(store.save(rows.snapshot(d, changes)))
 
     for op in drive(history, d, ref, persist):
         if ref.last_stored is not None:

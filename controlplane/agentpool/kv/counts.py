@@ -79,7 +79,8 @@ class BranchCounts:
                 holders.setdefault(b, set()).add(beta)
 
     def evicted(self, node: str, block: int, states: dict[str, BranchState], out: CountChanges) -> list[str]:
-        """Block ``block`` left ``node``: drop it from ``C[beta, node]`` of every branch, ``R = 0``.
+        """E.2 line 20: the host copy of ``block`` on ``node`` was evicted (or the block left the node):
+        drop it from ``C[beta, node]`` of every branch, ``R = 0``.
 
         ``states`` maps the affected branch ids to their rows; returns those branch ids.
         """

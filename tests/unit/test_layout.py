@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,3 +30,10 @@ def test_agentpool_is_a_namespace_over_three_roots() -> None:
         assert Path(module.__file__).resolve().is_relative_to(ROOT / root)
     for root in ("controlplane", "operator", "engine-image"):
         assert not (ROOT / root / "agentpool" / "__init__.py").exists()
+
+
+def test_installed_console_script_runs() -> None:
+    exe = shutil.which("agentpool")
+    assert exe is not None, "the `agentpool` console script is not installed (pip install -e .)"
+    out = subprocess.run([exe, "--help"], cwd="/", capture_output=True, text=True, check=True)
+    assert "simulate" in out.stdout

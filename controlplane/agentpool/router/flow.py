@@ -41,6 +41,7 @@ from agentpool.router.policy import (
     prefill_candidates,
 )
 from agentpool.router.policy.contract import serves_prefill
+from agentpool.router.work_log import WorkLog
 
 Endpoint = Literal["chat", "completion"]
 
@@ -111,6 +112,7 @@ class Dispatcher:
         metrics: RouterMetrics,
         routing: Routing,
         clock: Callable[[], float] = time.monotonic,
+        work_log: WorkLog | None = None,
     ) -> None:
         self.nodes = nodes
         self.engines = engines
@@ -118,6 +120,7 @@ class Dispatcher:
         self.metrics = metrics
         self.routing = routing
         self.clock = clock
+        self.work_log = work_log if work_log is not None else WorkLog()
 
     # -- choosing ----------------------------------------------------------------------------
     def choose(self, prep: Prepared) -> Decision:
@@ -165,6 +168,7 @@ class Dispatcher:
                 t_c=float(decision.cached_tokens),
                 t_out=float(prep.view.expected_output_tokens),
             )
+            self.work_log.routed(prep.request_id, work)
             seq = self.nodes.dispatch_prefill(node, prep.request_id, work, self._kv_tokens(prep))
             colocated = self.nodes.get(node).role is Role.BOTH
             try:

@@ -50,6 +50,7 @@ from agentpool.router.openai_api import (
 )
 from agentpool.router.service import RouterService
 from agentpool.router.tokenizer import Encoded, TokenizerError
+from agentpool.router.work_log import mount as mount_work_log
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
@@ -247,6 +248,7 @@ async def answer(
             return ApiError(502, str(e), "server_error", "engine_failed").response()
         raise
     finally:
+        service.dispatcher.work_log.finished(prep.request_id, tokens)
         done = time.monotonic()
         stats.child(stats.requests, endpoint, code).inc()
         if first_at is not None:
@@ -368,6 +370,7 @@ def build_app(service: RouterService) -> web.Application:
     app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/agentpool/v1/report", report)
+    mount_work_log(app, service.dispatcher.work_log)
 
     async def on_startup(app: web.Application) -> None:
         await app[SERVICE_KEY].start()

@@ -28,6 +28,7 @@ from agentpool.router.tokenizer import (
     Encoded,
     Message,
     Tokenizer,
+    TokenizerError,
     encode_chat,
     encode_completion,
     load_tokenizer,
@@ -82,13 +83,19 @@ class RouterService:
         await self.engines.close()
 
     # -- configuration -----------------------------------------------------------------------
-    def apply_config(self, config: RouterConfig) -> list[str]:
-        """Switch to ``config`` without a restart; returns the nodes whose role changed (draining)."""
+    def apply_config(self, config: RouterConfig, tokenizer: Tokenizer | None = None) -> list[str]:
+        """Switch to ``config`` without a restart; returns the nodes whose role changed (draining).
+
+        ``tokenizer``: ``config``'s tokenizer when the caller already loaded it (off the event loop);
+        otherwise a changed tokenizer is loaded here.
+        """
         old = self.routing
         policy = old.policy
         if config.policy != old.config.policy or config.knobs != old.config.knobs:
             policy = create_policy(config.policy, config.knobs)
-        if config.tokenizer != old.config.tokenizer:
+        if tokenizer is not None:
+            self.tokenizer = tokenizer
+        elif config.tokenizer != old.config.tokenizer:
             self.tokenizer = load_tokenizer(config.tokenizer)
         self.routing = Routing(config, policy, config.policy_context())
         self.dispatcher.routing = self.routing
@@ -101,23 +108,35 @@ class RouterService:
             log.info("node %s changed role: draining its old phase", node)
         return switched
 
-    def reload_if_changed(self) -> bool:
+    def _read_changed_config(self) -> tuple[RouterConfig, Tokenizer | None] | None:
+        """The config file's new contents (and its tokenizer if that changed), or None if unchanged.
+
+        Blocking file I/O: the reload loop runs this in a worker thread.
+        """
         if self.config_file is None or not self.config_file.changed():
-            return False
+            return None
+        config = self.config_file.load()
+        changed = config.tokenizer != self.routing.config.tokenizer
+        return config, load_tokenizer(config.tokenizer) if changed else None
+
+    async def reload_if_changed(self) -> bool:
+        """Apply the config file if it changed; a bad file keeps the previous config (and says so)."""
         try:
-            config = self.config_file.load()
-        except (ConfigError, OSError) as e:
+            read = await asyncio.to_thread(self._read_changed_config)
+        except (ConfigError, TokenizerError, OSError) as e:
             self.metrics.config_reloads.labels("error").inc()
             log.error("router config reload failed, keeping the previous one: %s", e)
             return False
-        self.apply_config(config)
+        if read is None:
+            return False
+        self.apply_config(*read)
         self.metrics.config_reloads.labels("ok").inc()
         return True
 
     async def _reload_loop(self) -> None:
         while True:
             await asyncio.sleep(self.reload_interval_s)
-            self.reload_if_changed()
+            await self.reload_if_changed()
 
     # -- reports -----------------------------------------------------------------------------
     def apply_report(self, report: LoadReport) -> None:

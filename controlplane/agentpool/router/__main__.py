@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import logging
 import time
+from pathlib import Path
 
 from aiohttp import web
 
@@ -22,12 +23,18 @@ from agentpool.router.server import build_app
 from agentpool.router.service import RouterService
 
 
-def directory_view(spec: str, page_size: int) -> DirectoryView:
+def directory_view(
+    spec: str, page_size: int, token_file: Path | None = None, ca_file: Path | None = None
+) -> DirectoryView:
     if spec == "inprocess":
+        if token_file is not None or ca_file is not None:
+            raise SystemExit("--directory-token-file/--directory-ca-file need --directory HOST:PORT")
         return InProcessDirectoryView(Directory(page_size), time.monotonic)
     from agentpool.router.grpc_directory import GrpcDirectoryView
 
-    return GrpcDirectoryView(spec)
+    token = token_file.read_text().strip() if token_file is not None else None
+    certs = ca_file.read_bytes() if ca_file is not None else None
+    return GrpcDirectoryView(spec, token=token, root_certificates=certs)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -39,6 +46,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--directory", default="inprocess", help="'inprocess' or the directory's HOST:PORT")
     parser.add_argument(
+        "--directory-token-file", type=Path, default=None, help="bearer token for the directory service"
+    )
+    parser.add_argument(
+        "--directory-ca-file", type=Path, default=None, help="CA certificate (PEM): use TLS to the directory"
+    )
+    parser.add_argument(
         "--loop",
         choices=("asyncio", "uvloop"),
         default="asyncio",
@@ -49,7 +62,8 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config_file = ConfigFile(args.config)
     config = config_file.load()
-    service = RouterService(config, directory_view(args.directory, config.page_size), config_file=config_file)
+    view = directory_view(args.directory, config.page_size, args.directory_token_file, args.directory_ca_file)
+    service = RouterService(config, view, config_file=config_file)
     web.run_app(build_app(service), host=args.host, port=args.port, access_log=None, loop=loop)
 
 

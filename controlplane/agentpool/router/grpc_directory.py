@@ -14,8 +14,17 @@ from agentpool.router.policy import CachedPrefix
 class GrpcDirectoryView:
     """``parent_branch`` is not sent: the directory treats an unseen branch id as a fork (E.1)."""
 
-    def __init__(self, target: str | DirectoryClient, token: str | None = None) -> None:
-        self.client = target if isinstance(target, DirectoryClient) else DirectoryClient(target, token=token)
+    def __init__(
+        self,
+        target: str | DirectoryClient,
+        token: str | None = None,
+        root_certificates: bytes | None = None,
+    ) -> None:
+        self.client = (
+            target
+            if isinstance(target, DirectoryClient)
+            else DirectoryClient(target, token=token, root_certificates=root_certificates)
+        )
 
     async def close(self) -> None:
         await self.client.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 import grpc
@@ -15,6 +16,8 @@ from router_harness import chat_body, router_config, start_router
 from agentpool.directory.client import DirectoryClient, DirectoryRpcError, NodePublisher
 from agentpool.directory.server import DirectoryConfig, DirectoryServer
 from agentpool.kv import ROOT_HASH, Phase, Tier, block_hashes
+from agentpool.router.__main__ import directory_view
+from agentpool.router.directory_view import DirectoryError
 from agentpool.router.grpc_directory import GrpcDirectoryView
 from agentpool.router.tokenizer import BuiltinTokenizer, encode_chat
 
@@ -109,3 +112,25 @@ async def test_headers_drive_branch_ends_and_prefixes_drive_routing(directory: D
         await client.close()
         await a.kill()
         await b.kill()
+
+
+async def test_router_reaches_a_token_protected_directory(tmp_path: Path) -> None:
+    namespace = f"agentpool-router-test:{uuid.uuid4().hex}"
+    srv = DirectoryServer(
+        DirectoryConfig(port=0, redis_url=REDIS_URL, namespace=namespace, page_size=PAGE, auth_token="s3cret")
+    )
+    await srv.start()
+    token_file = tmp_path / "token"
+    try:
+        token_file.write_text("wrong\n")
+        denied = directory_view(srv.address, PAGE, token_file=token_file)
+        with pytest.raises(DirectoryError):
+            await denied.resolve(block_hashes(list(range(64)), PAGE), None, None)
+        await denied.close()  # type: ignore[attr-defined]
+        token_file.write_text("s3cret\n")
+        allowed = directory_view(srv.address, PAGE, token_file=token_file)
+        resolved = await allowed.resolve(block_hashes(list(range(64)), PAGE), None, None)
+        assert resolved.prefixes == {}
+        await allowed.close()  # type: ignore[attr-defined]
+    finally:
+        await srv.stop()

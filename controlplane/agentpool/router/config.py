@@ -64,6 +64,8 @@ class TimeoutConfig(_Strict):
     first_event_s: float = Field(120.0, gt=0, alias="firstEvent")
     between_events_s: float = Field(30.0, gt=0, alias="betweenEvents")
     directory_s: float = Field(2.0, gt=0, alias="directory")
+    # how long a prefilled request waits for a decode node with KV room before it fails (503)
+    decode_wait_s: float = Field(30.0, gt=0, alias="decodeWait")
 
 
 class RouterConfig(_Strict):

@@ -54,6 +54,10 @@ class Overloaded(FlowError):
     """Every eligible node is over its queue limit: answer 429 with Retry-After."""
 
 
+# how often a request waiting for decode KV room looks again (room frees as decodes finish)
+_DECODE_ROOM_POLL_S = 0.05
+
+
 class NoCapacity(FlowError):
     """No node can serve the request now (none configured, all draining or refusing): 503."""
 
@@ -320,10 +324,15 @@ class Dispatcher:
                 self.nodes.finish_decode(decode_node, prep.request_id)
 
     async def _bind(self, prep: Prepared) -> tuple[str, int]:
-        snapshot = self.nodes.snapshot(self.clock())
-        binding = bind_decode(prep.view, snapshot, self.routing.ctx)
-        if binding is None:
-            raise NoCapacity("no decode node has KV room for the request")
+        """Bind the request to a decode node, waiting (bounded) while none has KV room for it."""
+        deadline = self.clock() + self.routing.config.timeouts.decode_wait_s
+        while True:
+            binding = bind_decode(prep.view, self.nodes.snapshot(self.clock()), self.routing.ctx)
+            if binding is not None:
+                break
+            if self.clock() >= deadline:
+                raise NoCapacity("no decode node had KV room for the request in time")
+            await asyncio.sleep(_DECODE_ROOM_POLL_S)
         seq = self.nodes.bind_decode(binding.node_id, prep.request_id, self._kv_tokens(prep))
         m = self.metrics
         m.child(m.decisions, self.routing.policy.name, binding.node_id, "decode").inc()

@@ -323,3 +323,27 @@ async def test_client_disconnect_mid_stream_stops_the_engine_stream(http: aiohtt
             assert 'agentpool_router_requests_total{code="499",endpoint="chat"} 1.0' in await m.text()
     finally:
         await stop_all(router, [a])
+
+
+async def test_prefilled_request_waits_for_decode_kv_room(http: aiohttp.ClientSession) -> None:
+    # one decode node with room for one request at a time: the second waits for the first to finish
+    p = (await engines("p", tokens=2))[0]
+    d = (await engines("d", tokens=3, token_s=0.1))[0]
+    config = router_config([("p", p.url, "prefill"), ("d", d.url, "decode")], policy="evolving")
+    need = 2_000
+    raw = config.model_dump(by_alias=True, mode="json")
+    raw["nodes"][1]["kvCapacityTokens"] = need
+    raw["timeouts"]["decodeWait"] = 5.0
+    router = await start_router(type(config).model_validate(raw))
+    try:
+
+        async def one(i: int) -> int:
+            body = chat_body(f"request {i}", max_tokens=1_000)
+            async with http.post(f"{router.url}/v1/chat/completions", json=body) as resp:
+                await resp.read()
+                return resp.status
+
+        assert await asyncio.gather(one(1), one(2)) == [200, 200]
+        assert len(d.completed) == 2
+    finally:
+        await stop_all(router, [p, d])

@@ -106,10 +106,13 @@ def test_smetric_table(
     assert d.node_id == expected, d.reason
 
 
-def test_slack_zero_migrates_every_follow_up() -> None:
-    # With SLACK 0 no node meets the deadline, so it takes the least added load: the session's node.
+def test_slack_zero_routes_every_follow_up_by_least_added_load() -> None:
+    # With SLACK 0 no node meets the deadline, so Figure 13's last branch (line 7: least added load)
+    # decides, which is the session's node. smetric.md §5.5 says SLACK 0 makes "every follow-up
+    # migrate"; that remark does not follow from Figure 13 as §4 describes it, and we follow §4.
     d = create_policy("smetric", {"slack": 0.0}).choose(FOLLOW_UP, [node("a", queue=SOME), node("b")], CTX)
     assert "least added load" in d.reason
+    assert d.node_id == "a"
 
 
 def test_colocated_without_decodes_sticks() -> None:

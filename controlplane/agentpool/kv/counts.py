@@ -7,7 +7,8 @@ Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 
 from agentpool.kv.branches import BranchState
 
@@ -29,6 +30,11 @@ class BranchCounts:
     def counts(self, node: str) -> dict[int, int]:
         """Every positive ``R[b, node]``."""
         return {b: len(s) for b, s in self._holders.get(node, {}).items()}
+
+    def holders(self, node: str) -> Mapping[int, set[str]]:
+        """Read-only live view ``block -> branches counting it`` on ``node``: its keys are exactly the
+        blocks with ``R > 0`` (no value is empty). Do not mutate the sets."""
+        return MappingProxyType(self._holders.get(node, {}))
 
     def branches_on(self, node: str, block: int) -> frozenset[str]:
         return frozenset(self._holders.get(node, {}).get(block, ()))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from agentpool.kv.branches import BranchState, BranchTable, Observation, PendingMove
 from agentpool.kv.counts import BranchCounts, CountChanges
-from agentpool.kv.eviction import EvictionCandidate, eviction_order
+from agentpool.kv.eviction import EvictionCandidate, eviction_order_counted
 from agentpool.kv.hashing import DEFAULT_PAGE_SIZE
 from agentpool.kv.index import HeldBlock, PrefixIndex
 from agentpool.kv.types import Phase, PrefixMatch, Tier, UnknownNodeError
@@ -256,4 +256,4 @@ class Directory:
     def eviction_order(self, node: str, limit: int | None = None) -> list[EvictionCandidate]:
         """Host blocks of ``node`` by ``(R > 0, last access)`` ascending."""
         self.phase(node)
-        return eviction_order(self.index.host_blocks(node), lambda h: self.counts.count(node, h), limit)
+        return eviction_order_counted(self.index.host_blocks(node), self.counts.holders(node), limit)

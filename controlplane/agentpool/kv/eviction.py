@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import heapq
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsRichComparison
+
+_T = TypeVar("_T", bound="SupportsRichComparison")
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +27,43 @@ def eviction_order(
 
     Ties on both keys break by hash so the order is deterministic. ``limit`` keeps the first ``limit``.
     """
-    cands = [EvictionCandidate(h, count(h), t) for h, t in host_blocks]
-    cands.sort(key=lambda c: (c.count > 0, c.last_access, c.block_hash))
-    return cands if limit is None else cands[:limit]
+    keyed = [(c > 0, t, h, c) for h, t in host_blocks for c in (count(h),)]
+    return [EvictionCandidate(h, c, t) for _, t, h, c in _smallest(keyed, limit)]
+
+
+def eviction_order_counted(
+    host_blocks: Iterable[tuple[int, float]],
+    counted: Mapping[int, Collection[object]],
+    limit: int | None = None,
+) -> list[EvictionCandidate]:
+    """:func:`eviction_order` with ``count(h) = len(counted[h])`` for the keys of ``counted`` and 0 for
+    every other block (``counted`` holds no empty values): the same order, without a call per block.
+
+    Zero-count blocks are selected first; the counted ones are only ordered when the zero-count
+    blocks do not fill ``limit``.
+    """
+    blocks = host_blocks if isinstance(host_blocks, list) else list(host_blocks)
+    if not counted:
+        zero = [(t, h) for h, t in blocks]
+        return [EvictionCandidate(h, 0, t) for t, h in _smallest(zero, limit)]
+    if limit is not None and limit < 0:  # drops blocks from the end of the whole order
+        return eviction_order(blocks, lambda h: len(counted.get(h, ())), limit)
+    zero = [(t, h) for h, t in blocks if h not in counted]
+    out = [EvictionCandidate(h, 0, t) for t, h in _smallest(zero, limit)]
+    if limit is not None and len(out) >= limit:
+        return out
+    rest = None if limit is None else limit - len(out)
+    positive = [(t, h) for h, t in blocks if h in counted]
+    out.extend(EvictionCandidate(h, len(counted[h]), t) for t, h in _smallest(positive, rest))
+    return out
+
+
+def _smallest(items: list[_T], limit: int | None) -> list[_T]:
+    """``sorted(items)[:limit]``, with a bounded heap when ``limit`` is a small part of ``items``."""
+    if limit is None or limit < 0 or limit >= len(items):
+        items.sort()
+        return items if limit is None else items[:limit]
+    if limit * 4 <= len(items):
+        return heapq.nsmallest(limit, items)
+    items.sort()
+    return items[:limit]

@@ -152,16 +152,33 @@ class PrefixIndex:
         bit = 1 << slot
         keep = ~bit
         la = self._last_access[slot]
+        gpu, host, parents = self._gpu, self._host, self._parent
+        gpu_t = bool(tier & Tier.GPU)  # plain bools: Tier operations are slow in the loop
+        host_t = bool(tier & Tier.HOST)
         host_lost: list[int] = []
         gone: list[int] = []
-        for h in hashes:
+        for h in hashes:  # _clear_bits(h, keep, tier), inlined
             if h not in la:
                 continue
-            had_host = bool(self._host.get(h, 0) & bit)
-            self._clear_bits(h, keep, tier)
-            if had_host and not self._host.get(h, 0) & bit:
-                host_lost.append(h)
-            if not ((self._gpu.get(h, 0) | self._host.get(h, 0)) & bit):
+            g = gpu.get(h, 0)
+            s = host.get(h, 0)
+            if gpu_t and g:
+                g &= keep
+                if g:
+                    gpu[h] = g
+                else:
+                    del gpu[h]
+            if host_t and s:
+                if s & bit:
+                    host_lost.append(h)
+                s &= keep
+                if s:
+                    host[h] = s
+                else:
+                    del host[h]
+            if not g and not s:
+                del parents[h]
+            if not ((g | s) & bit):
                 del la[h]
                 gone.append(h)
         return host_lost, gone

@@ -20,7 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import cast
 
-from agentpool.kv import ROOT_HASH, Directory, Phase, Tier, eviction_order
+from agentpool.kv import ROOT_HASH, Directory, Phase, Tier
+from agentpool.kv.eviction import eviction_order_counted
 from agentpool.models import NodeModel, OccupancySample, PrefillBatchItem, RequestWorkRecord, Work
 from agentpool.router.policy import CachedPrefix, NoCandidateError, PolicyContext, create_policy
 from agentpool.router.policy.contract import prefill_candidates
@@ -288,7 +289,7 @@ class Simulator:
         if self.system.eviction is Eviction.BRANCH_COUNT:
             order = self.directory.eviction_order(node.name, limit=n)
         else:
-            order = eviction_order(self.directory.index.host_blocks(node.name), lambda _h: 0, limit=n)
+            order = eviction_order_counted(self.directory.index.host_blocks(node.name), {}, limit=n)
         hashes = [c.block_hash for c in order]
         self.directory.apply_removed(node.name, hashes, Tier.HOST)
         node.gpu.discard(hashes)

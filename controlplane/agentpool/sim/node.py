@@ -24,6 +24,11 @@ GPU cache (L1): an LRU of block keys with a capacity in blocks. A request touche
 from the deepest block to the root, so a prefix is always more recent than its extensions and LRU
 evicts leaves first: the blocks a node holds stay prefix-closed and a binary search finds the
 longest prefix. The host tier (L2) is tracked by the KV directory the simulator drives.
+
+Iteration records (optional): a node given ``on_iteration`` reports each prefill or mixed
+iteration when it starts and each stretch of pure decode iterations with a fixed batch when the
+stretch ends (:class:`SimIteration`), e.g. for fitting Eq. 1 and Eq. 2 to what the batching really
+produces. Reporting only reads state: results are the same with or without it.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import enum
 import heapq
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from agentpool.models import DecodeModel, PrefillBatchItem, PrefillModel
@@ -101,6 +106,38 @@ class Advance:
     prefilled: list[SimRequest] = field(default_factory=list)
     decoded: list[SimRequest] = field(default_factory=list)
     iteration: tuple[float, list[PrefillBatchItem]] | None = None  # (duration, batch) of a prefill done
+
+
+@dataclass(frozen=True, slots=True)
+class SimIteration:
+    """What a node ran from ``start`` to ``end``: one prefill/mixed iteration or a decode stretch.
+
+    Prefill or mixed (``batch`` not empty): one iteration, ``iterations == 1``; ``prefill_s`` is
+    Eq. 1 of ``batch``, ``sync_fetch_s`` the synchronous fetch the batch waited for, ``running`` the
+    decode batch that advanced by one iteration alongside (0 on a prefill node) and ``decode_s`` its
+    Eq. 2 time; ``end - start = prefill_s + sync_fetch_s + decode_s``.
+
+    Decode stretch (``batch`` empty): ``running`` requests decoding between two changes of the
+    batch (or two wakes of the node): ``decode_s = T_D(running)`` per iteration and ``iterations =
+    (end - start) / decode_s``, fractional (progress is continuous, see the module docstring).
+
+    ``context_tokens``: KV tokens the running requests hold at ``start`` (prompt, first token and
+    decoded tokens at ``t_acc`` per iteration), which Eq. 2 does not use.
+    """
+
+    node: str
+    start: float
+    end: float
+    batch: tuple[PrefillBatchItem, ...]
+    prefill_s: float
+    sync_fetch_s: float
+    running: int
+    decode_s: float
+    iterations: float
+    context_tokens: float
+
+
+IterationHook = Callable[[SimIteration], None]
 
 
 class GpuCache:
@@ -179,6 +216,7 @@ class SimNode:
         t_acc: float,
         gpu_cache_blocks: int,
         kv_capacity_tokens: int,
+        on_iteration: IterationHook | None = None,
     ) -> None:
         if chunk_tokens <= 0 or t_acc <= 0 or kv_capacity_tokens <= 0:
             raise ValueError("chunk_tokens, t_acc and kv_capacity_tokens must be positive")
@@ -207,6 +245,7 @@ class SimNode:
         self.pos_time = 0.0
         self.decode_iter_s = 0.0
         self.kv_used_tokens = 0
+        self.on_iteration = on_iteration
 
     # -- state --------------------------------------------------------------------------------
     @property
@@ -277,9 +316,26 @@ class SimNode:
         self.queue = keep
         if not batch:
             return
-        duration = self.prefill_model.iteration_time(items) + sync
+        prefill_s = self.prefill_model.iteration_time(items)
+        decode_s = self.decode_model.iteration_time(len(self.running)) if self.running else 0.0
+        duration = prefill_s + sync
         if self.running:
-            duration += self.decode_model.iteration_time(len(self.running))
+            duration += decode_s
+        if self.on_iteration is not None:
+            self.on_iteration(
+                SimIteration(
+                    self.name,
+                    now,
+                    now + duration,
+                    tuple(items),
+                    prefill_s,
+                    sync,
+                    len(self.running),
+                    decode_s,
+                    1.0,
+                    self._context_tokens(),
+                )
+            )
         self.batch = batch
         self.batch_items = items
         self.iter_start = now
@@ -308,9 +364,33 @@ class SimNode:
         self.iter_end = math.inf
 
     # -- decode -------------------------------------------------------------------------------
+    def _context_tokens(self) -> float:
+        """KV tokens of the running requests at the current position (for :class:`SimIteration`)."""
+        total = 0.0
+        for r in self.running.values():
+            done = self.iter_pos - (r.finish_iter - r.decode_iterations(self.t_acc))
+            total += r.input_tokens + 1 + self.t_acc * max(0.0, done)
+        return total
+
     def _progress_to(self, now: float) -> None:
         if not self.batch and self.running and self.decode_iter_s > 0 and now > self.pos_time:
-            self.iter_pos += (now - self.pos_time) / self.decode_iter_s
+            steps = (now - self.pos_time) / self.decode_iter_s
+            if self.on_iteration is not None:
+                self.on_iteration(
+                    SimIteration(
+                        self.name,
+                        self.pos_time,
+                        now,
+                        (),
+                        0.0,
+                        0.0,
+                        len(self.running),
+                        self.decode_iter_s,
+                        steps,
+                        self._context_tokens(),
+                    )
+                )
+            self.iter_pos += steps
         if not self.batch:
             self.pos_time = now
 

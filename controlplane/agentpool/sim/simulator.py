@@ -26,7 +26,7 @@ from agentpool.models import NodeModel, OccupancySample, PrefillBatchItem, Reque
 from agentpool.router.policy import CachedPrefix, NoCandidateError, PolicyContext, create_policy
 from agentpool.router.policy.contract import prefill_candidates
 from agentpool.sim.metrics import Metrics
-from agentpool.sim.node import NodeStatus, Role, SimNode, SimRequest
+from agentpool.sim.node import IterationHook, NodeStatus, Role, SimNode, SimRequest
 from agentpool.sim.presets import Preset
 from agentpool.sim.routing import (
     QueueSums,
@@ -95,7 +95,17 @@ class WindowLog:
 
 
 class Simulator:
-    def __init__(self, system: SystemConfig, preset: Preset, cfg: SimConfig, metrics: Metrics) -> None:
+    """``on_iteration``, when given, receives every node's iteration records (see ``SimIteration``)."""
+
+    def __init__(
+        self,
+        system: SystemConfig,
+        preset: Preset,
+        cfg: SimConfig,
+        metrics: Metrics,
+        *,
+        on_iteration: IterationHook | None = None,
+    ) -> None:
         self.system = system
         self.preset = preset
         self.cfg = cfg
@@ -126,6 +136,7 @@ class Simulator:
                 t_acc=preset.t_acc,
                 gpu_cache_blocks=gpu_blocks,
                 kv_capacity_tokens=preset.gpu_kv_tokens,
+                on_iteration=on_iteration,
             )
             self.nodes.append(node)
             self.directory.register_node(node.name, _PHASE[role])

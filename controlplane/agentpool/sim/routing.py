@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from agentpool.kv import Directory
 from agentpool.models import FetchModel, NodeModel
 from agentpool.router.policy import (
+    EMPTY_QUEUE,
     CachedPrefix,
     NodeState,
     PolicyContext,
@@ -36,6 +37,7 @@ class QueueSums:
     t_uc: float = 0.0
     t_c: float = 0.0
     pairs: float = 0.0
+    _view: QueuedPrefill | None = None  # the last view, until the sums change
 
     def add(self, r: SimRequest, sign: int) -> None:
         uc = float(r.uncached_tokens)
@@ -44,11 +46,19 @@ class QueueSums:
         self.t_uc += sign * uc
         self.t_c += sign * c
         self.pairs += sign * (uc * c + uc * (uc + 1.0) / 2.0)
+        self._view = None
 
     def view(self) -> QueuedPrefill:
-        if self.requests <= 0:
-            return QueuedPrefill()
-        return QueuedPrefill(self.requests, max(0.0, self.t_uc), max(0.0, self.t_c), max(0.0, self.pairs))
+        """The sums as the policy's value; the same object while the sums do not change."""
+        v = self._view
+        if v is None:
+            if self.requests <= 0:
+                v = QueuedPrefill()
+            else:
+                uc, c, pairs = max(0.0, self.t_uc), max(0.0, self.t_c), max(0.0, self.pairs)
+                v = QueuedPrefill(self.requests, uc, c, pairs)
+            self._view = v
+        return v
 
 
 @dataclass(slots=True)
@@ -62,13 +72,48 @@ class Placement:
     ideal_blocks: int
 
 
+class NodeStates:
+    """One :class:`NodeState` per node, rebuilt only when one of its inputs changed.
+
+    A node's state is a pure function of its role, status, remaining batch time at ``now``, model,
+    queued sums, running count and KV counts; the cache keeps the last state with those inputs and
+    returns it while they are equal, so policies see the same values as with a fresh build.
+    """
+
+    def __init__(self) -> None:
+        self._cache: dict[int, tuple[tuple[object, ...], NodeState]] = {}
+
+    def get(self, node: SimNode, model: NodeModel, queued: QueuedPrefill, now: float) -> NodeState:
+        key = (
+            node.role,
+            node.status,
+            node.remaining_batch_s(now),
+            model,
+            queued,
+            len(node.running),
+            node.kv_used_tokens,
+            node.kv_capacity_tokens,
+            node.name,
+        )
+        hit = self._cache.get(node.index)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        state = _node_state(node, model, queued, key[2])
+        self._cache[node.index] = (key, state)
+        return state
+
+
 def node_state(node: SimNode, model: NodeModel, queued: QueueSums, now: float) -> NodeState:
+    return _node_state(node, model, queued.view(), node.remaining_batch_s(now))
+
+
+def _node_state(node: SimNode, model: NodeModel, queue: QueuedPrefill, remaining_s: float) -> NodeState:
     return NodeState(
         node_id=node.name,
         role=_ROLE[node.role],
         model=model,
-        remaining_batch_s=node.remaining_batch_s(now),
-        queue=queued.view(),
+        remaining_batch_s=remaining_s,
+        queue=queue,
         running_decode=len(node.running),
         kv_room_tokens=node.kv_room_tokens,
         kv_used_tokens=node.kv_used_tokens,
@@ -137,11 +182,21 @@ def fetchable_blocks(mode: FetchMode, fetch: FetchModel, missing_blocks: int, bl
 
 
 def choose_decode(
-    req: SimRequest, nodes: Sequence[SimNode], models: Sequence[NodeModel], ctx: PolicyContext, now: float
+    req: SimRequest,
+    nodes: Sequence[SimNode],
+    models: Sequence[NodeModel],
+    ctx: PolicyContext,
+    now: float,
+    cache: NodeStates | None = None,
 ) -> int | None:
-    """Decode node with KV room and the fewest running requests (the router's ``bind_decode``)."""
+    """Decode node with KV room and the fewest running requests (the router's ``bind_decode``).
+
+    Decode nodes are viewed with an empty prefill queue; ``cache`` (one kept for decode views only)
+    avoids rebuilding unchanged states."""
+    if cache is None:
+        cache = NodeStates()
     states = [
-        node_state(n, models[n.index], QueueSums(), now)
+        cache.get(n, models[n.index], EMPTY_QUEUE, now)
         for n in nodes
         if n.role is Role.DECODE and n.status is NodeStatus.SERVING
     ]

@@ -29,10 +29,10 @@ from agentpool.sim.metrics import Metrics
 from agentpool.sim.node import IterationHook, NodeStatus, Role, SimNode, SimRequest
 from agentpool.sim.presets import Preset
 from agentpool.sim.routing import (
+    NodeStates,
     QueueSums,
     choose_decode,
     fetchable_blocks,
-    node_state,
     prefixes,
     request_view,
 )
@@ -145,6 +145,8 @@ class Simulator:
         )
         self.models: list[NodeModel] = [base_model for _ in self.nodes]
         self.queued: list[QueueSums] = [QueueSums() for _ in self.nodes]
+        self._prefill_states = NodeStates()  # policy views, rebuilt only when a node changed
+        self._decode_states = NodeStates()
         self._wake_version = [0] * len(self.nodes)
         self._pending_decode: deque[tuple[SimRequest, Issue]] = deque()
         self._local_decode: dict[int, deque[SimRequest]] = {}  # colocated: prefilled, waiting for KV room
@@ -215,8 +217,9 @@ class Simulator:
         }
         visible = cluster * block if self.system.fetch is not FetchMode.NONE else 0
         view = request_view(req, issue.turn, issue.new_turn_tokens, local, visible, self.system.branch_ids)
+        cached = self._prefill_states.get
         states = [
-            node_state(n, self.models[n.index], self.queued[n.index], now)
+            cached(n, self.models[n.index], self.queued[n.index].view(), now)
             for n in self.nodes
             if n.role in (Role.PREFILL, Role.BOTH) and n.status is NodeStatus.SERVING
         ]
@@ -329,7 +332,7 @@ class Simulator:
             self.in_decode += 1
 
     def _bind_decode(self, req: SimRequest, issue: Issue) -> None:
-        target = choose_decode(req, self.nodes, self.models, self.ctx, self.now)
+        target = choose_decode(req, self.nodes, self.models, self.ctx, self.now, self._decode_states)
         if target is None:
             self._pending_decode.append((req, issue))
             return

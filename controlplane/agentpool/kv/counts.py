@@ -54,18 +54,23 @@ class BranchCounts:
         holders = self._holders.setdefault(node, {})
         changed = out.setdefault(node, {})
         beta = state.branch_id
+        get = holders.get
         for b in new - old:
-            s = holders.get(b)
+            s = get(b)
             if s is None:
-                s = holders[b] = set()
-            s.add(beta)
-            changed[b] = len(s)
+                holders[b] = {beta}
+                changed[b] = 1
+            else:
+                s.add(beta)
+                changed[b] = len(s)
         for b in old - new:
             s = holders[b]
             s.discard(beta)
-            changed[b] = len(s)
-            if not s:
+            if s:
+                changed[b] = len(s)
+            else:
                 del holders[b]
+                changed[b] = 0
         if new:
             state.counted[node] = new
         else:

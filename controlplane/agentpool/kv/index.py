@@ -42,6 +42,8 @@ class PrefixIndex:
         self._name_of: dict[int, str] = {}
         self._free_slots: list[int] = []
         self._last_access: dict[int, dict[int, float]] = {}  # slot -> block hash -> last access
+        # slots that may hold a block without a host copy; every other slot's held blocks all have one
+        self._not_all_host: set[int] = set()
 
     # -- nodes -------------------------------------------------------------------------------
     def nodes(self) -> list[str]:
@@ -99,6 +101,7 @@ class PrefixIndex:
         for h in held:
             self._clear_bits(h, keep, both)
         self._last_access[slot] = {}
+        self._not_all_host.discard(slot)
         return held
 
     def _link(self, h: int, parent: int) -> None:
@@ -124,6 +127,8 @@ class PrefixIndex:
         parents = self._parent
         gpu = self._gpu if tier & Tier.GPU else None
         host = self._host if tier & Tier.HOST else None
+        if host is None:
+            self._not_all_host.add(slot)
         prev = parent
         for h in hashes:
             known = parents.setdefault(h, prev)
@@ -171,6 +176,8 @@ class PrefixIndex:
             if host_t and s:
                 if s & bit:
                     host_lost.append(h)
+                    if g & bit:
+                        self._not_all_host.add(slot)
                 s &= keep
                 if s:
                     host[h] = s
@@ -206,6 +213,8 @@ class PrefixIndex:
             if b.tiers & Tier.HOST:
                 self._host[h] = self._host.get(h, 0) | bit
                 host_before.discard(h)
+            else:
+                self._not_all_host.add(slot)
             la[h] = now
             before.discard(h)
         return sorted(host_before), sorted(before)
@@ -253,9 +262,12 @@ class PrefixIndex:
     def host_blocks(self, node: str) -> list[tuple[int, float]]:
         """``(hash, last_access)`` of every block ``node`` holds in host memory."""
         slot = self._slot(node)
+        la = self._last_access[slot]
+        if slot not in self._not_all_host:
+            return list(la.items())
         bit = 1 << slot
         host = self._host
-        return [(h, t) for h, t in self._last_access[slot].items() if host.get(h, 0) & bit]
+        return [(h, t) for h, t in la.items() if host.get(h, 0) & bit]
 
     def longest_prefixes(self, hashes: Sequence[int]) -> dict[str, PrefixMatch]:
         """Per node holding block 0 of ``hashes``: its longest cached prefix by tier, in one walk."""

@@ -130,6 +130,18 @@ class PrefixIndex:
         if host is None:
             self._not_all_host.add(slot)
         prev = parent
+        if gpu is None and host is not None:  # host-only stores (the simulator's write-through)
+            host_get = host.get
+            for h in hashes:
+                known = parents.setdefault(h, prev)
+                if known != prev:
+                    raise InvalidEventError(
+                        f"block {h:#x} stored under parent {prev:#x} but the index has parent {known:#x}"
+                    )
+                host[h] = host_get(h, 0) | bit
+                la[h] = now
+                prev = h
+            return
         for h in hashes:
             known = parents.setdefault(h, prev)
             if known != prev:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agentpool.kv import Directory
-from agentpool.models import FetchModel, NodeModel
+from agentpool.models import FetchModel, NodeModel, attention_pairs
 from agentpool.router.policy import (
     EMPTY_QUEUE,
     CachedPrefix,
@@ -45,7 +45,7 @@ class QueueSums:
         self.requests += sign
         self.t_uc += sign * uc
         self.t_c += sign * c
-        self.pairs += sign * (uc * c + uc * (uc + 1.0) / 2.0)
+        self.pairs += sign * attention_pairs(uc, c)
         self._view = None
 
     def view(self) -> QueuedPrefill:

@@ -30,7 +30,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agentpool.models import WorkSlice, mean_work, measure_prefill_window, slice_window, with_window_stats
+from agentpool.models import (
+    PrefillBatchItem,
+    WorkSlice,
+    mean_work,
+    measure_prefill_window,
+    slice_window,
+    with_window_stats,
+)
 from agentpool.planner.core import Outcome, PlannerInput, PlannerNode, PlannerPolicy, plan, split_throughput
 from agentpool.planner.core import Role as PlannerRole
 from agentpool.sim.node import NodeStatus, Role
@@ -183,11 +190,9 @@ def _arrow(sim: Simulator, s: PlannerSettings) -> Tick:
             return
         worst, lengths = 0.0, list[int]()
         for n in prefill:
+            # Arrow's misestimate: each queued request prefills its full input (Eq. 1, nothing cached)
             p = n.prefill_model
-            t = sum(
-                p.c0 + p.c1 * r.input_tokens + p.c2 * r.input_tokens * (r.input_tokens + 1) / 2
-                for r in n.queue
-            )
+            t = sum(p.iteration_time([PrefillBatchItem(t_uc=float(r.input_tokens))]) for r in n.queue)
             worst = max(worst, t)
             lengths.extend(r.input_tokens for r in n.queue)
         typical = sum(lengths) / len(lengths) if lengths else 0.0

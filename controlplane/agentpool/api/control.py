@@ -18,7 +18,15 @@ from agentpool.api.values import Duration, PositiveDuration, duration_seconds
 from agentpool.models import TtftSlo
 
 PolicyName = Literal[
-    "evolving", "smetric", "round-robin", "least-loaded", "cache-aware", "dynamo", "lmetric", "linear"
+    "evolving",
+    "smetric",
+    "round-robin",
+    "least-loaded",
+    "cache-aware",
+    "dynamo",
+    "lmetric",
+    "linear",
+    "session-id",
 ]
 POLICY_NAMES: tuple[str, ...] = get_args(PolicyName)
 """Router policy names; the router's policy registry must hold exactly these."""

@@ -216,7 +216,9 @@ class Simulator:
             self.nodes[i].name: CachedPrefix(gpu=g * block, total=t * block) for i, (g, t) in per_node.items()
         }
         visible = cluster * block if self.system.fetch is not FetchMode.NONE else 0
-        view = request_view(req, issue.turn, issue.new_turn_tokens, local, visible, self.system.branch_ids)
+        view = request_view(
+            req, issue.turn, issue.new_turn_tokens, local, visible, self.system.router_sees_branch
+        )
         cached = self._prefill_states.get
         states = [
             cached(n, self.models[n.index], self.queued[n.index].view(), now)

@@ -56,11 +56,18 @@ class SystemConfig:
     eviction: Eviction
     policy_knobs: Mapping[str, float] = field(default_factory=dict)
     unlimited_cache: bool = False
+    # the harness sends its session (branch) id to the router even without branch-count eviction
+    session_header: bool = False
 
     @property
     def branch_ids(self) -> bool:
         """Whether the harness tags requests with branch ids (needed for branch counts)."""
         return self.eviction is Eviction.BRANCH_COUNT
+
+    @property
+    def router_sees_branch(self) -> bool:
+        """Whether the router's request view carries the branch id."""
+        return self.branch_ids or self.session_header
 
 
 def _d(name: str, description: str, **kw: object) -> SystemConfig:
@@ -75,8 +82,8 @@ def _d(name: str, description: str, **kw: object) -> SystemConfig:
     return SystemConfig(name=name, description=description, **base)  # type: ignore[arg-type]
 
 
-def _colocated(policy: str, description: str) -> SystemConfig:
-    return _d(policy, description, pool=Pool.COLOCATED, policy=policy, fetch=FetchMode.SYNC)
+def _colocated(policy: str, description: str, **kw: object) -> SystemConfig:
+    return _d(policy, description, pool=Pool.COLOCATED, policy=policy, fetch=FetchMode.SYNC, **kw)
 
 
 SYSTEMS: Mapping[str, SystemConfig] = {
@@ -139,11 +146,16 @@ SYSTEMS: Mapping[str, SystemConfig] = {
         _colocated("lmetric", "colocated, LMetric (queued prefill + miss) x load"),
         _colocated("linear", "colocated, Bailian-style linear combination of load and miss"),
         _colocated("least-loaded", "colocated, join the shortest queue"),
+        _colocated(
+            "session-id",
+            "colocated, sticky by the true session (branch) id, llm-d-style session affinity",
+            session_header=True,
+        ),
     )
 }
 
 DISAGGREGATED_DEFAULT = ("agentpool", "static-cache-aware", "dynamo-like", "arrow-like", "oracle")
-COLOCATED_DEFAULT = ("smetric", "lmetric", "linear", "least-loaded")
+COLOCATED_DEFAULT = ("smetric", "lmetric", "linear", "least-loaded", "session-id")
 
 
 def system(name: str) -> SystemConfig:

@@ -219,7 +219,7 @@ BAD = [
         changed(SIM, {"spec.router.policy": "fastest"}),
         "spec.router.policy",
         "Input should be 'evolving', 'smetric', 'round-robin', 'least-loaded', 'cache-aware', 'dynamo', "
-        "'lmetric' or 'linear'",
+        "'lmetric', 'linear' or 'session-id'",
         "'fastest' is not one of ['evolving', 'smetric'",
     ),
     Bad(

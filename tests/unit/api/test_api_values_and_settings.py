@@ -79,6 +79,7 @@ def test_policy_names() -> None:
         "dynamo",
         "lmetric",
         "linear",
+        "session-id",
     )
 
 

@@ -222,3 +222,14 @@ def test_closed_loop_ramp_starts_agents_evenly() -> None:
     assert replay.agents_started == 2
     sim.run(80.0)
     assert replay.agents_started == 4
+
+
+def test_session_id_system_sticks_sessions_and_keeps_more_reuse_than_least_loaded() -> None:
+    # the router sees the branch id only for this colocated system (no branch-count eviction)
+    assert system("session-id").router_sees_branch and not system("least-loaded").router_sees_branch
+    sticky, spread = summary("session-id"), summary("least-loaded")
+    assert sticky["requests"] > 0 and spread["fetched_tokens_per_request"] > 1_000
+    # every follow-up finds its session's KV on its own node: (almost) nothing read from peers
+    assert sticky["fetched_tokens_per_request"] < 0.01 * spread["fetched_tokens_per_request"]
+    # ... at the price of balance, which is what SMetric's migration addresses
+    assert sticky["prefill_imbalance"] > spread["prefill_imbalance"]

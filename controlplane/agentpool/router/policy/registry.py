@@ -18,6 +18,7 @@ from agentpool.router.policy.least_loaded import LeastLoadedKnobs, LeastLoadedPo
 from agentpool.router.policy.linear import LinearKnobs, LinearPolicy
 from agentpool.router.policy.lmetric import LMetricKnobs, LMetricPolicy
 from agentpool.router.policy.round_robin import RoundRobinKnobs, RoundRobinPolicy
+from agentpool.router.policy.session_id import SessionIdKnobs, SessionIdPolicy
 from agentpool.router.policy.smetric import SMetricKnobs, SMetricPolicy
 
 
@@ -37,6 +38,7 @@ POLICIES: Mapping[str, PolicyEntry] = {
     "linear": PolicyEntry(LinearPolicy, LinearKnobs),
     "lmetric": PolicyEntry(LMetricPolicy, LMetricKnobs),
     "round-robin": PolicyEntry(RoundRobinPolicy, RoundRobinKnobs),
+    "session-id": PolicyEntry(SessionIdPolicy, SessionIdKnobs),
     "smetric": PolicyEntry(SMetricPolicy, SMetricKnobs),
 }
 

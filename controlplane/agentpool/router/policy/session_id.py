@@ -1,0 +1,70 @@
+"""``session-id``: sticky by the harness's session id (llm-d-style session affinity; SMetric's baseline).
+
+    session   = the request's branch id (``x-agentpool-branch``), the harness's own session identity
+    node      = argmax_n  xxh3_64(session || 0x00 || n)          (rendezvous hashing over candidates)
+    no session -> the least-loaded rule (fewest requests, then fewer queued uncached tokens)
+
+Rendezvous hashing keeps the policy stateless: every follow-up of a session lands on the same node
+while that node is a candidate, and a node leaving moves only its own sessions. It ignores load and
+SLOs entirely: the ideal-stickiness baseline that SMetric approximates without session ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import xxhash
+
+from agentpool.router.policy.contract import (
+    Decision,
+    NodeState,
+    PolicyContext,
+    RequestView,
+    effective_queued_tokens,
+    node_load_requests,
+    pick_min,
+    require_candidates,
+)
+
+NAME = "session-id"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionIdKnobs:
+    """No knobs."""
+
+
+def affinity(session: str, node_id: str) -> int:
+    """The rendezvous weight of ``node_id`` for ``session`` (higher wins)."""
+    return xxhash.xxh3_64_intdigest(f"{session}\x00{node_id}".encode())
+
+
+class SessionIdPolicy:
+    def __init__(self, knobs: SessionIdKnobs | None = None) -> None:
+        self.knobs = knobs or SessionIdKnobs()
+
+    @property
+    def name(self) -> str:
+        return NAME
+
+    def choose(self, request: RequestView, candidates: Sequence[NodeState], ctx: PolicyContext) -> Decision:
+        require_candidates(candidates)
+        session = request.branch_id
+        if session is None:
+            scores = {n.node_id: float(node_load_requests(n, ctx)) for n in candidates}
+            tokens = {n.node_id: effective_queued_tokens(n, ctx) for n in candidates}
+            best = pick_min(scores, tokens)
+            reason = f"no session id: fewest requests ({scores[best]:.0f})"
+        else:
+            weights = {n.node_id: affinity(session, n.node_id) for n in candidates}
+            best = max(weights, key=lambda nid: (weights[nid], nid))
+            scores = {nid: -float(w) for nid, w in weights.items()}
+            reason = f"session {session!r} is pinned to {best}"
+        return Decision(
+            node_id=best,
+            policy=NAME,
+            reason=reason,
+            cached_tokens=request.prefix_on(best).total,
+            scores=scores,
+        )

@@ -13,6 +13,7 @@ carries ``Retry-After``.
 from __future__ import annotations
 
 import contextlib
+import hmac
 import json
 import logging
 import time
@@ -350,8 +351,18 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=data, headers={"content-type": CONTENT_TYPE_LATEST})
 
 
+def check_report_token(request: web.Request, token: str | None) -> None:
+    """Reject a load report without the configured bearer token (none configured: open)."""
+    if token is None:
+        return
+    given = request.headers.get("authorization", "")
+    if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        raise ApiError(401, "missing or wrong report token", "authentication_error", "invalid_token")
+
+
 async def report(request: web.Request) -> web.Response:
     service = request.app[SERVICE_KEY]
+    check_report_token(request, service.config.report_token)
     rep = parse_body(LoadReport, await read_json(request))
     if rep.node_id not in service.nodes:
         raise ApiError(404, f"unknown node {rep.node_id!r}", "invalid_request_error", "unknown_node")

@@ -223,3 +223,25 @@ def test_fuzz_never_5xx(
     assert resp.status < 500, payload
     if resp.status >= 400:
         assert is_openai_error(json.loads(payload)), payload
+
+
+async def test_load_reports_need_the_report_token_when_one_is_set() -> None:
+    a = await StandIn("a", tokens=2).start()
+    token = "t" * 32
+    r = await start_router(router_config([("a", a.url, "both")], reportToken=token))
+    body = {"node_id": "a", "role": "both"}
+    try:
+        async with aiohttp.ClientSession() as http:
+            for headers, status in (
+                ({}, 401),
+                ({"authorization": "Bearer wrong"}, 401),
+                ({"authorization": f"Bearer {token}"}, 200),
+            ):
+                async with http.post(r.url + "/agentpool/v1/report", json=body, headers=headers) as resp:
+                    payload = await resp.json()
+                assert resp.status == status, payload
+                if status == 401:
+                    assert is_openai_error(payload) and payload["error"]["code"] == "invalid_token"
+    finally:
+        await r.stop()
+        await a.kill()

@@ -21,11 +21,9 @@ from agentpool.router.policy.contract import (
     NodeState,
     PolicyContext,
     RequestView,
-    effective_queued_tokens,
-    node_load_requests,
-    pick_min,
     require_candidates,
 )
+from agentpool.router.policy.least_loaded import LeastLoadedPolicy
 
 NAME = "session-id"
 
@@ -43,6 +41,7 @@ def affinity(session: str, node_id: str) -> int:
 class SessionIdPolicy:
     def __init__(self, knobs: SessionIdKnobs | None = None) -> None:
         self.knobs = knobs or SessionIdKnobs()
+        self._without_session = LeastLoadedPolicy()
 
     @property
     def name(self) -> str:
@@ -52,19 +51,21 @@ class SessionIdPolicy:
         require_candidates(candidates)
         session = request.branch_id
         if session is None:
-            scores = {n.node_id: float(node_load_requests(n, ctx)) for n in candidates}
-            tokens = {n.node_id: effective_queued_tokens(n, ctx) for n in candidates}
-            best = pick_min(scores, tokens)
-            reason = f"no session id: fewest requests ({scores[best]:.0f})"
-        else:
-            weights = {n.node_id: affinity(session, n.node_id) for n in candidates}
-            best = max(weights, key=lambda nid: (weights[nid], nid))
-            scores = {nid: -float(w) for nid, w in weights.items()}
-            reason = f"session {session!r} is pinned to {best}"
+            d = self._without_session.choose(request, candidates, ctx)
+            return Decision(
+                node_id=d.node_id,
+                policy=NAME,
+                reason=f"no session id: {d.reason}",
+                cached_tokens=d.cached_tokens,
+                scores=d.scores,
+            )
+        weights = {n.node_id: affinity(session, n.node_id) for n in candidates}
+        best = max(weights, key=lambda nid: (weights[nid], nid))
+        scores = {nid: -float(w) for nid, w in weights.items()}
         return Decision(
             node_id=best,
             policy=NAME,
-            reason=reason,
+            reason=f"session {session!r} is pinned to {best}",
             cached_tokens=request.prefix_on(best).total,
             scores=scores,
         )

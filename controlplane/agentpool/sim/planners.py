@@ -40,7 +40,7 @@ from agentpool.models import (
 )
 from agentpool.planner.core import Outcome, PlannerInput, PlannerNode, PlannerPolicy, plan, split_throughput
 from agentpool.planner.core import Role as PlannerRole
-from agentpool.sim.node import NodeStatus, Role
+from agentpool.sim.node import NodeStatus, Role, SimNode
 from agentpool.sim.simulator import Simulator
 from agentpool.sim.systems import PlannerKind
 
@@ -158,15 +158,22 @@ def _oracle(sim: Simulator, s: PlannerSettings) -> Tick:
     return tick
 
 
+def _settled_phases(sim: Simulator) -> tuple[list[SimNode], list[SimNode]] | None:
+    """The prefill and decode nodes, or None while a switch runs or a phase has no node."""
+    if sim.switching:
+        return None
+    prefill = [n for n in sim.nodes if n.role is Role.PREFILL]
+    decode = [n for n in sim.nodes if n.role is Role.DECODE]
+    return (prefill, decode) if prefill and decode else None
+
+
 def _dynamo(sim: Simulator, s: PlannerSettings) -> Tick:
     def tick(now: float) -> None:
         del now
-        if sim.switching:
+        phases = _settled_phases(sim)
+        if phases is None:
             return
-        prefill = [n for n in sim.nodes if n.role is Role.PREFILL]
-        decode = [n for n in sim.nodes if n.role is Role.DECODE]
-        if not prefill or not decode:
-            return
+        prefill, decode = phases
         kv_util = sum(n.kv_used_tokens / n.kv_capacity_tokens for n in decode) / len(decode)
         queue = sum(sim.queued[n.index].requests for n in prefill) / len(prefill)
         if kv_util > s.dynamo_kv_high and len(prefill) > 1:
@@ -182,12 +189,10 @@ def _dynamo(sim: Simulator, s: PlannerSettings) -> Tick:
 def _arrow(sim: Simulator, s: PlannerSettings) -> Tick:
     def tick(now: float) -> None:
         del now
-        if sim.switching:
+        phases = _settled_phases(sim)
+        if phases is None:
             return
-        prefill = [n for n in sim.nodes if n.role is Role.PREFILL]
-        decode = [n for n in sim.nodes if n.role is Role.DECODE]
-        if not prefill or not decode:
-            return
+        prefill, decode = phases
         worst, lengths = 0.0, list[int]()
         for n in prefill:
             # Arrow's misestimate: each queued request prefills its full input (Eq. 1, nothing cached)

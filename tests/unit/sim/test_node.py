@@ -158,3 +158,39 @@ def test_gpu_cache_binary_search_equals_linear_scan(paths: list[list[int]], capa
             while linear < len(k) and k[linear] in c:
                 linear += 1
             assert c.prefix(k) == linear
+
+
+class _SequentialLru:
+    """The plain definition of ``GpuCache.touch``: move each block to the recent end, deepest first."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.lru: dict[int, None] = {}
+
+    def touch(self, blocks: list[int]) -> list[int]:
+        for b in reversed(blocks):
+            self.lru.pop(b, None)
+            self.lru[b] = None
+        evicted = list(self.lru)[: max(0, len(self.lru) - self.capacity)]
+        for b in evicted:
+            del self.lru[b]
+        return evicted
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.tuples(st.booleans(), st.lists(st.integers(0, 9), max_size=8)), min_size=1, max_size=20),
+    st.integers(0, 10),
+)
+def test_gpu_cache_touch_equals_sequential_moves(ops: list[tuple[bool, list[int]]], capacity: int) -> None:
+    # repeated keys in one call and discards included: order and evictions must match exactly
+    c = GpuCache(capacity)
+    ref = _SequentialLru(capacity)
+    for is_touch, blocks in ops:
+        if is_touch:
+            assert c.touch(blocks) == ref.touch(blocks)
+        else:
+            c.discard(blocks)
+            for b in blocks:
+                ref.lru.pop(b, None)
+        assert list(c._lru) == list(ref.lru)

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agentpool.sim.planners import ModelSource, PlannerSettings
 from agentpool.sim.report import markdown_report, write_json, write_plots
 from agentpool.sim.run import WORKLOADS, Scenario, load_conversations, run_system, scenario_dict
 from agentpool.sim.simulator import SimConfig
@@ -45,6 +46,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-pause", type=float, default=None, help="cap recorded pauses (seconds)")
     parser.add_argument("--ramp", type=float, default=0.0, help="start closed-loop agents over N seconds")
     parser.add_argument("--shared-prefix", type=int, default=15000, help="shared system+tools prefix tokens")
+    parser.add_argument(
+        "--fit",
+        default="preset",
+        choices=[m.value for m in ModelSource],
+        help="agentpool's planner and router models: the preset's coefficients, or fitted online "
+        "from the first planner window's noisy iteration times",
+    )
+    parser.add_argument(
+        "--fit-noise", type=float, default=0.05, help="relative noise of iteration times (--fit online)"
+    )
     parser.add_argument("--out", default="sim-results", help="output directory")
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -77,6 +88,7 @@ def scenario_from(args: argparse.Namespace) -> Scenario:
         warmup_s=args.warmup,
         duration_s=args.duration,
         seed=args.seed,
+        planner=PlannerSettings(fit=ModelSource(args.fit), fit_noise=args.fit_noise, fit_seed=args.seed),
     )
 
 

@@ -2,8 +2,15 @@
 
 - ``evolving``: :func:`agentpool.planner.core.plan` every window (Eq. 5, Eq. 6 gain test, cooldown,
   no switch while a node drains), on the window's slices of average work and decode occupancy, with
-  each prefill node's ``t_bar`` and ``f_n`` remeasured from its iterations. The coefficients are the
-  preset's (the online NNLS fit of the warmup is not simulated: the planner sees the true model).
+  each prefill node's ``t_bar`` and ``f_n`` remeasured from its iterations. Where its coefficients
+  come from is ``PlannerSettings.fit``: ``preset`` (default) gives the planner and the router the
+  preset's true coefficients; ``online`` fits Eq. 1 and Eq. 2 by the same NNLS as the live planner
+  (:func:`agentpool.models.fitting.fit_prefill` / ``fit_decode``) on the iterations the nodes ran
+  in the first window, each time multiplied by ``1 + fit_noise * N(0, 1)`` (measured iteration
+  times are noisy), and from then on the planner and the router use the fitted models. The
+  simulated pool is homogeneous and starts disaggregated, so the fit pools the records of all
+  nodes per phase (the live planner warms up colocated and fits each node); a window whose records
+  cannot be fitted is logged and the next window tries again with more records.
 
   What ``q̄`` counts (``SimConfig.occupancy``). Read literally ("requests in decode"), ``q̄`` makes
   ``sum mu_D`` the *observed* decode throughput, which can never exceed the prefill capacity in a
@@ -27,28 +34,44 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import numpy as np
 
 from agentpool.models import (
+    DecodeIterationRecord,
+    MoeShape,
     PrefillBatchItem,
+    PrefillIterationRecord,
     WorkSlice,
     mean_work,
     measure_prefill_window,
     slice_window,
     with_window_stats,
 )
+from agentpool.models.fitting import DecodeFit, PrefillFit, fit_decode, fit_prefill
+from agentpool.models.synthetic import noisy
 from agentpool.planner.core import Outcome, PlannerInput, PlannerNode, PlannerPolicy, plan, split_throughput
 from agentpool.planner.core import Role as PlannerRole
-from agentpool.sim.node import NodeStatus, Role, SimNode
+from agentpool.sim.node import NodeStatus, Role, SimIteration, SimNode
 from agentpool.sim.simulator import Simulator
 from agentpool.sim.systems import PlannerKind
 
 Tick = Callable[[float], None]
 
 
+class ModelSource(enum.StrEnum):
+    PRESET = "preset"  # the planner and the router see the preset's coefficients
+    ONLINE = "online"  # fitted from the first window's (noisy) iteration times
+
+
 @dataclass(frozen=True, slots=True)
 class PlannerSettings:
+    fit: ModelSource = ModelSource.PRESET
+    fit_noise: float = 0.05
+    fit_seed: int = 0
     window_s: float = 600.0
     slices: int = 10
     cooldown_s: float = 120.0
@@ -115,10 +138,74 @@ def _planner_nodes(sim: Simulator) -> tuple[PlannerNode, ...]:
     )
 
 
+class OnlineFit:
+    """Collects the nodes' iterations as noisy records until a fit of both phases succeeds."""
+
+    MIN_RECORDS = 20  # per phase, like a warmup that saw enough batches
+
+    def __init__(self, sim: Simulator, noise: float, seed: int) -> None:
+        if not 0.0 <= noise < 1.0:
+            raise ValueError(f"fit noise must be in [0, 1), got {noise}")
+        self.sim = sim
+        self.noise = noise
+        self.rng = np.random.default_rng(seed)
+        self.prefill: list[PrefillIterationRecord] = []
+        self.decode: list[DecodeIterationRecord] = []
+        self.done = False
+        for node in sim.nodes:
+            node.on_iteration = self.record
+
+    def record(self, it: SimIteration) -> None:
+        if it.batch and it.running == 0:  # a pure prefill iteration (mixed ones fit neither model)
+            seconds = noisy(it.prefill_s, self.noise, self.rng)
+            self.prefill.append(PrefillIterationRecord(it.node, it.start, it.batch, seconds))
+        elif not it.batch and it.iterations >= 1.0:  # a decode stretch: one record of its iteration time
+            seconds = noisy(it.decode_s, self.noise, self.rng)
+            self.decode.append(DecodeIterationRecord(it.node, it.start, it.running, seconds))
+
+    def try_fit(self) -> tuple[PrefillFit, DecodeFit] | str:
+        """Fit both phases and give every node the fitted coefficients, or say why not yet."""
+        if len(self.prefill) < self.MIN_RECORDS or len(self.decode) < self.MIN_RECORDS:
+            return f"not enough iterations to fit yet: {len(self.prefill)} prefill, {len(self.decode)} decode"
+        d = self.sim.preset.decode
+        pf = fit_prefill(self.prefill)
+        df = fit_decode(self.decode, MoeShape(d.experts_active, d.experts_total, d.t_fwd))
+        models = self.sim.models
+        for i, m in enumerate(models):
+            models[i] = replace(m, prefill=pf.model, decode=df.model)
+        for node in self.sim.nodes:
+            node.on_iteration = None
+        self.done = True
+        return pf, df
+
+
+def _fit_log(at: float, fitted: tuple[PrefillFit, DecodeFit] | str) -> dict[str, float | str]:
+    if isinstance(fitted, str):
+        return {"at": at, "outcome": "fit", "reason": fitted}
+    pf, df = fitted
+    p, d = pf.model, df.model
+    return {
+        "at": at,
+        "outcome": "fit",
+        "reason": (
+            f"fitted online: prefill c0={p.c0:.4g} c1={p.c1:.4g} c2={p.c2:.4g} c3={p.c3:.4g} "
+            f"(held-out MAPE {100 * pf.report.mape_held_out:.1f}% of {pf.report.records_held_out}), "
+            f"decode d0={d.d0:.4g} d1={d.d1:.4g} d2={d.d2:.4g} "
+            f"(held-out MAPE {100 * df.report.mape_held_out:.1f}% of {df.report.records_held_out})"
+        ),
+    }
+
+
 def _evolving(sim: Simulator, s: PlannerSettings) -> Tick:
     policy = PlannerPolicy(cooldown_s=s.cooldown_s)
+    fit = OnlineFit(sim, s.fit_noise, s.fit_seed) if s.fit is ModelSource.ONLINE else None
 
     def tick(now: float) -> None:
+        if fit is not None and not fit.done:
+            sim.metrics.planner_log.append(_fit_log(now, fit.try_fit()))
+            if not fit.done:
+                sim.window.iterations.clear()
+                return  # the live planner does not plan before its models are fitted either
         _remeasure(sim)
         slices = _window_slices(sim, now - s.window_s, now, s.slices)
         since = None if sim.last_switch_at is None else now - sim.last_switch_at

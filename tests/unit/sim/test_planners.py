@@ -7,8 +7,9 @@ import pytest
 from agentpool.models import OccupancySample, RequestWorkRecord, TtftSlo, Work
 from agentpool.sim.metrics import Metrics
 from agentpool.sim.node import Role, SimRequest
-from agentpool.sim.planners import PlannerSettings, tick_for
+from agentpool.sim.planners import ModelSource, PlannerSettings, tick_for
 from agentpool.sim.presets import preset
+from agentpool.sim.run import Scenario, run_system
 from agentpool.sim.simulator import SimConfig, Simulator
 from agentpool.sim.systems import PlannerKind, system
 
@@ -112,3 +113,35 @@ def test_occupancy_counts_requests_in_flight_or_in_decode() -> None:
     assert sum(samples["inflight"]) > sum(samples["decode"])
     with pytest.raises(ValueError, match="occupancy"):
         SimConfig(occupancy="queued")
+
+
+def _fitted_run(noise: float) -> tuple[dict[str, object], dict[str, object]]:
+    settings = PlannerSettings(fit=ModelSource.ONLINE, fit_noise=noise, window_s=300.0)
+    sc = Scenario(conversations=25, agents=25, warmup_s=300.0, duration_s=300.0, planner=settings)
+    r = run_system("agentpool", sc)
+    log = r["planner_log"]
+    assert isinstance(log, list)
+    return log[0], r
+
+
+@pytest.mark.parametrize(("noise", "tolerance"), [(0.0, 1e-6), (0.05, 0.15)])
+def test_online_fit_recovers_the_preset_coefficients(noise: float, tolerance: float) -> None:
+    first, r = _fitted_run(noise)
+    assert first["outcome"] == "fit" and str(first["reason"]).startswith("fitted online")
+    values = dict(part.split("=") for part in str(first["reason"]).replace(",", "").split() if "=" in part)
+    # the prefill terms the trace exercises, and the decode model at typical batches
+    for name, true in (("c0", GLM.prefill.c0), ("c1", GLM.prefill.c1), ("c2", GLM.prefill.c2)):
+        assert float(values[name]) == pytest.approx(true, rel=tolerance), name
+    assert r["requests_simulated"] > 100
+
+
+def test_online_fit_waits_for_enough_iterations() -> None:
+    sim = sim_of("agentpool")
+    sim.now = 600.0
+    planned = tick_for(PlannerKind.EVOLVING, sim, PlannerSettings(fit=ModelSource.ONLINE))
+    assert planned is not None
+    planned[1](sim.now)
+    assert sim.metrics.planner_log[-1]["outcome"] == "fit"
+    assert "not enough iterations" in str(sim.metrics.planner_log[-1]["reason"])
+    assert sim.models[0].prefill == GLM.prefill_model()  # nothing replaced, nothing planned
+    assert len(sim.metrics.planner_log) == 1

@@ -7,6 +7,7 @@
     python -m bench.bench_sim open-loop       # Poisson agent arrivals, 0.5-1.5 agents/min (App. D.3)
     python -m bench.bench_sim smetric         # colocated routing comparison (SMetric §5)
     python -m bench.bench_sim scale           # App. D.2's 256-GPU setting (64 nodes, 2,560 agents), wall time
+    python -m bench.bench_sim fit             # agentpool with preset vs online-fitted models (noise levels)
 
 ``--trace PATH`` replays another Claude Code file (e.g. ``../shared/traces/claude-code/v8-dev.jsonl.gz``);
 ``--write`` stores Markdown and JSON under ``bench/results/`` with the command that produced them.
@@ -15,6 +16,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shlex
 import sys
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from agentpool.sim.cli import compare
+from agentpool.sim.planners import ModelSource, PlannerSettings
 from agentpool.sim.report import markdown_table
 from agentpool.sim.run import Scenario, load_conversations, run_system, scenario_dict
 from agentpool.sim.simulator import SimConfig
@@ -229,13 +232,54 @@ def scale(args: argparse.Namespace) -> None:
         )
 
 
+def fit(args: argparse.Namespace) -> None:
+    """agentpool with the preset's true coefficients versus models fitted online from noisy iterations."""
+    rows: list[dict[str, Any]] = []
+    sections = []
+    for agents in args.agents or (126,):
+        base = Scenario(
+            trace=args.trace,
+            agents=agents,
+            warmup_s=args.warmup,
+            duration_s=args.duration,
+            max_pause_s=args.max_pause,
+        )
+        convs = load_conversations(base)
+        res = []
+        for source, noise in [(ModelSource.PRESET, 0.0)] + [(ModelSource.ONLINE, n) for n in args.noises]:
+            sc = dataclasses.replace(base, planner=PlannerSettings(fit=source, fit_noise=noise))
+            r = run_system("agentpool", sc, convs)
+            r["system"] = (
+                "agentpool (preset models)"
+                if source is ModelSource.PRESET
+                else (f"agentpool (fitted, {100 * noise:g}% noise)")
+            )
+            res.append(r)
+            fitted = [e["reason"] for e in r["planner_log"] if e["outcome"] == "fit"]
+            if fitted:
+                print(f"{r['system']}: {fitted[-1]}", flush=True)
+        _print(f"{agents} agents", res)
+        rows += res
+        sections.append((f"{agents} concurrent agents", base, res))
+    if args.write:
+        _write(
+            "fit",
+            "agentpool with fitted models: the preset's true coefficients vs an online NNLS fit",
+            sections,
+            "The online fit uses the iterations of the first planner window (10 min), each measured time "
+            "multiplied by 1 + noise x N(0, 1); from then on the planner and the router use the fitted "
+            "models. Each run's first planner-log entry (JSON) has the fitted coefficients and held-out "
+            "errors.",
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.bench_sim")
     p.add_argument(
         "what",
         nargs="?",
         default="speed",
-        choices=["speed", "cc", "shifting", "open-loop", "smetric", "scale"],
+        choices=["speed", "cc", "shifting", "open-loop", "smetric", "scale", "fit"],
     )
     p.add_argument("--trace", default=None)
     p.add_argument("--warmup", type=float, default=1800.0)
@@ -247,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shift-agents", type=int, default=288)
     p.add_argument("--colocated-nodes", type=int, default=16)
     p.add_argument("--colocated-agents", type=int, default=160)
+    p.add_argument("--noises", type=float, nargs="*", default=[0.02, 0.05, 0.10], help="fit: noise levels")
     p.add_argument("--write", action="store_true", help="store the results under bench/results/")
     args = p.parse_args(argv)
     {
@@ -256,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         "open-loop": open_loop,
         "smetric": smetric,
         "scale": scale,
+        "fit": fit,
     }[args.what](args)
     return 0
 

@@ -12,26 +12,43 @@ For each prefill candidate ``n``::
 requests sent but not reported yet. Pick ``argmin T_n``; ties go to the longest local prefix, then
 the smallest node id. Fetched tokens are restored like host tokens, so Eq. 3's ``f_n * t_c`` term
 applies to them unchanged.
+
+The candidates are scored column-wise (numpy, the same float operations per node as the formula
+above): the request's own part (``t_c``, ``x``, Eq. 3 of ``w_n``, ``tau(x)``, ``kappa x``) depends
+only on ``local_n`` and the node's model, so it is computed once per distinct pair; the wait
+``W_n`` is :func:`~agentpool.router.policy.contract.effective_service_column`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from operator import attrgetter, is_
 
-from agentpool.models import attention_pairs, copy_price
+import numpy as np
+import numpy.typing as npt
+
+from agentpool.models import NodeModel, attention_pairs, copy_price
 from agentpool.router.policy.contract import (
+    NO_PREFIX,
+    Column,
     Decision,
     NodeState,
     PolicyContext,
+    PolicyError,
     RequestView,
-    effective_service_s,
+    ScoreMap,
+    effective_service_column,
     eq3_of_sums,
     pick_min,
     require_candidates,
 )
 
 NAME = "evolving"
+_ID = attrgetter("node_id")
+_MODEL = attrgetter("model")
+_TOTAL = attrgetter("total")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,25 +70,92 @@ class Prediction:
         return self.wait_s + self.service_s + self.exposed_fetch_s + self.copy_s
 
 
-def _parts(
-    request: RequestView, node: NodeState, ctx: PolicyContext
-) -> tuple[float, float, float, float, int, int]:
-    """(wait, own service, exposed fetch, copy price, t_c, x) of ``request`` on ``node``: E.3 lines 6-9."""
-    local = request.prefix_on(node.node_id).total
+@dataclass(frozen=True, slots=True)
+class _Own:
+    """The request's own part on a node holding ``local`` tokens of it: E.3 lines 6-8."""
+
+    service_s: float
+    tau_s: float
+    copy_s: float
+    cached_tokens: int  # t_c
+    fetch_tokens: int  # x
+
+
+def _own(request: RequestView, local: int, model: NodeModel, ctx: PolicyContext) -> _Own:
     missing = max(0, max(request.cluster_prefix, local) - local)
     x = missing if ctx.fetch.fetches(missing) else 0
     t_c = local + x
     t_uc = request.prompt_tokens - t_c
-    wait = effective_service_s(node, ctx)
-    service = eq3_of_sums(node.model, t_uc, t_c, attention_pairs(t_uc, t_c))
-    exposed = max(0.0, ctx.fetch.tau(x) - wait)
-    return wait, service, exposed, copy_price(ctx.kappa_s_per_token, x), t_c, x
+    service = eq3_of_sums(model, t_uc, t_c, attention_pairs(t_uc, t_c))
+    return _Own(service, ctx.fetch.tau(x), copy_price(ctx.kappa_s_per_token, x), t_c, x)
+
+
+@dataclass(frozen=True, slots=True)
+class _Scored:
+    """Eq. 7 of every candidate, in the candidates' order."""
+
+    ids: list[str]
+    local: list[int]
+    own: list[_Own]  # per distinct (local, model) pair
+    which: npt.NDArray[np.intp]  # per candidate, its index in ``own``
+    wait: Column
+    service: Column
+    exposed: Column
+    copy: Column
+    ttft: Column
+
+    def prediction(self, i: int) -> Prediction:
+        own = self.own[int(self.which[i])]
+        return Prediction(
+            float(self.wait[i]),
+            float(self.service[i]),
+            float(self.exposed[i]),
+            float(self.copy[i]),
+            own.cached_tokens,
+            own.fetch_tokens,
+        )
+
+
+def _score(request: RequestView, candidates: Sequence[NodeState], ctx: PolicyContext) -> _Scored:
+    """``T_n = W_n + T_P,n(w_n) + max(0, tau(x_n) - W_n) + kappa * x_n`` for each candidate."""
+    n = len(candidates)
+    ids = list(map(_ID, candidates))
+    if len(set(ids)) != n:
+        raise PolicyError("candidates must have distinct node ids")
+    local = list(map(_TOTAL, map(request.local_prefix.get, ids, repeat(NO_PREFIX))))
+    models = list(map(_MODEL, candidates))
+    keys: list[Hashable] = list(local)
+    if not all(map(is_, models, repeat(models[0]))):  # the models outlive this call: ids are stable
+        keys = list(zip(local, map(id, models), strict=True))
+    pairs = dict(zip(keys, zip(local, models, strict=True), strict=True))
+    own = [_own(request, n_local, model, ctx) for n_local, model in pairs.values()]
+    slot = {k: i for i, k in enumerate(pairs)}
+    which = np.fromiter(map(slot.__getitem__, keys), np.intp, n)
+    parts = np.array([(o.service_s, o.tau_s, o.copy_s) for o in own], np.float64)[which]
+    wait = effective_service_column(candidates, ctx)
+    service, copy = parts[:, 0], parts[:, 2]
+    exposed = parts[:, 1] - wait
+    exposed = np.where(exposed > 0.0, exposed, 0.0)  # max(0.0, v): NaN and -0.0 give 0.0 too
+    ttft = wait + service + exposed + copy
+    return _Scored(ids, local, own, which, wait, service, exposed, copy, ttft)
+
+
+def _best(s: _Scored) -> int:
+    """:func:`pick_min` over the scores, tie-break on the longest local prefix: the index of the pick."""
+    ttft = s.ttft
+    low = ttft.min()
+    if low != low:  # NaN somewhere: pick_min's own comparison order decides
+        longest = {nid: -float(loc) for nid, loc in zip(s.ids, s.local, strict=True)}
+        return s.ids.index(pick_min(dict(zip(s.ids, ttft.tolist(), strict=True)), longest))
+    hits = np.flatnonzero(ttft == low).tolist()
+    if len(hits) == 1:
+        return int(hits[0])
+    return int(min(hits, key=lambda i: (-float(s.local[i]), s.ids[i])))
 
 
 def predict(request: RequestView, node: NodeState, ctx: PolicyContext) -> Prediction:
     """Predicted TTFT of ``request`` on ``node`` with its parts (Algorithm E.3, lines 6-9)."""
-    wait, service, exposed, copy, t_c, x = _parts(request, node, ctx)
-    return Prediction(wait, service, exposed, copy, t_c, x)
+    return _score(request, [node], ctx).prediction(0)
 
 
 class EvolvingPolicy:
@@ -84,15 +168,11 @@ class EvolvingPolicy:
 
     def choose(self, request: RequestView, candidates: Sequence[NodeState], ctx: PolicyContext) -> Decision:
         require_candidates(candidates)
-        scores: dict[str, float] = {}
-        for n in candidates:
-            wait, service, exposed, copy, _, _ = _parts(request, n, ctx)
-            scores[n.node_id] = wait + service + exposed + copy
-        longest_local = {n.node_id: -float(request.prefix_on(n.node_id).total) for n in candidates}
-        best = pick_min(scores, longest_local)
-        p = predict(request, next(n for n in candidates if n.node_id == best), ctx)
+        scored = _score(request, candidates, ctx)
+        i = _best(scored)
+        p = scored.prediction(i)
         return Decision(
-            node_id=best,
+            node_id=scored.ids[i],
             policy=NAME,
             reason=(
                 f"predicted ttft {p.ttft_s:.4f}s = wait {p.wait_s:.4f} + service {p.service_s:.4f}"
@@ -100,5 +180,5 @@ class EvolvingPolicy:
             ),
             cached_tokens=p.cached_tokens,
             fetch_tokens=p.fetch_tokens,
-            scores=scores,
+            scores=ScoreMap(scored.ids, scored.ttft),
         )

@@ -1,46 +1,51 @@
 """Branch counts ``R[b, n]`` with ``Count`` and ``Release`` exactly as Algorithm E.2.
 
-``R[b, n]`` is the number of active branches that count block ``b`` on node ``n``. It is kept as the set
-of those branches (so evicting a block can drop it from every ``C[beta, n]``), and ``R`` is its size.
-Pure: no I/O, no clock.
+``R[b, n]`` is the number of active branches that count block ``b`` on node ``n``. Per node it is kept as
+a dict ``block -> R`` of the positive counts, plus the set of branches whose ``C[beta, n]`` is not empty:
+evicting a block (E.2 line 20) finds the branches that count it through their own ``C[beta, n]``. Every
+per-block step runs as a C-level ``map``/``dict.update`` over the changed blocks, and the dicts hold only
+ints, which CPython's garbage collector does not track (a set of branch ids per counted block would be
+one tracked container per block). Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
+from itertools import compress, repeat
+from operator import add, not_, sub
 from types import MappingProxyType
 
 from agentpool.kv.branches import BranchState
 
 CountChanges = dict[str, dict[int, int]]  # node -> block -> new R[b, n]
 
+_NO_BLOCKS: frozenset[int] = frozenset()
+
 
 class BranchCounts:
     def __init__(self) -> None:
-        self._holders: dict[str, dict[int, set[str]]] = {}
+        self._counts: dict[str, dict[int, int]] = {}  # node -> block -> R[b, node] > 0
+        self._counting: dict[str, set[str]] = {}  # node -> branches with a non-empty C[beta, node]
 
     def count(self, node: str, block: int) -> int:
         """``R[block, node]``."""
-        holders = self._holders.get(node)
-        if holders is None:
-            return 0
-        s = holders.get(block)
-        return 0 if s is None else len(s)
+        counts = self._counts.get(node)
+        return 0 if counts is None else counts.get(block, 0)
 
     def counts(self, node: str) -> dict[int, int]:
         """Every positive ``R[b, node]``."""
-        return {b: len(s) for b, s in self._holders.get(node, {}).items()}
+        return dict(self._counts.get(node, {}))
 
-    def holders(self, node: str) -> Mapping[int, set[str]]:
-        """Read-only live view ``block -> branches counting it`` on ``node``: its keys are exactly the
-        blocks with ``R > 0`` (no value is empty). Do not mutate the sets."""
-        return MappingProxyType(self._holders.get(node, {}))
+    def counts_view(self, node: str) -> Mapping[int, int]:
+        """Read-only live view of :meth:`counts` (no copy): its keys are exactly the blocks with ``R > 0``."""
+        return MappingProxyType(self._counts.get(node, {}))
 
-    def branches_on(self, node: str, block: int) -> frozenset[str]:
-        return frozenset(self._holders.get(node, {}).get(block, ()))
+    def counting(self, node: str) -> set[str]:
+        """The branches that count at least one block on ``node`` (a copy)."""
+        return set(self._counting.get(node, ()))
 
     def nodes(self) -> list[str]:
-        return [n for n, h in self._holders.items() if h]
+        return [n for n, c in self._counts.items() if c]
 
     def set_counted(self, state: BranchState, node: str, path: Iterable[int], out: CountChanges) -> None:
         """``Count(beta, n, pi)``: make ``state`` count exactly the blocks of ``path`` on ``node``.
@@ -48,34 +53,24 @@ class BranchCounts:
         New blocks get +1, dropped blocks -1; the new ``R`` of every changed block goes into ``out``.
         """
         new = frozenset(path)
-        old = state.counted.get(node, frozenset())
+        old = state.counted.get(node, _NO_BLOCKS)
         if new == old:
             return
-        holders = self._holders.setdefault(node, {})
+        counts = self._counts.setdefault(node, {})
         changed = out.setdefault(node, {})
-        beta = state.branch_id
-        get = holders.get
-        for b in new - old:
-            s = get(b)
-            if s is None:
-                holders[b] = {beta}
-                changed[b] = 1
-            else:
-                s.add(beta)
-                changed[b] = len(s)
-        for b in old - new:
-            s = holders[b]
-            s.discard(beta)
-            if s:
-                changed[b] = len(s)
-            else:
-                del holders[b]
-                changed[b] = 0
+        added = new - old
+        if added:  # R += 1
+            _shift(counts, added, add, changed)
+        dropped = old - new
+        if dropped:  # R -= 1; a block no branch counts any more leaves ``counts``
+            _shift(counts, dropped, sub, changed)
         if new:
             state.counted[node] = new
+            self._counting.setdefault(node, set()).add(state.branch_id)
         else:
             del state.counted[node]
             state.pending.pop(node, None)
+            self._counting[node].discard(state.branch_id)
 
     def release(self, state: BranchState, node: str, out: CountChanges) -> None:
         """``Release(beta, n) = Count(beta, n, {})``."""
@@ -83,29 +78,59 @@ class BranchCounts:
 
     def restore(self, state: BranchState) -> None:
         """Add a persisted branch's counted sets (rebuild after a restart)."""
-        beta = state.branch_id
         for node, blocks in state.counted.items():
-            holders = self._holders.setdefault(node, {})
-            for b in blocks:
-                holders.setdefault(b, set()).add(beta)
+            if blocks:
+                _shift(self._counts.setdefault(node, {}), blocks, add, {})
+                self._counting.setdefault(node, set()).add(state.branch_id)
 
-    def evicted(self, node: str, block: int, states: dict[str, BranchState], out: CountChanges) -> list[str]:
-        """E.2 line 20: the host copy of ``block`` on ``node`` was evicted (or the block left the node):
-        drop it from ``C[beta, node]`` of every branch, ``R = 0``.
+    def evicted(
+        self, node: str, blocks: Iterable[int], state_of: Callable[[str], BranchState], out: CountChanges
+    ) -> list[str]:
+        """E.2 line 20: the host copies of ``blocks`` on ``node`` were evicted (or the blocks left the node):
+        drop them from ``C[beta, node]`` of every branch, ``R = 0``.
 
-        ``states`` maps the affected branch ids to their rows; returns those branch ids.
+        ``state_of`` returns a branch's row; returns the ids of the branches that counted one of the
+        blocks, sorted.
         """
-        holders = self._holders.get(node)
-        if holders is None or block not in holders:
+        counts = self._counts.get(node)
+        if not counts:
             return []
-        betas = sorted(holders.pop(block))
-        for beta in betas:
-            state = states[beta]
-            remaining = state.counted[node] - {block}
+        hit = list(dict.fromkeys(filter(counts.__contains__, blocks)))
+        if not hit:
+            return []
+        gone = frozenset(hit)
+        affected = []
+        for beta in sorted(self._counting[node]):
+            state = state_of(beta)
+            counted = state.counted[node]
+            if counted.isdisjoint(gone):
+                continue
+            affected.append(beta)
+            remaining = counted - gone
             if remaining:
                 state.counted[node] = remaining
             else:
                 del state.counted[node]
                 state.pending.pop(node, None)
-        out.setdefault(node, {})[block] = 0
-        return betas
+                self._counting[node].discard(beta)
+        changed = out.setdefault(node, {})
+        for b in hit:
+            del counts[b]
+            changed[b] = 0
+        return affected
+
+
+def _shift(
+    counts: dict[int, int],
+    blocks: Collection[int],
+    op: Callable[[int, int], int],
+    changed: dict[int, int],
+) -> None:
+    """``counts[b] = op(counts[b], 1)`` for every block (absent counts are 0), recorded in ``changed``;
+    blocks whose count becomes 0 leave ``counts``. One C-level pass per step instead of a Python loop."""
+    new = list(map(op, map(counts.get, blocks, repeat(0)), repeat(1)))
+    counts.update(zip(blocks, new, strict=True))
+    changed.update(zip(blocks, new, strict=True))
+    if 0 in new:
+        for b in compress(blocks, map(not_, new)):
+            del counts[b]

@@ -130,7 +130,7 @@ class Directory:
         return changes
 
     def _branches_counting_on(self, node: str) -> set[str]:
-        return {b for h in self.counts.counts(node) for b in self.counts.branches_on(node, h)}
+        return self.counts.counting(node)
 
     def _branches_pending_on(self, node: str) -> set[str]:
         """Branches with a move to ``node`` waiting; prunes stale hints."""
@@ -171,11 +171,7 @@ class Directory:
 
     def _zero_counts(self, node: str, gone: Iterable[int]) -> Changes:
         changes = Changes()
-        for h in gone:
-            ids = self.counts.branches_on(node, h)
-            if ids:
-                states = {b: self.branches.get(b) for b in ids}
-                changes.branches.update(self.counts.evicted(node, h, states, changes.counts))
+        changes.branches.update(self.counts.evicted(node, gone, self.branches.get, changes.counts))
         return changes
 
     # -- requests ----------------------------------------------------------------------------
@@ -256,4 +252,5 @@ class Directory:
     def eviction_order(self, node: str, limit: int | None = None) -> list[EvictionCandidate]:
         """Host blocks of ``node`` by ``(R > 0, last access)`` ascending."""
         self.phase(node)
-        return eviction_order_counted(self.index.host_blocks(node), self.counts.holders(node), limit)
+        host = self.index.host_access(node).items()
+        return eviction_order_counted(host, self.counts.counts_view(node), limit)

@@ -13,8 +13,11 @@ if TYPE_CHECKING:
 _T = TypeVar("_T", bound="SupportsRichComparison")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class EvictionCandidate:
+    """One host block in eviction order; read-only by convention. Not frozen: an order lists thousands
+    of blocks and a frozen dataclass costs three times as much to build."""
+
     block_hash: int
     count: int
     last_access: float
@@ -33,28 +36,29 @@ def eviction_order(
 
 def eviction_order_counted(
     host_blocks: Iterable[tuple[int, float]],
-    counted: Mapping[int, Collection[object]],
+    counted: Mapping[int, int],
     limit: int | None = None,
 ) -> list[EvictionCandidate]:
-    """:func:`eviction_order` with ``count(h) = len(counted[h])`` for the keys of ``counted`` and 0 for
-    every other block (``counted`` holds no empty values): the same order, without a call per block.
+    """:func:`eviction_order` with ``count(h) = counted[h]`` for the keys of ``counted`` and 0 for every
+    other block (``counted`` holds no zero values): the same order, without a call per block.
 
     Zero-count blocks are selected first; the counted ones are only ordered when the zero-count
-    blocks do not fill ``limit``.
+    blocks do not fill ``limit``. ``host_blocks`` is iterated up to twice (a list, or a live
+    ``dict.items()`` view, which saves copying a node's whole host index).
     """
-    blocks = host_blocks if isinstance(host_blocks, list) else list(host_blocks)
+    blocks = host_blocks if isinstance(host_blocks, Collection) else list(host_blocks)
     if not counted:
         zero = [(t, h) for h, t in blocks]
         return [EvictionCandidate(h, 0, t) for t, h in _smallest(zero, limit)]
     if limit is not None and limit < 0:  # drops blocks from the end of the whole order
-        return eviction_order(blocks, lambda h: len(counted.get(h, ())), limit)
+        return eviction_order(blocks, lambda h: counted.get(h, 0), limit)
     zero = [(t, h) for h, t in blocks if h not in counted]
     out = [EvictionCandidate(h, 0, t) for t, h in _smallest(zero, limit)]
     if limit is not None and len(out) >= limit:
         return out
     rest = None if limit is None else limit - len(out)
     positive = [(t, h) for h, t in blocks if h in counted]
-    out.extend(EvictionCandidate(h, len(counted[h]), t) for t, h in _smallest(positive, rest))
+    out.extend(EvictionCandidate(h, counted[h], t) for t, h in _smallest(positive, rest))
     return out
 
 

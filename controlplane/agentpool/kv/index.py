@@ -15,8 +15,10 @@ values); every further node holding a block adds one slot in that node's last-ac
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from types import MappingProxyType
 
 from agentpool.kv.hashing import ROOT_HASH
 from agentpool.kv.types import InvalidEventError, PrefixMatch, Tier, UnknownNodeError
@@ -29,6 +31,9 @@ class HeldBlock:
     block_hash: int
     parent_hash: int
     tiers: Tier
+
+
+_MATCH_CACHE_SIZE = 1 << 16
 
 
 class PrefixIndex:
@@ -44,6 +49,7 @@ class PrefixIndex:
         self._last_access: dict[int, dict[int, float]] = {}  # slot -> block hash -> last access
         # slots that may hold a block without a host copy; every other slot's held blocks all have one
         self._not_all_host: set[int] = set()
+        self._matches: dict[tuple[int, int, int], PrefixMatch] = {}  # see _match
 
     # -- nodes -------------------------------------------------------------------------------
     def nodes(self) -> list[str]:
@@ -108,7 +114,7 @@ class PrefixIndex:
         known = self._parent.setdefault(h, parent)
         if known != parent:
             raise InvalidEventError(
-                f"block {h:#x} stored under parent {parent:#x} but the index has {known:#x}"
+                f"block {h:#x} stored under parent {parent:#x} but the index has parent {known:#x}"
             )
 
     # -- events ------------------------------------------------------------------------------
@@ -124,30 +130,27 @@ class PrefixIndex:
         slot = self._slot_of[node]
         bit = 1 << slot
         la = self._last_access[slot]
-        parents = self._parent
+        setdefault = self._parent.setdefault
         gpu = self._gpu if tier & Tier.GPU else None
         host = self._host if tier & Tier.HOST else None
         if host is None:
             self._not_all_host.add(slot)
         prev = parent
-        if gpu is None and host is not None:  # host-only stores (the simulator's write-through)
+        if gpu is None and host is not None and slot not in self._not_all_host:
+            # Host-only stores on a node whose held blocks all have a host copy (the simulator's
+            # write-through): a block the node already holds needs only its access time.
             host_get = host.get
             for h in hashes:
-                known = parents.setdefault(h, prev)
-                if known != prev:
-                    raise InvalidEventError(
-                        f"block {h:#x} stored under parent {prev:#x} but the index has parent {known:#x}"
-                    )
-                host[h] = host_get(h, 0) | bit
+                if setdefault(h, prev) != prev:
+                    self._link(h, prev)  # raises
+                if h not in la:
+                    host[h] = host_get(h, 0) | bit
                 la[h] = now
                 prev = h
             return
         for h in hashes:
-            known = parents.setdefault(h, prev)
-            if known != prev:
-                raise InvalidEventError(
-                    f"block {h:#x} stored under parent {prev:#x} but the index has parent {known:#x}"
-                )
+            if setdefault(h, prev) != prev:
+                self._link(h, prev)  # raises
             if gpu is not None:
                 gpu[h] = gpu.get(h, 0) | bit
             if host is not None:
@@ -234,9 +237,7 @@ class PrefixIndex:
     def touch(self, node: str, hashes: Iterable[int], now: float) -> None:
         """Record an access at ``now`` to the blocks of ``hashes`` that ``node`` holds."""
         la = self._last_access[self._slot(node)]
-        for h in hashes:
-            if h in la:
-                la[h] = now
+        la.update(zip(filter(la.__contains__, hashes), repeat(now)))
 
     # -- queries -----------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -255,8 +256,7 @@ class PrefixIndex:
         return self._parent.get(block, ROOT_HASH)
 
     def holds_all(self, node: str, hashes: Iterable[int]) -> bool:
-        la = self._last_access[self._slot(node)]
-        return all(h in la for h in hashes)
+        return all(map(self._last_access[self._slot(node)].__contains__, hashes))
 
     def last_access(self, node: str, block: int) -> float | None:
         return self._last_access[self._slot(node)].get(block)
@@ -280,6 +280,17 @@ class PrefixIndex:
         bit = 1 << slot
         host = self._host
         return [(h, t) for h, t in la.items() if host.get(h, 0) & bit]
+
+    def host_access(self, node: str) -> Mapping[int, float]:
+        """``hash -> last access`` of every block ``node`` holds in host memory: a read-only live view when
+        every block the node holds has a host copy (no copy of the node's index), else a new dict."""
+        slot = self._slot(node)
+        la = self._last_access[slot]
+        if slot not in self._not_all_host:
+            return MappingProxyType(la)
+        bit = 1 << slot
+        host = self._host
+        return {h: t for h, t in la.items() if host.get(h, 0) & bit}
 
     def longest_prefixes(self, hashes: Sequence[int]) -> dict[str, PrefixMatch]:
         """Per node holding block 0 of ``hashes``: its longest cached prefix by tier, in one walk."""
@@ -311,11 +322,21 @@ class PrefixIndex:
             _record(gpu_alive, depth, gpu_depth)
             _record(host_alive, depth, host_depth)
             _record(any_alive, depth, any_depth)
-        names = self._name_of
+        names, match = self._name_of, self._match
         return {
-            names[slot]: PrefixMatch(gpu_depth.get(slot, 0), host_depth.get(slot, 0), d)
+            names[slot]: match(gpu_depth.get(slot, 0), host_depth.get(slot, 0), d)
             for slot, d in any_depth.items()
         }
+
+    def _match(self, gpu: int, host: int, local: int) -> PrefixMatch:
+        """A shared immutable :class:`PrefixMatch` (building a frozen dataclass costs more than the walk)."""
+        key = (gpu, host, local)
+        m = self._matches.get(key)
+        if m is None:
+            if len(self._matches) >= _MATCH_CACHE_SIZE:
+                self._matches.clear()
+            m = self._matches[key] = PrefixMatch(gpu, host, local)
+        return m
 
 
 def _record(mask: int, depth: int, out: dict[int, int]) -> None:

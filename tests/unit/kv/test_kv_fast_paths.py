@@ -1,0 +1,101 @@
+"""Fast paths of the KV cores against their general forms.
+
+``eviction_order_counted`` (a count table, a list or a live ``dict.items()`` view) must give exactly
+:func:`eviction_order` with a count callback; ``Directory.eviction_order`` (the index's live host view)
+must equal it on the node's host blocks. Host-only stores on a node whose blocks all have a host copy
+skip the bit update for held blocks; mixed with GPU stores, removals and touches they must leave the
+tiers and access times of a block-by-block model.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentpool.kv import Directory, Phase, PrefixIndex, Tier
+from agentpool.kv.eviction import eviction_order, eviction_order_counted
+from agentpool.kv.hashing import ROOT_HASH
+
+hashes = st.integers(min_value=1, max_value=40)
+times = st.sampled_from([0.0, 1.0, 2.0, 3.0])  # few values: ties on time break by hash
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(hashes, times, max_size=30),
+    st.dictionaries(hashes, st.integers(min_value=1, max_value=3), max_size=30),
+    st.none() | st.integers(min_value=-5, max_value=35),
+)
+def test_counted_order_matches_general(
+    host: dict[int, float], counted: dict[int, int], limit: int | None
+) -> None:
+    want = eviction_order(list(host.items()), lambda h: counted.get(h, 0), limit)
+    assert eviction_order_counted(list(host.items()), counted, limit) == want
+    assert eviction_order_counted(host.items(), counted, limit) == want
+    assert eviction_order_counted(iter(list(host.items())), counted, limit) == want
+
+
+ops = st.lists(
+    st.tuples(
+        st.sampled_from(["store", "remove", "touch"]),
+        st.sampled_from(["a", "b"]),
+        st.integers(min_value=0, max_value=6),  # chain start
+        st.integers(min_value=1, max_value=6),  # chain length
+        st.sampled_from([Tier.HOST, Tier.GPU, Tier.GPU | Tier.HOST]),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops)
+def test_host_store_fast_path_matches_a_model(history: list[tuple[str, str, int, int, Tier]]) -> None:
+    """Index state after stores (host-only ones take the fast path), removals and touches equals a
+    block-by-block model of tiers and access times."""
+    chain = list(range(100, 112))
+    idx = PrefixIndex()
+    tiers: dict[tuple[str, int], Tier] = {}
+    access: dict[tuple[str, int], float] = {}
+    for step, (op, node, start, n, tier) in enumerate(history):
+        blocks = chain[start : start + n]
+        now = float(step)
+        if op == "store":
+            idx.apply_stored(node, chain[start - 1] if start else ROOT_HASH, blocks, tier, now)
+            for h in blocks:
+                tiers[node, h] = tiers.get((node, h), Tier(0)) | tier
+                access[node, h] = now
+        elif op == "remove" and idx.has_node(node):
+            idx.apply_removed(node, blocks, tier)
+            for h in blocks:
+                left = tiers.get((node, h), Tier(0)) & ~tier
+                if left:
+                    tiers[node, h] = left
+                else:
+                    tiers.pop((node, h), None)
+                    access.pop((node, h), None)
+        elif op == "touch" and idx.has_node(node):
+            idx.touch(node, blocks, now)
+            for h in blocks:
+                if (node, h) in access:
+                    access[node, h] = now
+        for m in ("a", "b"):
+            if idx.has_node(m):
+                got = {b.block_hash: b.tiers for b in idx.node_blocks(m)}
+                assert got == {h: t for (k, h), t in tiers.items() if k == m}
+                host = {h: t for (k, h), t in access.items() if k == m and tiers[k, h] & Tier.HOST}
+                assert dict(idx.host_access(m)) == host
+                assert dict(idx.host_blocks(m)) == host
+
+
+def test_directory_eviction_order_uses_live_host_view() -> None:
+    d = Directory(page_size=1)
+    d.register_node("p", Phase.PREFILL)
+    d.apply_stored("p", ROOT_HASH, [1, 2, 3], Tier.HOST, 1.0)
+    d.apply_stored("p", 3, [4, 5], Tier.GPU | Tier.HOST, 2.0)
+    d.resolve([1, 2, 3, 4], "x", 3.0)
+    d.place("x", "p", 3.0)
+    d.apply_stored("p", 5, [6], Tier.GPU, 4.0)  # GPU only: the node's host view is filtered now
+    want = eviction_order_counted(d.index.host_blocks("p"), d.counts.counts("p"))
+    assert d.eviction_order("p") == want
+    assert [c.block_hash for c in want] == [5, 1, 2, 3, 4]
+    assert [c.count for c in want] == [0, 1, 1, 1, 1]

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Mapping
 from itertools import compress, repeat
 from operator import add, not_, sub
-from types import MappingProxyType
 
 from agentpool.kv.branches import BranchState
 
@@ -37,8 +36,9 @@ class BranchCounts:
         return dict(self._counts.get(node, {}))
 
     def counts_view(self, node: str) -> Mapping[int, int]:
-        """Read-only live view of :meth:`counts` (no copy): its keys are exactly the blocks with ``R > 0``."""
-        return MappingProxyType(self._counts.get(node, {}))
+        """:meth:`counts` without a copy: the live table, read-only by its type (a plain dict, so C-level
+        lookups over thousands of blocks stay fast). Its keys are exactly the blocks with ``R > 0``."""
+        return self._counts.get(node, {})
 
     def counting(self, node: str) -> set[str]:
         """The branches that count at least one block on ``node`` (a copy)."""

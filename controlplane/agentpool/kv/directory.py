@@ -252,5 +252,4 @@ class Directory:
     def eviction_order(self, node: str, limit: int | None = None) -> list[EvictionCandidate]:
         """Host blocks of ``node`` by ``(R > 0, last access)`` ascending."""
         self.phase(node)
-        host = self.index.host_access(node).items()
-        return eviction_order_counted(host, self.counts.counts_view(node), limit)
+        return eviction_order_counted(self.index.host_access(node), self.counts.counts_view(node), limit)

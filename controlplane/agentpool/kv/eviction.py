@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from itertools import repeat
 from typing import TYPE_CHECKING, TypeVar
+
+import numpy as np
 
 if TYPE_CHECKING:
     from _typeshed import SupportsRichComparison
@@ -35,31 +38,36 @@ def eviction_order(
 
 
 def eviction_order_counted(
-    host_blocks: Iterable[tuple[int, float]],
+    host_blocks: Iterable[tuple[int, float]] | Mapping[int, float],
     counted: Mapping[int, int],
     limit: int | None = None,
 ) -> list[EvictionCandidate]:
     """:func:`eviction_order` with ``count(h) = counted[h]`` for the keys of ``counted`` and 0 for every
     other block (``counted`` holds no zero values): the same order, without a call per block.
 
-    Zero-count blocks are selected first; the counted ones are only ordered when the zero-count
-    blocks do not fill ``limit``. ``host_blocks`` is iterated up to twice (a list, or a live
-    ``dict.items()`` view, which saves copying a node's whole host index).
+    ``host_blocks``: ``(hash, last access)`` pairs with distinct hashes (a node holds a block once), or a
+    ``hash -> last access`` mapping (no copy). Hashes in ``[0, 2**64)`` (every engine hash) are ordered by
+    one numpy ``lexsort`` on ``(R > 0, last access, hash)``: it builds no Python object per block, so a
+    node's whole host index does not feed the garbage collector. Other hashes take :func:`eviction_order`.
     """
-    blocks = host_blocks if isinstance(host_blocks, Collection) else list(host_blocks)
-    if not counted:
-        zero = [(t, h) for h, t in blocks]
-        return [EvictionCandidate(h, 0, t) for t, h in _smallest(zero, limit)]
+    access = host_blocks if isinstance(host_blocks, Mapping) else dict(host_blocks)
     if limit is not None and limit < 0:  # drops blocks from the end of the whole order
-        return eviction_order(blocks, lambda h: counted.get(h, 0), limit)
-    zero = [(t, h) for h, t in blocks if h not in counted]
-    out = [EvictionCandidate(h, 0, t) for t, h in _smallest(zero, limit)]
-    if limit is not None and len(out) >= limit:
-        return out
-    rest = None if limit is None else limit - len(out)
-    positive = [(t, h) for h, t in blocks if h in counted]
-    out.extend(EvictionCandidate(h, counted[h], t) for t, h in _smallest(positive, rest))
-    return out
+        return eviction_order(access.items(), lambda h: counted.get(h, 0), limit)
+    n = len(access)
+    try:
+        hashes = np.fromiter(access.keys(), np.uint64, n)
+    except OverflowError:
+        return eviction_order(access.items(), lambda h: counted.get(h, 0), limit)
+    times = np.fromiter(access.values(), np.float64, n)
+    if counted:
+        positive = np.fromiter(map(counted.__contains__, access.keys()), np.bool_, n)
+        order = np.lexsort((hashes, times, positive))  # the last key sorts first
+    else:
+        order = np.lexsort((hashes, times))
+    if limit is not None:
+        order = order[:limit]
+    picked = hashes[order].tolist()
+    return list(map(EvictionCandidate, picked, map(counted.get, picked, repeat(0)), times[order].tolist()))
 
 
 def _smallest(items: list[_T], limit: int | None) -> list[_T]:

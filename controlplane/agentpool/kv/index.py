@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
-from types import MappingProxyType
 
 from agentpool.kv.hashing import ROOT_HASH
 from agentpool.kv.types import InvalidEventError, PrefixMatch, Tier, UnknownNodeError
@@ -33,7 +32,7 @@ class HeldBlock:
     tiers: Tier
 
 
-_MATCH_CACHE_SIZE = 1 << 16
+_CACHE_SIZE = 1 << 16  # entries of each query cache
 
 
 class PrefixIndex:
@@ -50,6 +49,7 @@ class PrefixIndex:
         # slots that may hold a block without a host copy; every other slot's held blocks all have one
         self._not_all_host: set[int] = set()
         self._matches: dict[tuple[int, int, int], PrefixMatch] = {}  # see _match
+        self._mask_slots: dict[int, tuple[int, ...]] = {}  # see _slots
 
     # -- nodes -------------------------------------------------------------------------------
     def nodes(self) -> list[str]:
@@ -282,18 +282,21 @@ class PrefixIndex:
         return [(h, t) for h, t in la.items() if host.get(h, 0) & bit]
 
     def host_access(self, node: str) -> Mapping[int, float]:
-        """``hash -> last access`` of every block ``node`` holds in host memory: a read-only live view when
-        every block the node holds has a host copy (no copy of the node's index), else a new dict."""
+        """``hash -> last access`` of every block ``node`` holds in host memory: when every block the node
+        holds has a host copy, the live table itself (read-only by its type; no copy of a node's index),
+        else a new dict."""
         slot = self._slot(node)
         la = self._last_access[slot]
         if slot not in self._not_all_host:
-            return MappingProxyType(la)
+            return la
         bit = 1 << slot
         host = self._host
         return {h: t for h, t in la.items() if host.get(h, 0) & bit}
 
     def longest_prefixes(self, hashes: Sequence[int]) -> dict[str, PrefixMatch]:
         """Per node holding block 0 of ``hashes``: its longest cached prefix by tier, in one walk."""
+        if not self._gpu:
+            return self._host_prefixes(hashes)
         gpu_get = self._gpu.get
         host_get = self._host.get
         gpu_depth: dict[int, int] = {}
@@ -301,6 +304,7 @@ class PrefixIndex:
         any_depth: dict[int, int] = {}
         gpu_alive = host_alive = any_alive = -1  # all bits: the first block sets them
         depth = 0
+        record = self._record
         for h in hashes:
             eg = gpu_get(h, 0)
             eh = host_get(h, 0)
@@ -309,38 +313,74 @@ class PrefixIndex:
             a = any_alive & (eg | eh)
             if depth:
                 if g != gpu_alive:
-                    _record(gpu_alive & ~g, depth, gpu_depth)
+                    record(gpu_alive & ~g, depth, gpu_depth)
                 if s != host_alive:
-                    _record(host_alive & ~s, depth, host_depth)
+                    record(host_alive & ~s, depth, host_depth)
                 if a != any_alive:
-                    _record(any_alive & ~a, depth, any_depth)
+                    record(any_alive & ~a, depth, any_depth)
             if not a:
                 break
             gpu_alive, host_alive, any_alive = g, s, a
             depth += 1
         if depth:
-            _record(gpu_alive, depth, gpu_depth)
-            _record(host_alive, depth, host_depth)
-            _record(any_alive, depth, any_depth)
+            record(gpu_alive, depth, gpu_depth)
+            record(host_alive, depth, host_depth)
+            record(any_alive, depth, any_depth)
         names, match = self._name_of, self._match
         return {
             names[slot]: match(gpu_depth.get(slot, 0), host_depth.get(slot, 0), d)
             for slot, d in any_depth.items()
         }
 
+    def _host_prefixes(self, hashes: Sequence[int]) -> dict[str, PrefixMatch]:
+        """:meth:`longest_prefixes` while no node holds a block in GPU memory (the simulator's index): every
+        prefix is ``(0, d, d)``, so one running AND suffices, and the nodes that leave it at the same
+        block share one result."""
+        host_get = self._host.get
+        alive = -1
+        depth = 0
+        drops: list[tuple[int, int]] = []  # (slots leaving at this block, depth)
+        for h in hashes:
+            s = alive & host_get(h, 0)
+            if s != alive:
+                if depth:
+                    drops.append((alive ^ s, depth))
+                alive = s
+                if not s:
+                    break
+            depth += 1
+        if alive and depth:
+            drops.append((alive, depth))
+        out: dict[str, PrefixMatch] = {}
+        name = self._name_of.__getitem__
+        for mask, d in drops:
+            out.update(zip(map(name, self._slots(mask)), repeat(self._match(0, d, d))))
+        return out
+
+    def _record(self, mask: int, depth: int, out: dict[int, int]) -> None:
+        out.update(zip(self._slots(mask), repeat(depth)))
+
+    def _slots(self, mask: int) -> tuple[int, ...]:
+        """The slots of the bits of ``mask``, ascending (cached: the same node sets recur per query)."""
+        slots = self._mask_slots.get(mask)
+        if slots is None:
+            found = []
+            m = mask
+            while m:
+                low = m & -m
+                found.append(low.bit_length() - 1)
+                m ^= low
+            if len(self._mask_slots) >= _CACHE_SIZE:
+                self._mask_slots.clear()
+            slots = self._mask_slots[mask] = tuple(found)
+        return slots
+
     def _match(self, gpu: int, host: int, local: int) -> PrefixMatch:
         """A shared immutable :class:`PrefixMatch` (building a frozen dataclass costs more than the walk)."""
         key = (gpu, host, local)
         m = self._matches.get(key)
         if m is None:
-            if len(self._matches) >= _MATCH_CACHE_SIZE:
+            if len(self._matches) >= _CACHE_SIZE:
                 self._matches.clear()
             m = self._matches[key] = PrefixMatch(gpu, host, local)
         return m
-
-
-def _record(mask: int, depth: int, out: dict[int, int]) -> None:
-    while mask:
-        low = mask & -mask
-        out[low.bit_length() - 1] = depth
-        mask ^= low

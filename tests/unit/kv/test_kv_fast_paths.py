@@ -1,10 +1,10 @@
 """Fast paths of the KV cores against their general forms.
 
-``eviction_order_counted`` (a count table, a list or a live ``dict.items()`` view) must give exactly
-:func:`eviction_order` with a count callback; ``Directory.eviction_order`` (the index's live host view)
-must equal it on the node's host blocks. Host-only stores on a node whose blocks all have a host copy
-skip the bit update for held blocks; mixed with GPU stores, removals and touches they must leave the
-tiers and access times of a block-by-block model.
+``eviction_order_counted`` (a count table; pairs or a mapping; numpy for 64-bit hashes, tuples for any
+other) must give exactly :func:`eviction_order` with a count callback; ``Directory.eviction_order`` (the
+index's live host table) must equal it on the node's host blocks. Host-only stores on a node whose
+blocks all have a host copy skip the bit update for held blocks; mixed with GPU stores, removals and
+touches they must leave the tiers and access times of a block-by-block model.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from agentpool.kv import Directory, Phase, PrefixIndex, Tier
 from agentpool.kv.eviction import eviction_order, eviction_order_counted
 from agentpool.kv.hashing import ROOT_HASH
 
-hashes = st.integers(min_value=1, max_value=40)
+hashes = st.integers(min_value=0, max_value=40) | st.sampled_from(
+    [2**64 - 1, 2**63, 2**64, -1]
+)  # numpy or not
 times = st.sampled_from([0.0, 1.0, 2.0, 3.0])  # few values: ties on time break by hash
 
 
@@ -31,7 +33,7 @@ def test_counted_order_matches_general(
 ) -> None:
     want = eviction_order(list(host.items()), lambda h: counted.get(h, 0), limit)
     assert eviction_order_counted(list(host.items()), counted, limit) == want
-    assert eviction_order_counted(host.items(), counted, limit) == want
+    assert eviction_order_counted(host, counted, limit) == want
     assert eviction_order_counted(iter(list(host.items())), counted, limit) == want
 
 
@@ -99,3 +101,32 @@ def test_directory_eviction_order_uses_live_host_view() -> None:
     assert d.eviction_order("p") == want
     assert [c.block_hash for c in want] == [5, 1, 2, 3, 4]
     assert [c.count for c in want] == [0, 1, 1, 1, 1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(min_value=0, max_value=69), st.integers(min_value=0, max_value=7)), max_size=40
+    ),
+    st.lists(st.integers(min_value=0, max_value=7), max_size=3),
+    st.integers(min_value=0, max_value=8),
+)
+def test_host_only_prefixes_match_general_walk(
+    stores: list[tuple[int, int]], removals: list[int], qlen: int
+) -> None:
+    """Without GPU copies the query takes the host-only walk; one GPU block of an unrelated chain on an
+    extra node forces the general walk over the same placements. Over 70 nodes, so bit sets pass 64."""
+    chain = list(range(1000, 1008))
+    host_only, general = PrefixIndex(), PrefixIndex()
+    general.apply_stored("gpu-node", ROOT_HASH, [5], Tier.GPU, 0.0)
+    for node, upto in stores:
+        for idx in (host_only, general):
+            idx.apply_stored(f"n{node}", ROOT_HASH, chain[: upto + 1], Tier.HOST, 1.0)
+    for i, block in enumerate(removals):
+        node = f"n{stores[i][0]}" if i < len(stores) else "n0"
+        for idx in (host_only, general):
+            if idx.has_node(node):
+                idx.apply_removed(node, [chain[block]], Tier.HOST)
+    got = host_only.longest_prefixes(chain[:qlen])
+    want = general.longest_prefixes(chain[:qlen])
+    assert list(got.items()) == list(want.items())  # the same order too

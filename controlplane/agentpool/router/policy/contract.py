@@ -24,14 +24,9 @@ model, copy price, page size, report age, queue limit) are in :class:`PolicyCont
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import repeat
-from operator import attrgetter, is_
-from typing import Protocol, TypeVar
-
-import numpy as np
-import numpy.typing as npt
+from typing import Protocol
 
 from agentpool.kv.hashing import DEFAULT_PAGE_SIZE
 from agentpool.models import (
@@ -43,10 +38,6 @@ from agentpool.models import (
     TtftSlo,
     Work,
 )
-
-Column = npt.NDArray[np.float64]
-"""Per candidate node one float64, in the candidates' order."""
-F = TypeVar("F", float, Column)
 
 
 class PolicyError(ValueError):
@@ -173,12 +164,11 @@ class QueuedPrefill:
 EMPTY_QUEUE = QueuedPrefill()
 
 
-def eq3_of_sums(model: NodeModel, t_uc: F, t_c: F, pairs: F) -> F:
+def eq3_of_sums(model: NodeModel, t_uc: float, t_c: float, pairs: float) -> float:
     """Eq. 3 summed over requests, from their summed ``t_uc``, ``t_c`` and ``A`` (linear in each).
 
     For one request, pass its own ``t_uc``, ``t_c`` and ``attention_pairs(t_uc, t_c)``; the result
-    equals ``model.prefill_request_time(Work(t_uc, t_c))`` (a unit test checks it). Arrays of sums
-    give the elementwise values, rounded as for floats.
+    equals ``model.prefill_request_time(Work(t_uc, t_c))`` (a unit test checks it).
     """
     p = model.prefill
     return p.c0 * t_uc / model.t_bar + p.c1 * t_uc + p.c2 * pairs + p.c3 * model.f_restore * t_c
@@ -255,39 +245,6 @@ class Decision:
     scores: Mapping[str, float] = field(default_factory=dict)
 
 
-class ScoreMap(Mapping[str, float]):
-    """Per node id a score, kept as the policy's columns; the dict is built on the first read.
-
-    Most decisions are never inspected, so policies that score column-wise return this instead of
-    building a dict per request. Ids are distinct (later duplicates would win, as in a dict).
-    """
-
-    __slots__ = ("_dict", "_ids", "_scores")
-
-    def __init__(self, ids: Sequence[str], scores: Column) -> None:
-        self._ids = ids
-        self._scores = scores
-        self._dict: dict[str, float] | None = None
-
-    def _built(self) -> dict[str, float]:
-        d = self._dict
-        if d is None:
-            d = self._dict = dict(zip(self._ids, self._scores.tolist(), strict=True))
-        return d
-
-    def __getitem__(self, node_id: str) -> float:
-        return self._built()[node_id]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._built())
-
-    def __len__(self) -> int:
-        return len(self._built())
-
-    def __repr__(self) -> str:
-        return repr(self._built())
-
-
 class Policy(Protocol):
     """A routing policy: pure, may keep bounded internal state (e.g. a round-robin cursor)."""
 
@@ -330,57 +287,10 @@ def effective_queued_tokens(node: NodeState, ctx: PolicyContext) -> float:
 
 def effective_service_s(node: NodeState, ctx: PolicyContext) -> float:
     """Remaining batch time plus Eq. 3 over the effective queue: the wait before a new request starts."""
-    return float(effective_service_column([node], ctx)[0])
-
-
-_MODEL = attrgetter("model")
-_QUEUE = attrgetter("queue")
-_UNREPORTED = attrgetter("unreported")
-_REMAINING = attrgetter("remaining_batch_s")
-_AGE = attrgetter("report_age_s")
-_T_UC = attrgetter("t_uc")
-_T_C = attrgetter("t_c")
-_PAIRS = attrgetter("pairs")
-
-
-def effective_service_column(nodes: Sequence[NodeState], ctx: PolicyContext) -> Column:
-    """:func:`effective_service_s` of each node, computed column-wise.
-
-    Per node the same float operations in the same order (``remaining + Eq. 3 of the queue + Eq. 3
-    of the unreported work``, or the last alone for a stale report): numpy's elementwise float64
-    arithmetic rounds like Python's, so the values are identical to a per-node loop.
-    """
-    n = len(nodes)
-    models = list(map(_MODEL, nodes))
-    shared = models[0] if all(map(is_, models, repeat(models[0]))) else None
-    unreported = _queue_service(list(map(_UNREPORTED, nodes)), models, shared)
-    ages = list(map(_AGE, nodes))
-    limit = ctx.max_report_age_s
-    fresh: list[bool] | None = None  # None: every report is fresh
-    if None in ages or not all(map(limit.__ge__, ages)):
-        fresh = [a is not None and a <= limit for a in ages]
-        if not any(fresh):
-            return np.broadcast_to(unreported, (n,)).copy()
-    remaining = np.fromiter(map(_REMAINING, nodes), np.float64, n)
-    busy = remaining + _queue_service(list(map(_QUEUE, nodes)), models, shared) + unreported
-    return busy if fresh is None else np.where(fresh, busy, unreported)
-
-
-def _queue_service(
-    queues: list[QueuedPrefill], models: list[NodeModel], shared: NodeModel | None
-) -> Column | float:
-    """Eq. 3 summed over each queue on its node's model (a scalar when every queue is empty)."""
-    if shared is None:
-        return np.array([q.service_time(m) for q, m in zip(queues, models, strict=True)], np.float64)
-    if all(map(is_, queues, repeat(EMPTY_QUEUE))):
-        return EMPTY_QUEUE.service_time(shared)
-    n = len(queues)
-    return eq3_of_sums(
-        shared,
-        np.fromiter(map(_T_UC, queues), np.float64, n),
-        np.fromiter(map(_T_C, queues), np.float64, n),
-        np.fromiter(map(_PAIRS, queues), np.float64, n),
-    )
+    m = node.model
+    if is_fresh(node, ctx):
+        return node.remaining_batch_s + node.queue.service_time(m) + node.unreported.service_time(m)
+    return node.unreported.service_time(m)
 
 
 def serves_prefill(node: NodeState) -> bool:
@@ -450,11 +360,9 @@ __all__ = [
     "QueuedPrefill",
     "RequestView",
     "Role",
-    "ScoreMap",
     "effective_queue",
     "effective_queued_tokens",
     "effective_remaining_s",
-    "effective_service_column",
     "effective_service_s",
     "eq3_of_sums",
     "is_fresh",

@@ -13,42 +13,30 @@ requests sent but not reported yet. Pick ``argmin T_n``; ties go to the longest 
 the smallest node id. Fetched tokens are restored like host tokens, so Eq. 3's ``f_n * t_c`` term
 applies to them unchanged.
 
-The candidates are scored column-wise (numpy, the same float operations per node as the formula
-above): the request's own part (``t_c``, ``x``, Eq. 3 of ``w_n``, ``tau(x)``, ``kappa x``) depends
-only on ``local_n`` and the node's model, so it is computed once per distinct pair; the wait
-``W_n`` is :func:`~agentpool.router.policy.contract.effective_service_column`.
+The request's own part (``t_c``, ``x``, Eq. 3 of ``w_n``, ``tau(x)``, ``kappa x``) depends only on
+``local_n`` and the node's model: it is computed once per distinct pair (most nodes share a few
+prefix lengths, e.g. a common system prompt), then each node adds its own wait ``W_n``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import repeat
-from operator import attrgetter, is_
-
-import numpy as np
-import numpy.typing as npt
 
 from agentpool.models import NodeModel, attention_pairs, copy_price
 from agentpool.router.policy.contract import (
     NO_PREFIX,
-    Column,
     Decision,
     NodeState,
     PolicyContext,
-    PolicyError,
     RequestView,
-    ScoreMap,
-    effective_service_column,
+    effective_service_s,
     eq3_of_sums,
     pick_min,
     require_candidates,
 )
 
 NAME = "evolving"
-_ID = attrgetter("node_id")
-_MODEL = attrgetter("model")
-_TOTAL = attrgetter("total")
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,10 +52,7 @@ class Prediction:
     copy_s: float
     cached_tokens: int
     fetch_tokens: int
-
-    @property
-    def ttft_s(self) -> float:
-        return self.wait_s + self.service_s + self.exposed_fetch_s + self.copy_s
+    ttft_s: float  # the policy's score: wait + service + exposed fetch + copy
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,72 +75,31 @@ def _own(request: RequestView, local: int, model: NodeModel, ctx: PolicyContext)
     return _Own(service, ctx.fetch.tau(x), copy_price(ctx.kappa_s_per_token, x), t_c, x)
 
 
-@dataclass(frozen=True, slots=True)
-class _Scored:
-    """Eq. 7 of every candidate, in the candidates' order."""
-
-    ids: list[str]
-    local: list[int]
-    own: list[_Own]  # per distinct (local, model) pair
-    which: npt.NDArray[np.intp]  # per candidate, its index in ``own``
-    wait: Column
-    service: Column
-    exposed: Column
-    copy: Column
-    ttft: Column
-
-    def prediction(self, i: int) -> Prediction:
-        own = self.own[int(self.which[i])]
-        return Prediction(
-            float(self.wait[i]),
-            float(self.service[i]),
-            float(self.exposed[i]),
-            float(self.copy[i]),
-            own.cached_tokens,
-            own.fetch_tokens,
-        )
+def _exposed_fetch_s(wait: float, own: _Own) -> float:
+    return max(0.0, own.tau_s - wait)
 
 
-def _score(request: RequestView, candidates: Sequence[NodeState], ctx: PolicyContext) -> _Scored:
-    """``T_n = W_n + T_P,n(w_n) + max(0, tau(x_n) - W_n) + kappa * x_n`` for each candidate."""
-    n = len(candidates)
-    ids = list(map(_ID, candidates))
-    if len(set(ids)) != n:
-        raise PolicyError("candidates must have distinct node ids")
-    local = list(map(_TOTAL, map(request.local_prefix.get, ids, repeat(NO_PREFIX))))
-    models = list(map(_MODEL, candidates))
-    keys: list[Hashable] = list(local)
-    if not all(map(is_, models, repeat(models[0]))):  # the models outlive this call: ids are stable
-        keys = list(zip(local, map(id, models), strict=True))
-    pairs = dict(zip(keys, zip(local, models, strict=True), strict=True))
-    own = [_own(request, n_local, model, ctx) for n_local, model in pairs.values()]
-    slot = {k: i for i, k in enumerate(pairs)}
-    which = np.fromiter(map(slot.__getitem__, keys), np.intp, n)
-    parts = np.array([(o.service_s, o.tau_s, o.copy_s) for o in own], np.float64)[which]
-    wait = effective_service_column(candidates, ctx)
-    service, copy = parts[:, 0], parts[:, 2]
-    exposed = parts[:, 1] - wait
-    exposed = np.where(exposed > 0.0, exposed, 0.0)  # max(0.0, v): NaN and -0.0 give 0.0 too
-    ttft = wait + service + exposed + copy
-    return _Scored(ids, local, own, which, wait, service, exposed, copy, ttft)
+def _ttft(wait: float, own: _Own) -> float:
+    """E.3 line 9: ``T_n = W_n + T_P,n(w_n) + max(0, tau(x_n) - W_n) + kappa * x_n``."""
+    return wait + own.service_s + _exposed_fetch_s(wait, own) + own.copy_s
 
 
-def _best(s: _Scored) -> int:
-    """:func:`pick_min` over the scores, tie-break on the longest local prefix: the index of the pick."""
-    ttft = s.ttft
-    low = ttft.min()
-    if low != low:  # NaN somewhere: pick_min's own comparison order decides
-        longest = {nid: -float(loc) for nid, loc in zip(s.ids, s.local, strict=True)}
-        return s.ids.index(pick_min(dict(zip(s.ids, ttft.tolist(), strict=True)), longest))
-    hits = np.flatnonzero(ttft == low).tolist()
-    if len(hits) == 1:
-        return int(hits[0])
-    return int(min(hits, key=lambda i: (-float(s.local[i]), s.ids[i])))
+def _prediction(wait: float, own: _Own) -> Prediction:
+    return Prediction(
+        wait,
+        own.service_s,
+        _exposed_fetch_s(wait, own),
+        own.copy_s,
+        own.cached_tokens,
+        own.fetch_tokens,
+        _ttft(wait, own),
+    )
 
 
 def predict(request: RequestView, node: NodeState, ctx: PolicyContext) -> Prediction:
     """Predicted TTFT of ``request`` on ``node`` with its parts (Algorithm E.3, lines 6-9)."""
-    return _score(request, [node], ctx).prediction(0)
+    own = _own(request, request.prefix_on(node.node_id).total, node.model, ctx)
+    return _prediction(effective_service_s(node, ctx), own)
 
 
 class EvolvingPolicy:
@@ -168,11 +112,27 @@ class EvolvingPolicy:
 
     def choose(self, request: RequestView, candidates: Sequence[NodeState], ctx: PolicyContext) -> Decision:
         require_candidates(candidates)
-        scored = _score(request, candidates, ctx)
-        i = _best(scored)
-        p = scored.prediction(i)
+        prefix = request.local_prefix.get
+        owns: dict[tuple[int, int], _Own] = {}  # the models outlive this call: their ids are stable
+        scores: dict[str, float] = {}
+        chosen: dict[str, tuple[float, _Own]] = {}
+        nan = False
+        for n in candidates:
+            nid = n.node_id
+            local = prefix(nid, NO_PREFIX).total
+            key = (local, id(n.model))
+            own = owns.get(key)
+            if own is None:
+                own = owns[key] = _own(request, local, n.model, ctx)
+            wait = effective_service_s(n, ctx)
+            score = scores[nid] = _ttft(wait, own)
+            chosen[nid] = (wait, own)
+            nan = nan or score != score
+        best = _pick(scores, request, nan)
+        wait, own = chosen[best]
+        p = _prediction(wait, own)
         return Decision(
-            node_id=scored.ids[i],
+            node_id=best,
             policy=NAME,
             reason=(
                 f"predicted ttft {p.ttft_s:.4f}s = wait {p.wait_s:.4f} + service {p.service_s:.4f}"
@@ -180,5 +140,16 @@ class EvolvingPolicy:
             ),
             cached_tokens=p.cached_tokens,
             fetch_tokens=p.fetch_tokens,
-            scores=ScoreMap(scored.ids, scored.ttft),
+            scores=scores,
         )
+
+
+def _pick(scores: dict[str, float], request: RequestView, nan: bool) -> str:
+    """:func:`pick_min` with the longest local prefix as tie-break, its tie-break built only for ties."""
+    if not nan:  # without NaN the lowest score is well defined: only the nodes that have it compete
+        low = min(scores.values())
+        tied = [nid for nid, s in scores.items() if s == low]
+        if len(tied) == 1:
+            return tied[0]
+        scores = dict.fromkeys(tied, low)
+    return pick_min(scores, {nid: -float(request.prefix_on(nid).total) for nid in scores})

@@ -8,7 +8,7 @@ Node reports are always fresh (engines report at every iteration launch, App. E.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from agentpool.kv import Directory
@@ -73,53 +73,77 @@ class Placement:
 
 
 class NodeStates:
-    """One :class:`NodeState` per node, rebuilt only when one of its inputs changed.
+    """The policy's views of the serving nodes of one kind, each rebuilt only when its inputs changed.
 
-    A node's state is a pure function of its role, status, remaining batch time at ``now``, model,
-    queued sums, running count and KV counts; the cache keeps the last state with those inputs and
-    returns it while they are equal, so policies see the same values as with a fresh build.
+    A serving node's state is a pure function of its role, model, queued sums, remaining batch time
+    at ``now``, running count and KV counts (its name never changes); the cache keeps the last
+    state per node with those inputs and returns it while they are equal, so policies see the same
+    values as with a fresh build. A node running a prefill batch gets a new state at every call
+    (its remaining time moves with the clock), without building a key.
     """
 
-    def __init__(self) -> None:
-        self._cache: dict[int, tuple[tuple[object, ...], NodeState]] = {}
+    def __init__(self, size: int, *, prefill: bool) -> None:
+        self._prefill = prefill
+        self._cache: list[tuple[tuple[object, ...], NodeState] | None] = [None] * size
 
-    def get(self, node: SimNode, model: NodeModel, queued: QueuedPrefill, now: float) -> NodeState:
-        key = (
-            node.role,
-            node.status,
-            node.remaining_batch_s(now),
-            model,
-            queued,
-            len(node.running),
-            node.kv_used_tokens,
-            node.kv_capacity_tokens,
-            node.name,
-        )
-        hit = self._cache.get(node.index)
-        if hit is not None and hit[0] == key:
-            return hit[1]
-        state = _node_state(node, model, queued, key[2])
-        self._cache[node.index] = (key, state)
-        return state
+    def views(
+        self,
+        nodes: Sequence[SimNode],
+        models: Sequence[NodeModel],
+        queued: Sequence[QueueSums] | None,
+        now: float,
+    ) -> list[NodeState]:
+        """States of the serving prefill (or colocated) nodes, or of the serving decode nodes.
 
-
-def node_state(node: SimNode, model: NodeModel, queued: QueueSums, now: float) -> NodeState:
-    return _node_state(node, model, queued.view(), node.remaining_batch_s(now))
+        Decode nodes are viewed with an empty prefill queue (``queued`` is ``None`` for them).
+        """
+        cache = self._cache
+        prefill = self._prefill
+        out: list[NodeState] = []
+        for n in nodes:
+            if n.status is not NodeStatus.SERVING or (n.role is not Role.DECODE) is not prefill:
+                continue
+            i = n.index
+            model = models[i]
+            queue = EMPTY_QUEUE if queued is None else queued[i].view()
+            if n.batch:
+                state = _node_state(n, model, queue, n.remaining_batch_s(now))
+                cache[i] = None
+            else:
+                key = (
+                    n.role,
+                    model,
+                    queue,
+                    n.remaining_batch_s(now),
+                    len(n.running),
+                    n.kv_used_tokens,
+                    n.kv_capacity_tokens,
+                )
+                hit = cache[i]
+                if hit is not None and hit[0] == key:
+                    state = hit[1]
+                else:
+                    state = _node_state(n, model, queue, n.remaining_batch_s(now))
+                    cache[i] = (key, state)
+            out.append(state)
+        return out
 
 
 def _node_state(node: SimNode, model: NodeModel, queue: QueuedPrefill, remaining_s: float) -> NodeState:
+    # every viewed node is serving: accepting, not draining; reports are always fresh (age 0)
     return NodeState(
-        node_id=node.name,
-        role=_ROLE[node.role],
-        model=model,
-        remaining_batch_s=remaining_s,
-        queue=queue,
-        running_decode=len(node.running),
-        kv_room_tokens=node.kv_room_tokens,
-        kv_used_tokens=node.kv_used_tokens,
-        accepting=node.status is NodeStatus.SERVING,
-        draining=node.status is NodeStatus.DRAINING,
-        report_age_s=0.0,
+        node.name,
+        _ROLE[node.role],
+        model,
+        remaining_s,
+        queue,
+        EMPTY_QUEUE,
+        len(node.running),
+        node.kv_room_tokens,
+        node.kv_used_tokens,
+        True,
+        False,
+        0.0,
     )
 
 
@@ -143,33 +167,57 @@ def request_view(
     )
 
 
+@dataclass(slots=True)
+class Prefixes:
+    """The request's cached prefix per node, in blocks and as the policy's view, and the cluster's best."""
+
+    blocks: dict[int, tuple[int, int]]  # per node index (gpu_blocks, local_blocks)
+    views: dict[str, CachedPrefix]  # per node name, in tokens
+    best_blocks: int
+
+
 def prefixes(
     directory: Directory,
     req: SimRequest,
     nodes: Sequence[SimNode],
+    index_of: Mapping[str, int],
     cap_blocks: int,
+    block: int,
     branch: str | None,
     now: float,
-) -> tuple[dict[int, tuple[int, int]], int]:
-    """Per node index ``(gpu_blocks, local_blocks)`` of the request's prefix, and the cluster's best.
+) -> Prefixes:
+    """Per node the request's ``(gpu_blocks, local_blocks)`` prefix, and the cluster's best.
 
     The directory resolves the host tier (every stored block is written through to host memory);
     the GPU part comes from the node's own cache. Both are capped at ``cap_blocks`` (a prefill
-    computes at least one token).
+    computes at least one token). Most nodes share a few prefix lengths (a common system prompt):
+    the prompt's leading blocks and the views are made once per distinct length.
     """
     res = directory.resolve(req.blocks, branch, now)
-    by_name = {n.name: n for n in nodes}
-    out: dict[int, tuple[int, int]] = {}
+    blocks = req.blocks
+    heads: dict[int, list[int]] = {}
+    made: dict[tuple[int, int], CachedPrefix] = {}
+    per_node: dict[int, tuple[int, int]] = {}
+    views: dict[str, CachedPrefix] = {}
     best = 0
     for name, match in res.prefixes.items():
-        node = by_name.get(name)
-        if node is None:
+        i = index_of.get(name)
+        if i is None:
             continue
         local = min(match.local_blocks, cap_blocks)
-        gpu = min(node.gpu.prefix(req.blocks[:local]) if local else 0, local)
-        out[node.index] = (gpu, local)
+        gpu = 0
+        if local:
+            head = heads.get(local)
+            if head is None:
+                head = heads[local] = blocks[:local]
+            gpu = min(nodes[i].gpu.prefix(head), local)
+        pair = per_node[i] = (gpu, local)
+        view = made.get(pair)
+        if view is None:
+            view = made[pair] = CachedPrefix(gpu=gpu * block, total=local * block)
+        views[name] = view
         best = max(best, local)
-    return out, best
+    return Prefixes(per_node, views, best)
 
 
 def fetchable_blocks(mode: FetchMode, fetch: FetchModel, missing_blocks: int, block: int) -> int:
@@ -187,23 +235,16 @@ def choose_decode(
     models: Sequence[NodeModel],
     ctx: PolicyContext,
     now: float,
-    cache: NodeStates | None = None,
+    states: NodeStates,
+    index_of: Mapping[str, int],
 ) -> int | None:
     """Decode node with KV room and the fewest running requests (the router's ``bind_decode``).
 
-    Decode nodes are viewed with an empty prefill queue; ``cache`` (one kept for decode views only)
-    avoids rebuilding unchanged states."""
-    if cache is None:
-        cache = NodeStates()
-    states = [
-        cache.get(n, models[n.index], EMPTY_QUEUE, now)
-        for n in nodes
-        if n.role is Role.DECODE and n.status is NodeStatus.SERVING
-    ]
+    ``states`` is the cache of decode views (``prefill=False``); ``index_of`` maps names to indices."""
     view = RequestView(
         request_id=str(req.rid), prompt_tokens=req.input_tokens, expected_output_tokens=req.output_tokens
     )
-    binding = bind_decode(view, states, ctx)
+    binding = bind_decode(view, states.views(nodes, models, None, now), ctx)
     if binding is None:
         return None
-    return next(n.index for n in nodes if n.name == binding.node_id)
+    return index_of[binding.node_id]

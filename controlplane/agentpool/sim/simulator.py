@@ -23,7 +23,7 @@ from typing import cast
 from agentpool.kv import ROOT_HASH, Directory, Phase, Tier
 from agentpool.kv.eviction import eviction_order_counted
 from agentpool.models import NodeModel, OccupancySample, PrefillBatchItem, RequestWorkRecord, Work
-from agentpool.router.policy import CachedPrefix, NoCandidateError, PolicyContext, create_policy
+from agentpool.router.policy import NoCandidateError, PolicyContext, create_policy
 from agentpool.router.policy.contract import prefill_candidates
 from agentpool.sim.metrics import Metrics
 from agentpool.sim.node import IterationHook, NodeStatus, Role, SimNode, SimRequest
@@ -145,8 +145,9 @@ class Simulator:
         )
         self.models: list[NodeModel] = [base_model for _ in self.nodes]
         self.queued: list[QueueSums] = [QueueSums() for _ in self.nodes]
-        self._prefill_states = NodeStates()  # policy views, rebuilt only when a node changed
-        self._decode_states = NodeStates()
+        self._prefill_states = NodeStates(len(self.nodes), prefill=True)  # policy views, rebuilt on change
+        self._decode_states = NodeStates(len(self.nodes), prefill=False)
+        self._node_index = {n.name: n.index for n in self.nodes}
         self._wake_version = [0] * len(self.nodes)
         self._pending_decode: deque[tuple[SimRequest, Issue]] = deque()
         self._local_decode: dict[int, deque[SimRequest]] = {}  # colocated: prefilled, waiting for KV room
@@ -210,21 +211,14 @@ class Simulator:
         req, now, block = issue.req, self.now, self.cfg.block_size
         cap = max(0, (req.input_tokens - 1) // block)
         branch = req.branch if self.system.branch_ids else None
-        per_node, cluster = prefixes(self.directory, req, self.nodes, cap, branch, now)
+        found = prefixes(self.directory, req, self.nodes, self._node_index, cap, block, branch, now)
+        per_node, cluster = found.blocks, found.best_blocks
         ideal = self.metrics.ideal_prefix(req.blocks, cap)
-        local = {
-            self.nodes[i].name: CachedPrefix(gpu=g * block, total=t * block) for i, (g, t) in per_node.items()
-        }
         visible = cluster * block if self.system.fetch is not FetchMode.NONE else 0
         view = request_view(
-            req, issue.turn, issue.new_turn_tokens, local, visible, self.system.router_sees_branch
+            req, issue.turn, issue.new_turn_tokens, found.views, visible, self.system.router_sees_branch
         )
-        cached = self._prefill_states.get
-        states = [
-            cached(n, self.models[n.index], self.queued[n.index].view(), now)
-            for n in self.nodes
-            if n.role in (Role.PREFILL, Role.BOTH) and n.status is NodeStatus.SERVING
-        ]
+        states = self._prefill_states.views(self.nodes, self.models, self.queued, now)
         candidates = prefill_candidates(states, self.ctx)
         try:
             decision = self.policy.choose(view, candidates, self.ctx)
@@ -334,7 +328,9 @@ class Simulator:
             self.in_decode += 1
 
     def _bind_decode(self, req: SimRequest, issue: Issue) -> None:
-        target = choose_decode(req, self.nodes, self.models, self.ctx, self.now, self._decode_states)
+        target = choose_decode(
+            req, self.nodes, self.models, self.ctx, self.now, self._decode_states, self._node_index
+        )
         if target is None:
             self._pending_decode.append((req, issue))
             return

@@ -32,7 +32,7 @@ class HeldBlock:
     tiers: Tier
 
 
-_CACHE_SIZE = 1 << 16  # entries of each query cache
+_MATCH_CACHE_SIZE = 1 << 16
 
 
 class PrefixIndex:
@@ -49,7 +49,6 @@ class PrefixIndex:
         # slots that may hold a block without a host copy; every other slot's held blocks all have one
         self._not_all_host: set[int] = set()
         self._matches: dict[tuple[int, int, int], PrefixMatch] = {}  # see _match
-        self._mask_slots: dict[int, tuple[int, ...]] = {}  # see _slots
 
     # -- nodes -------------------------------------------------------------------------------
     def nodes(self) -> list[str]:
@@ -304,7 +303,6 @@ class PrefixIndex:
         any_depth: dict[int, int] = {}
         gpu_alive = host_alive = any_alive = -1  # all bits: the first block sets them
         depth = 0
-        record = self._record
         for h in hashes:
             eg = gpu_get(h, 0)
             eh = host_get(h, 0)
@@ -313,19 +311,19 @@ class PrefixIndex:
             a = any_alive & (eg | eh)
             if depth:
                 if g != gpu_alive:
-                    record(gpu_alive & ~g, depth, gpu_depth)
+                    _record(gpu_alive & ~g, depth, gpu_depth)
                 if s != host_alive:
-                    record(host_alive & ~s, depth, host_depth)
+                    _record(host_alive & ~s, depth, host_depth)
                 if a != any_alive:
-                    record(any_alive & ~a, depth, any_depth)
+                    _record(any_alive & ~a, depth, any_depth)
             if not a:
                 break
             gpu_alive, host_alive, any_alive = g, s, a
             depth += 1
         if depth:
-            record(gpu_alive, depth, gpu_depth)
-            record(host_alive, depth, host_depth)
-            record(any_alive, depth, any_depth)
+            _record(gpu_alive, depth, gpu_depth)
+            _record(host_alive, depth, host_depth)
+            _record(any_alive, depth, any_depth)
         names, match = self._name_of, self._match
         return {
             names[slot]: match(gpu_depth.get(slot, 0), host_depth.get(slot, 0), d)
@@ -354,33 +352,29 @@ class PrefixIndex:
         out: dict[str, PrefixMatch] = {}
         name = self._name_of.__getitem__
         for mask, d in drops:
-            out.update(zip(map(name, self._slots(mask)), repeat(self._match(0, d, d))))
+            out.update(zip(map(name, _slots(mask)), repeat(self._match(0, d, d))))
         return out
-
-    def _record(self, mask: int, depth: int, out: dict[int, int]) -> None:
-        out.update(zip(self._slots(mask), repeat(depth)))
-
-    def _slots(self, mask: int) -> tuple[int, ...]:
-        """The slots of the bits of ``mask``, ascending (cached: the same node sets recur per query)."""
-        slots = self._mask_slots.get(mask)
-        if slots is None:
-            found = []
-            m = mask
-            while m:
-                low = m & -m
-                found.append(low.bit_length() - 1)
-                m ^= low
-            if len(self._mask_slots) >= _CACHE_SIZE:
-                self._mask_slots.clear()
-            slots = self._mask_slots[mask] = tuple(found)
-        return slots
 
     def _match(self, gpu: int, host: int, local: int) -> PrefixMatch:
         """A shared immutable :class:`PrefixMatch` (building a frozen dataclass costs more than the walk)."""
         key = (gpu, host, local)
         m = self._matches.get(key)
         if m is None:
-            if len(self._matches) >= _CACHE_SIZE:
+            if len(self._matches) >= _MATCH_CACHE_SIZE:
                 self._matches.clear()
             m = self._matches[key] = PrefixMatch(gpu, host, local)
         return m
+
+
+def _record(mask: int, depth: int, out: dict[int, int]) -> None:
+    out.update(zip(_slots(mask), repeat(depth)))
+
+
+def _slots(mask: int) -> list[int]:
+    """The slots of the bits of ``mask``, ascending."""
+    slots = []
+    while mask:
+        low = mask & -mask
+        slots.append(low.bit_length() - 1)
+        mask ^= low
+    return slots

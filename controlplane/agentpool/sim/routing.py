@@ -99,33 +99,27 @@ class NodeStates:
         """
         cache = self._cache
         prefill = self._prefill
+        serving, decode = NodeStatus.SERVING, Role.DECODE
         out: list[NodeState] = []
         for n in nodes:
-            if n.status is not NodeStatus.SERVING or (n.role is not Role.DECODE) is not prefill:
+            if n.status is not serving or (n.role is not decode) is not prefill:
                 continue
             i = n.index
             model = models[i]
             queue = EMPTY_QUEUE if queued is None else queued[i].view()
+            remaining = n.remaining_batch_s(now)
             if n.batch:
-                state = _node_state(n, model, queue, n.remaining_batch_s(now))
+                out.append(_node_state(n, model, queue, remaining))
                 cache[i] = None
+                continue
+            key = (n.role, model, queue, remaining, len(n.running), n.kv_used_tokens, n.kv_capacity_tokens)
+            hit = cache[i]
+            if hit is not None and hit[0] == key:
+                out.append(hit[1])
             else:
-                key = (
-                    n.role,
-                    model,
-                    queue,
-                    n.remaining_batch_s(now),
-                    len(n.running),
-                    n.kv_used_tokens,
-                    n.kv_capacity_tokens,
-                )
-                hit = cache[i]
-                if hit is not None and hit[0] == key:
-                    state = hit[1]
-                else:
-                    state = _node_state(n, model, queue, n.remaining_batch_s(now))
-                    cache[i] = (key, state)
-            out.append(state)
+                state = _node_state(n, model, queue, remaining)
+                cache[i] = (key, state)
+                out.append(state)
         return out
 
 
@@ -204,19 +198,24 @@ def prefixes(
         i = index_of.get(name)
         if i is None:
             continue
-        local = min(match.local_blocks, cap_blocks)
+        local = match.local_blocks
+        if local > cap_blocks:
+            local = cap_blocks
         gpu = 0
         if local:
             head = heads.get(local)
             if head is None:
                 head = heads[local] = blocks[:local]
-            gpu = min(nodes[i].gpu.prefix(head), local)
+            gpu = nodes[i].gpu.prefix(head)
+            if gpu > local:
+                gpu = local
         pair = per_node[i] = (gpu, local)
         view = made.get(pair)
         if view is None:
             view = made[pair] = CachedPrefix(gpu=gpu * block, total=local * block)
         views[name] = view
-        best = max(best, local)
+        if local > best:
+            best = local
     return Prefixes(per_node, views, best)
 
 

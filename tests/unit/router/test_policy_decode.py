@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from router_policy_builders import node, request
 
 from agentpool.router.policy import NodeState, PolicyContext, Role, bind_decode
@@ -30,3 +32,42 @@ CASES: list[tuple[str, list[NodeState], str | None]] = [
 def test_decode_binding(nodes: list[NodeState], expected: str | None) -> None:
     b = bind_decode(request(1000, out=200), nodes, PolicyContext())
     assert (b.node_id if b else None) == expected
+
+
+def reference_binding(need: int, nodes: list[NodeState]) -> NodeState | None:
+    """The rule as one scan: lowest (running, -room, id) among decode nodes that take the request."""
+    best: NodeState | None = None
+    for n in nodes:
+        if n.role is not D or not n.accepting or n.draining or n.kv_room_tokens < need:
+            continue
+        if best is None or (n.running_decode, -n.kv_room_tokens, n.node_id) < (
+            best.running_decode,
+            -best.kv_room_tokens,
+            best.node_id,
+        ):
+            best = n
+    return best
+
+
+decode_nodes = st.lists(
+    st.tuples(
+        st.sampled_from([D, D, D, Role.PREFILL]),
+        st.integers(0, 3),  # running: few values, so ties are common
+        st.sampled_from([0, 1000, 1200, 5000, 9000]),  # KV room (the request needs 1200)
+        st.booleans(),
+        st.booleans(),
+    ),
+    max_size=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(decode_nodes)
+def test_binding_equals_the_lexicographic_scan(parts: list[tuple[Role, int, int, bool, bool]]) -> None:
+    nodes = [
+        node(f"n{(i * 5) % 11}", role=role, running_decode=run, kv_room=room, accepting=acc, draining=dr)
+        for i, (role, run, room, acc, dr) in enumerate(parts)
+    ]
+    b = bind_decode(request(1000, out=200), nodes, PolicyContext())
+    ref = reference_binding(1200, nodes)
+    assert (b.node_id if b else None) == (ref.node_id if ref else None)

@@ -286,11 +286,19 @@ def effective_queued_tokens(node: NodeState, ctx: PolicyContext) -> float:
 
 
 def effective_service_s(node: NodeState, ctx: PolicyContext) -> float:
-    """Remaining batch time plus Eq. 3 over the effective queue: the wait before a new request starts."""
+    """Remaining batch time plus Eq. 3 over the effective queue: the wait before a new request starts.
+
+    Evaluated for every candidate of every request: :func:`is_fresh` and ``service_time`` are
+    written out (same operations, one call less per term).
+    """
     m = node.model
-    if is_fresh(node, ctx):
-        return node.remaining_batch_s + node.queue.service_time(m) + node.unreported.service_time(m)
-    return node.unreported.service_time(m)
+    u = node.unreported
+    unreported = eq3_of_sums(m, u.t_uc, u.t_c, u.pairs)
+    age = node.report_age_s
+    if age is not None and age <= ctx.max_report_age_s:
+        q = node.queue
+        return node.remaining_batch_s + eq3_of_sums(m, q.t_uc, q.t_c, q.pairs) + unreported
+    return unreported
 
 
 def serves_prefill(node: NodeState) -> bool:

@@ -9,8 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 from agentpool.router.policy.contract import NodeState, PolicyContext, RequestView, Role, is_fresh
+
+_RUNNING = attrgetter("running_decode")
+_ROOM = attrgetter("kv_room_tokens")
+_ID = attrgetter("node_id")
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,18 +35,20 @@ def bind_decode(request: RequestView, nodes: Sequence[NodeState], ctx: PolicyCon
     used: decode binding has no other load signal, and the router adds its own bindings to it.
     """
     need = kv_tokens_needed(request)
-    best: NodeState | None = None
-    for n in nodes:
-        if n.role is not Role.DECODE or not n.accepting or n.draining or n.kv_room_tokens < need:
-            continue
-        if best is None or (n.running_decode, -n.kv_room_tokens, n.node_id) < (
-            best.running_decode,
-            -best.kv_room_tokens,
-            best.node_id,
-        ):
-            best = n
-    if best is None:
+    fits = [
+        n
+        for n in nodes
+        if n.role is Role.DECODE and n.accepting and not n.draining and n.kv_room_tokens >= need
+    ]
+    if not fits:
         return None
+    # min of (running, -room, id), one key at a time: few nodes are left after the first
+    fewest = min(map(_RUNNING, fits))
+    fits = [n for n in fits if n.running_decode == fewest]
+    if len(fits) > 1:
+        most = max(map(_ROOM, fits))
+        fits = [n for n in fits if n.kv_room_tokens == most]
+    best = fits[0] if len(fits) == 1 else min(fits, key=_ID)
     stale = "" if is_fresh(best, ctx) else ", stale report"
     return DecodeBinding(
         best.node_id, f"kv room {best.kv_room_tokens} >= {need}, {best.running_decode} running{stale}"

@@ -115,7 +115,7 @@ class EvolvingPolicy:
         prefix = request.local_prefix.get
         owns: dict[tuple[int, int], _Own] = {}  # the models outlive this call: their ids are stable
         scores: dict[str, float] = {}
-        chosen: dict[str, tuple[float, _Own]] = {}
+        parts: dict[str, tuple[float, _Own]] = {}
         nan = False
         for n in candidates:
             nid = n.node_id
@@ -126,11 +126,11 @@ class EvolvingPolicy:
                 own = owns[key] = _own(request, local, n.model, ctx)
             wait = effective_service_s(n, ctx)
             score = scores[nid] = _ttft(wait, own)
-            chosen[nid] = (wait, own)
-            nan = nan or score != score
+            parts[nid] = (wait, own)
+            if score != score:
+                nan = True
         best = _pick(scores, request, nan)
-        wait, own = chosen[best]
-        p = _prediction(wait, own)
+        p = _prediction(*parts[best])
         return Decision(
             node_id=best,
             policy=NAME,

@@ -33,6 +33,8 @@ class HeldBlock:
 
 
 _MATCH_CACHE_SIZE = 1 << 16
+_GPU, _HOST = int(Tier.GPU), int(Tier.HOST)
+_ALL_TIERS = _GPU | _HOST
 
 
 class PrefixIndex:
@@ -123,15 +125,16 @@ class PrefixIndex:
         A block already known under another parent raises :class:`InvalidEventError`; the blocks before
         it in the same event stay applied (the service answers such an error with a resync).
         """
-        if not tier or tier & ~(Tier.GPU | Tier.HOST):
+        t = int(tier)  # plain int: each Tier operation is a Python-level enum call
+        if not t or t & ~_ALL_TIERS:
             raise InvalidEventError(f"invalid tier {tier!r}")
         self.add_node(node)
         slot = self._slot_of[node]
         bit = 1 << slot
         la = self._last_access[slot]
         setdefault = self._parent.setdefault
-        gpu = self._gpu if tier & Tier.GPU else None
-        host = self._host if tier & Tier.HOST else None
+        gpu = self._gpu if t & _GPU else None
+        host = self._host if t & _HOST else None
         if host is None:
             self._not_all_host.add(slot)
         prev = parent

@@ -79,7 +79,8 @@ class NodeStates:
     at ``now``, running count and KV counts (its name never changes); the cache keeps the last
     state per node with those inputs and returns it while they are equal, so policies see the same
     values as with a fresh build. A node running a prefill batch gets a new state at every call
-    (its remaining time moves with the clock), without building a key.
+    (its remaining time moves with the clock), without building a key; without a batch the
+    remaining time is 0 (``SimNode.remaining_batch_s``), so the key leaves it out.
     """
 
     def __init__(self, size: int, *, prefill: bool) -> None:
@@ -107,17 +108,17 @@ class NodeStates:
             i = n.index
             model = models[i]
             queue = EMPTY_QUEUE if queued is None else queued[i].view()
-            remaining = n.remaining_batch_s(now)
             if n.batch:
-                out.append(_node_state(n, model, queue, remaining))
+                out.append(_node_state(n, model, queue, n.remaining_batch_s(now)))
                 cache[i] = None
                 continue
-            key = (n.role, model, queue, remaining, len(n.running), n.kv_used_tokens, n.kv_capacity_tokens)
+            # without a batch the remaining time is 0 whatever the clock: not part of the key
+            key = (n.role, model, queue, len(n.running), n.kv_used_tokens, n.kv_capacity_tokens)
             hit = cache[i]
             if hit is not None and hit[0] == key:
                 out.append(hit[1])
             else:
-                state = _node_state(n, model, queue, remaining)
+                state = _node_state(n, model, queue, n.remaining_batch_s(now))
                 cache[i] = (key, state)
                 out.append(state)
         return out

@@ -61,9 +61,8 @@ class BranchCounts:
         added = new - old
         if added:  # R += 1
             _shift(counts, added, add, changed)
-        dropped = old - new
-        if dropped:  # R -= 1; a block no branch counts any more leaves ``counts``
-            _shift(counts, dropped, sub, changed)
+        if len(new) - len(added) != len(old):  # not every old block is still counted (else skip the pass)
+            _shift(counts, old - new, sub, changed)  # R -= 1; a block nobody counts leaves ``counts``
         if new:
             state.counted[node] = new
             self._counting.setdefault(node, set()).add(state.branch_id)

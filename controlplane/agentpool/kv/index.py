@@ -5,8 +5,9 @@ already names its whole prefix and the index is a tree through the ``parent`` li
 Per block the index keeps its parent hash and two bit sets over node slots (``gpu``, ``host``); per
 node it keeps ``hash -> last access`` of every block it holds. A resolve walks the request's hashes once
 and ANDs the bit sets, so its cost is two dict lookups and a few integer ANDs per block whatever the
-node count. All of it is dicts of ints and floats, which CPython's garbage collector does not track, so
-a million indexed blocks add no GC pauses to resolves.
+node count (one lookup while no node holds a GPU copy, as in the simulator; the nodes that leave the
+prefix at the same block then share one result). All of it is dicts of ints and floats, which CPython's
+garbage collector does not track, so a million indexed blocks add no GC pauses to resolves.
 
 Memory (``python -m bench.bench_kv``, CPython 3.11, tracemalloc): about 0.18 GiB per million blocks
 held by one node each (entry object, index dict slot, the node's last-access slot, int keys and float

@@ -371,7 +371,10 @@ class PrefixIndex:
 
 
 def _record(mask: int, depth: int, out: dict[int, int]) -> None:
-    out.update(zip(_slots(mask), repeat(depth)))
+    while mask:
+        low = mask & -mask
+        out[low.bit_length() - 1] = depth
+        mask ^= low
 
 
 def _slots(mask: int) -> list[int]:

@@ -225,7 +225,7 @@ class Simulator:
         except NoCandidateError:
             self.schedule(now + 1.0, _ISSUE, issue)  # every prefill node is switching: retry
             return
-        idx = int(decision.node_id[1:])
+        idx = self._node_index[decision.node_id]
         node = self.nodes[idx]
         gpu, have = per_node.get(idx, (0, 0))
         fetch_blocks = fetchable_blocks(self.system.fetch, self.fetch, cluster - have, block)

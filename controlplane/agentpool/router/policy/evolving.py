@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from agentpool.models import NodeModel, attention_pairs, copy_price
 from agentpool.router.policy.contract import (
@@ -55,9 +56,10 @@ class Prediction:
     ttft_s: float  # the policy's score: wait + service + exposed fetch + copy
 
 
-@dataclass(frozen=True, slots=True)
-class _Own:
-    """The request's own part on a node holding ``local`` tokens of it: E.3 lines 6-8."""
+class _Own(NamedTuple):
+    """The request's own part on a node holding ``local`` tokens of it: E.3 lines 6-8.
+
+    A named tuple: one is made per candidate when the candidates' prefixes all differ."""
 
     service_s: float
     tau_s: float

@@ -31,8 +31,10 @@ def pinned(session: str, ids: list[str]) -> str:
         (
             "load does not move a session",
             "s-1",
-            [dataclasses.replace(n, running_decode=50) if n.node_id == pinned("s-1", list("abcd")) else n
-             for n in NODES],
+            [
+                dataclasses.replace(n, running_decode=50) if n.node_id == pinned("s-1", list("abcd")) else n
+                for n in NODES
+            ],
             pinned("s-1", ["a", "b", "c", "d"]),
         ),
         ("no session: fewest requests", None, [node("a", queue=[Work(100)]), node("b")], "b"),

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -79,6 +81,22 @@ def _phases(sc: Scenario) -> list[Phase]:
     ]
 
 
+@contextmanager
+def fewer_collections() -> Iterator[None]:
+    """Run the cyclic garbage collector less often, then restore its thresholds.
+
+    A simulation allocates millions of short-lived objects (events, views, requests) and creates
+    almost no reference cycles, so the default thresholds make the collector rescan the long-lived
+    state (the KV index, the trace) many times for nothing: ~8-20% of a 64-node run's CPU time.
+    Results do not depend on it (the simulator keeps no weak references and no finalizers)."""
+    old = gc.get_threshold()
+    gc.set_threshold(50_000, 20, 100)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+
+
 def load_conversations(sc: Scenario) -> list[Conversation] | None:
     if sc.workload != "claude-code":
         return None
@@ -134,7 +152,8 @@ def run_system(
     if progress is not None:
         sim.every(60.0, 60.0, lambda now: progress(now / end))
     wall = time.perf_counter()
-    sim.run(end)
+    with fewer_collections():
+        sim.run(end)
     wall = time.perf_counter() - wall
     summary = metrics.summary()
     return {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 from functools import cache
 from pathlib import Path
@@ -15,7 +16,7 @@ from agentpool.sim.metrics import Metrics
 from agentpool.sim.node import NodeStatus, Role, SimRequest
 from agentpool.sim.presets import preset
 from agentpool.sim.replay import Phase, Replay, cycle
-from agentpool.sim.run import Scenario, load_conversations, run_system
+from agentpool.sim.run import Scenario, fewer_collections, load_conversations, run_system
 from agentpool.sim.simulator import SimConfig, Simulator
 from agentpool.sim.systems import system
 from agentpool.sim.trace import Conversation, TraceRequest
@@ -233,3 +234,13 @@ def test_session_id_system_sticks_sessions_and_keeps_more_reuse_than_least_loade
     assert sticky["fetched_tokens_per_request"] < 0.01 * spread["fetched_tokens_per_request"]
     # ... at the price of balance, which is what SMetric's migration addresses
     assert sticky["prefill_imbalance"] > spread["prefill_imbalance"]
+
+
+def test_fewer_collections_restores_the_gc_thresholds_even_on_error() -> None:
+    before = gc.get_threshold()
+    with fewer_collections():
+        assert gc.get_threshold() != before
+    assert gc.get_threshold() == before
+    with pytest.raises(RuntimeError), fewer_collections():
+        raise RuntimeError("boom")
+    assert gc.get_threshold() == before

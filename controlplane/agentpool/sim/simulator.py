@@ -342,9 +342,26 @@ class Simulator:
         self.schedule(self.now + self.preset.handover_s(req.input_tokens), _JOIN, (target, req))
 
     def _retry_pending_decode(self) -> None:
+        """Bind the prefilled requests waiting for decode KV room, oldest first, as room allows.
+
+        A request binds only if some serving decode node has room for its KV (``bind_decode``'s
+        filter), so one that needs more than the largest room keeps waiting without a binding
+        attempt: under decode pressure thousands wait and each completion would otherwise retry
+        every one of them against every decode node."""
         pending, self._pending_decode = self._pending_decode, deque()
+        room = self._largest_decode_room()
         for req, issue in pending:
+            if req.kv_tokens > room:
+                self._pending_decode.append((req, issue))
+                continue
             self._bind_decode(req, issue)
+            room = self._largest_decode_room()
+
+    def _largest_decode_room(self) -> int:
+        serving, decode = NodeStatus.SERVING, Role.DECODE
+        return max(
+            (n.kv_room_tokens for n in self.nodes if n.role is decode and n.status is serving), default=-1
+        )
 
     def _on_join(self, target: int, req: SimRequest) -> None:
         dnode = self.nodes[target]

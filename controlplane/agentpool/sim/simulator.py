@@ -150,6 +150,7 @@ class Simulator:
         self._node_index = {n.name: n.index for n in self.nodes}
         self._wake_version = [0] * len(self.nodes)
         self._pending_decode: deque[tuple[SimRequest, Issue]] = deque()
+        self._pending_least_kv = 0  # no waiting request needs less KV room than this
         self._local_decode: dict[int, deque[SimRequest]] = {}  # colocated: prefilled, waiting for KV room
         self._issues: dict[int, Issue] = {}
         self._switches: dict[int, _Switch] = {}
@@ -332,7 +333,7 @@ class Simulator:
             req, self.nodes, self.models, self.ctx, self.now, self._decode_states, self._node_index
         )
         if target is None:
-            self._pending_decode.append((req, issue))
+            self._wait_for_decode(req, issue)
             return
         dnode = self.nodes[target]
         req.decode_node = target
@@ -346,16 +347,26 @@ class Simulator:
 
         A request binds only if some serving decode node has room for its KV (``bind_decode``'s
         filter), so one that needs more than the largest room keeps waiting without a binding
-        attempt: under decode pressure thousands wait and each completion would otherwise retry
-        every one of them against every decode node."""
-        pending, self._pending_decode = self._pending_decode, deque()
+        attempt, and nothing is tried while the largest room is below every waiting request's
+        need: under decode pressure thousands wait, and each completion would otherwise retry every
+        one of them against every decode node."""
+        if not self._pending_decode:
+            return
         room = self._largest_decode_room()
+        if room < self._pending_least_kv:
+            return
+        pending, self._pending_decode = self._pending_decode, deque()
         for req, issue in pending:
             if req.kv_tokens > room:
-                self._pending_decode.append((req, issue))
+                self._wait_for_decode(req, issue)
                 continue
             self._bind_decode(req, issue)
             room = self._largest_decode_room()
+
+    def _wait_for_decode(self, req: SimRequest, issue: Issue) -> None:
+        if not self._pending_decode or req.kv_tokens < self._pending_least_kv:
+            self._pending_least_kv = req.kv_tokens
+        self._pending_decode.append((req, issue))
 
     def _largest_decode_room(self) -> int:
         serving, decode = NodeStatus.SERVING, Role.DECODE

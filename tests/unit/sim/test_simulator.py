@@ -17,7 +17,7 @@ from agentpool.sim.node import NodeStatus, Role, SimRequest
 from agentpool.sim.presets import preset
 from agentpool.sim.replay import Phase, Replay, cycle
 from agentpool.sim.run import Scenario, fewer_collections, load_conversations, run_system
-from agentpool.sim.simulator import SimConfig, Simulator
+from agentpool.sim.simulator import Issue, SimConfig, Simulator
 from agentpool.sim.systems import system
 from agentpool.sim.trace import Conversation, TraceRequest
 
@@ -244,3 +244,24 @@ def test_fewer_collections_restores_the_gc_thresholds_even_on_error() -> None:
     with pytest.raises(RuntimeError), fewer_collections():
         raise RuntimeError("boom")
     assert gc.get_threshold() == before
+
+
+def test_prefilled_requests_wait_for_decode_room_and_smaller_ones_overtake() -> None:
+    # one decode node with room for 8000 KV tokens; A decodes long, B and C finish prefill together
+    small_kv = GLM.model_copy(update={"gpu_kv_tokens": 8000})
+    metrics = Metrics(TtftSlo(2.0, 1e-4), 0.1, 0.0, 10_000.0)
+    cfg = SimConfig(nodes=2, prefill_nodes=1, block_size=64)
+    sim = Simulator(system("static-cache-aware"), small_kv, cfg, metrics)
+    times: dict[int, tuple[float, float, float]] = {}  # input tokens -> (first token, decode start, done)
+
+    def done(r: SimRequest, _now: float) -> None:
+        times[r.input_tokens] = (r.first_token_at, r.decode_start, r.done_at)
+
+    for n, (inp, out) in enumerate([(5000, 1000), (5500, 18), (1500, 18)]):  # A, B, C
+        blocks = [b + 1000 * n for b in one_request(inp, out).block_keys(0, n + 1, 0)[0]]
+        sim.issue_at(0.0, Issue(SimRequest(n + 1, inp, out, blocks, [], f"b{n}", 0.0), 1, inp, True, done))
+    sim.run(1000.0)
+    (_, _, a_done), (b_first, b_start, _), (c_first, c_start, _) = times[5000], times[5500], times[1500]
+    assert b_first == c_first < a_done  # B and C are prefilled while A decodes (6000 of 8000 used)
+    assert c_start == pytest.approx(c_first + small_kv.handover_s(1500))  # C fits next to A: binds at once
+    assert b_start == pytest.approx(a_done + small_kv.handover_s(5500))  # B waits for A's KV, in order

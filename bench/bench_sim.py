@@ -89,16 +89,21 @@ def speed(args: argparse.Namespace) -> None:
     )
 
 
+def _cc_scenario(args: argparse.Namespace, agents: int) -> Scenario:
+    """The paper's CC setting (9 nodes, the Claude Code trace) with ``agents`` concurrent agents."""
+    return Scenario(
+        trace=args.trace,
+        agents=agents,
+        warmup_s=args.warmup,
+        duration_s=args.duration,
+        max_pause_s=args.max_pause,
+    )
+
+
 def cc(args: argparse.Namespace) -> None:
     sections = []
     for agents in args.agents or (90, 108, 126):
-        sc = Scenario(
-            trace=args.trace,
-            agents=agents,
-            warmup_s=args.warmup,
-            duration_s=args.duration,
-            max_pause_s=args.max_pause,
-        )
+        sc = _cc_scenario(args, agents)
         res = compare(sc, list(DISAGGREGATED_DEFAULT), quiet=True)
         _print(f"{agents} agents", res)
         sections.append((f"{agents} concurrent agents", sc, res))
@@ -240,13 +245,7 @@ def fit(args: argparse.Namespace) -> None:
     rows: list[dict[str, Any]] = []
     sections = []
     for agents in args.agents or (126,):
-        base = Scenario(
-            trace=args.trace,
-            agents=agents,
-            warmup_s=args.warmup,
-            duration_s=args.duration,
-            max_pause_s=args.max_pause,
-        )
+        base = _cc_scenario(args, agents)
         convs = load_conversations(base)
         res = []
         for source, noise in [(ModelSource.PRESET, 0.0)] + [(ModelSource.ONLINE, n) for n in args.noises]:
@@ -261,6 +260,8 @@ def fit(args: argparse.Namespace) -> None:
             fitted = [e["reason"] for e in r["planner_log"] if e["outcome"] == "fit"]
             if fitted:
                 print(f"{r['system']}: {fitted[-1]}", flush=True)
+            elif source is ModelSource.ONLINE:
+                print(f"{r['system']}: no planner window ended, the models were never fitted", flush=True)
         _print(f"{agents} agents", res)
         rows += res
         sections.append((f"{agents} concurrent agents", base, res))

@@ -76,8 +76,8 @@ class Metrics:
                 hi = mid
         return lo
 
-    def ideal_add(self, blocks: Sequence[int], produced: Sequence[int]) -> None:
-        self._ideal.update(blocks)
+    def ideal_add(self, produced: Sequence[int]) -> None:
+        """A request finished: its produced blocks are computed (its prompt's since its first token)."""
         self._ideal.update(produced)
 
     # -- events -----------------------------------------------------------------------------------

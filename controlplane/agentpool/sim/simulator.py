@@ -391,7 +391,7 @@ class Simulator:
 
     def _complete(self, req: SimRequest, issue: Issue) -> None:
         del self._issues[req.rid]
-        self.metrics.ideal_add(req.blocks, req.produced)
+        self.metrics.ideal_add(req.produced)
         self.metrics.done(req)
         if issue.last_of_branch and self.system.branch_ids:
             self.directory.end_branch(req.branch)

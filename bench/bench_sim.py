@@ -28,7 +28,7 @@ from agentpool.sim.cli import compare
 from agentpool.sim.planners import ModelSource, PlannerSettings
 from agentpool.sim.report import markdown_table
 from agentpool.sim.run import Scenario, load_conversations, run_system, scenario_dict
-from agentpool.sim.simulator import SimConfig
+from agentpool.sim.simulator import DECODE_BINDINGS, SimConfig
 from agentpool.sim.systems import COLOCATED_DEFAULT, DISAGGREGATED_DEFAULT
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -97,6 +97,7 @@ def _cc_scenario(args: argparse.Namespace, agents: int) -> Scenario:
         warmup_s=args.warmup,
         duration_s=args.duration,
         max_pause_s=args.max_pause,
+        sim=SimConfig(decode_binding=args.decode_binding),
     )
 
 
@@ -109,10 +110,12 @@ def cc(args: argparse.Namespace) -> None:
         sections.append((f"{agents} concurrent agents", sc, res))
     if args.write:
         capped = args.max_pause is not None
+        at_start = args.decode_binding == "prefill-start"
         _write(
-            "cc_paper_load" if capped else "cc",
+            ("cc_paper_load" if capped else "cc") + ("_bind_at_start" if at_start else ""),
             "Claude Code trace, 9 nodes (GLM-5.2 on 4xGB300 preset), closed loop"
-            + (f", pauses capped at {args.max_pause:g} s" if capped else ", recorded pauses"),
+            + (f", pauses capped at {args.max_pause:g} s" if capped else ", recorded pauses")
+            + (", decode bound when the prefill starts" if at_start else ""),
             sections,
             "Planned systems start from 6P3D, static-cache-aware runs at 4P5D (the paper's best static "
             f"split for SGLang on CC). {args.warmup / 60:g} min warmup, {args.duration / 60:g} min measured."
@@ -296,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--colocated-nodes", type=int, default=16)
     p.add_argument("--colocated-agents", type=int, default=160)
     p.add_argument("--noises", type=float, nargs="*", default=[0.02, 0.05, 0.10], help="fit: noise levels")
+    p.add_argument(
+        "--decode-binding", default="prefill-end", choices=list(DECODE_BINDINGS), help="cc and fit only"
+    )
     p.add_argument("--write", action="store_true", help="store the results under bench/results/")
     args = p.parse_args(argv)
     {

@@ -12,7 +12,7 @@ from typing import Any
 from agentpool.sim.planners import ModelSource, PlannerSettings
 from agentpool.sim.report import markdown_report, write_json, write_plots
 from agentpool.sim.run import WORKLOADS, Scenario, load_conversations, run_system, scenario_dict
-from agentpool.sim.simulator import SimConfig
+from agentpool.sim.simulator import DECODE_BINDINGS, SimConfig
 from agentpool.sim.systems import COLOCATED_DEFAULT, DISAGGREGATED_DEFAULT, SYSTEMS
 
 HELP = "simulate agentpool and baseline systems on an agent trace"
@@ -45,6 +45,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-tokens", type=int, default=512, help="KV block size of the simulation")
     parser.add_argument("--max-pause", type=float, default=None, help="cap recorded pauses (seconds)")
     parser.add_argument("--ramp", type=float, default=0.0, help="start closed-loop agents over N seconds")
+    parser.add_argument(
+        "--decode-binding",
+        default="prefill-end",
+        choices=list(DECODE_BINDINGS),
+        help="when a disaggregated request is bound to its decode node (the live router: prefill-start)",
+    )
     parser.add_argument("--shared-prefix", type=int, default=15000, help="shared system+tools prefix tokens")
     parser.add_argument(
         "--fit",
@@ -83,7 +89,12 @@ def scenario_from(args: argparse.Namespace) -> Scenario:
         max_pause_s=args.max_pause,
         ramp_s=args.ramp,
         preset=args.preset,
-        sim=SimConfig(nodes=args.nodes, prefill_nodes=args.prefill_nodes, block_size=args.block_tokens),
+        sim=SimConfig(
+            nodes=args.nodes,
+            prefill_nodes=args.prefill_nodes,
+            block_size=args.block_tokens,
+            decode_binding=args.decode_binding,
+        ),
         static_prefill_nodes=args.static_prefill_nodes,
         warmup_s=args.warmup,
         duration_s=args.duration,

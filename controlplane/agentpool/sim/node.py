@@ -243,6 +243,9 @@ class SimNode:
         self.pos_time = 0.0
         self.decode_iter_s = 0.0
         self.kv_used_tokens = 0
+        # requests bound to this (decode) node while their prefill still runs elsewhere: they hold a
+        # KV reservation and count as running for decode binding, as the router counts its bindings
+        self.bound_waiting = 0
         self.on_iteration = on_iteration
 
     # -- state --------------------------------------------------------------------------------

@@ -113,7 +113,8 @@ class NodeStates:
                 cache[i] = None
                 continue
             # without a batch the remaining time is 0 whatever the clock: not part of the key
-            key = (n.role, model, queue, len(n.running), n.kv_used_tokens, n.kv_capacity_tokens)
+            running = len(n.running) + n.bound_waiting
+            key = (n.role, model, queue, running, n.kv_used_tokens, n.kv_capacity_tokens)
             hit = cache[i]
             if hit is not None and hit[0] == key:
                 out.append(hit[1])
@@ -133,7 +134,7 @@ def _node_state(node: SimNode, model: NodeModel, queue: QueuedPrefill, remaining
         remaining_s,
         queue,
         EMPTY_QUEUE,
-        len(node.running),
+        len(node.running) + node.bound_waiting,
         node.kv_room_tokens,
         node.kv_used_tokens,
         True,

@@ -43,6 +43,9 @@ _PHASE = {Role.PREFILL: Phase.PREFILL, Role.DECODE: Phase.DECODE, Role.BOTH: Pha
 _UNLIMITED_BLOCKS = 1 << 40
 
 
+DECODE_BINDINGS = ("prefill-end", "prefill-start")
+
+
 @dataclass(frozen=True, slots=True)
 class SimConfig:
     """Pool shape and run settings shared by every system of a comparison."""
@@ -58,12 +61,18 @@ class SimConfig:
     # what the planner's q̄ counts: "decode" (requests decoding, the paper's wording) or "inflight"
     # (requests routed and not finished: the decode demand if prefill kept up). See planners.py.
     occupancy: str = "inflight"
+    # when a disaggregated request is bound to a decode node: "prefill-start" (Algorithm E.3 line 13
+    # and the live router: when the prefill node reports that the request started) or "prefill-end"
+    # (when its first token is out; the default of every committed result)
+    decode_binding: str = "prefill-end"
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or not 0 <= self.prefill_nodes <= self.nodes:
             raise ValueError(f"need 1 <= nodes and 0 <= prefill_nodes <= nodes, got {self}")
         if self.occupancy not in ("decode", "inflight"):
             raise ValueError(f"occupancy must be 'decode' or 'inflight', got {self.occupancy!r}")
+        if self.decode_binding not in DECODE_BINDINGS:
+            raise ValueError(f"decode_binding must be one of {DECODE_BINDINGS}, got {self.decode_binding!r}")
 
 
 @dataclass(slots=True)
@@ -158,6 +167,7 @@ class Simulator:
         self.window = WindowLog()
         self.in_decode = 0
         self.fetch = self.ctx.fetch
+        self._bind_at_start = cfg.decode_binding == "prefill-start"
         metrics.record_split(0.0, self.split())
 
     # -- event plumbing ---------------------------------------------------------------------------
@@ -279,12 +289,21 @@ class Simulator:
 
     def _after_step(self, node: SimNode) -> None:
         if node.started:  # requests whose first chunk started leave the queued sums
+            bind = self._bind_at_start and node.role is Role.PREFILL
             for r in node.started:
                 self.queued[node.index].add(r, -1)
+                if bind and r.output_tokens > 1:
+                    self._bind_decode(r, self._issues[r.rid])
             node.started.clear()
         self._wake(node)
         sw = self._switches.get(node.index)
-        if sw is not None and sw.drained_at < 0 and node.status is NodeStatus.DRAINING and node.idle:
+        if (
+            sw is not None
+            and sw.drained_at < 0
+            and node.status is NodeStatus.DRAINING
+            and node.idle
+            and not node.bound_waiting
+        ):
             self._drained(node, sw)
 
     def _store(self, node: SimNode, blocks: list[int], parent: int) -> None:
@@ -319,7 +338,12 @@ class Simulator:
             self._local_decode.setdefault(node.index, deque()).append(req)
             self._admit_local(node)
             return
-        self._bind_decode(req, issue)
+        if not self._bind_at_start:
+            self._bind_decode(req, issue)
+        elif req.decode_node >= 0:  # bound when its prefill started: the KV goes there now
+            self.nodes[req.decode_node].bound_waiting -= 1
+            self._hand_over(req)
+        # else: still waiting for decode room; the retry that binds it hands the KV over
 
     def _admit_local(self, node: SimNode) -> None:
         """Colocated nodes decode their own prefills, first come first served, while KV room lasts."""
@@ -340,7 +364,14 @@ class Simulator:
         dnode.kv_used_tokens += req.kv_tokens  # reserve now; join_decode re-adds, so release below
         if self.system.branch_ids:
             self.directory.place(req.branch, dnode.name, self.now)
-        self.schedule(self.now + self.preset.handover_s(req.input_tokens), _JOIN, (target, req))
+        if req.first_token_at < 0:  # bound at prefill start: the hand-over waits for the prefill
+            dnode.bound_waiting += 1
+            return
+        self._hand_over(req)
+
+    def _hand_over(self, req: SimRequest) -> None:
+        """Send the prefilled KV to the bound decode node (GPU to GPU), which starts decoding on arrival."""
+        self.schedule(self.now + self.preset.handover_s(req.input_tokens), _JOIN, (req.decode_node, req))
 
     def _retry_pending_decode(self) -> None:
         """Bind the prefilled requests waiting for decode KV room, oldest first, as room allows.

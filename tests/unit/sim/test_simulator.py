@@ -265,3 +265,31 @@ def test_prefilled_requests_wait_for_decode_room_and_smaller_ones_overtake() -> 
     assert b_first == c_first < a_done  # B and C are prefilled while A decodes (6000 of 8000 used)
     assert c_start == pytest.approx(c_first + small_kv.handover_s(1500))  # C fits next to A: binds at once
     assert b_start == pytest.approx(a_done + small_kv.handover_s(5500))  # B waits for A's KV, in order
+
+
+@pytest.mark.parametrize("binding", ["prefill-end", "prefill-start"])
+def test_decode_binding_time(binding: str) -> None:
+    # 1 prefill + 2 decode nodes; A's prefill takes the first iteration, B's the second
+    metrics = Metrics(TtftSlo(2.0, 1e-4), 0.1, 0.0, 10_000.0)
+    cfg = SimConfig(nodes=3, prefill_nodes=1, block_size=64, decode_binding=binding)
+    sim = Simulator(system("static-cache-aware"), GLM, cfg, metrics)
+    reqs = []
+    for n, inp in enumerate([8192, 4000]):
+        blocks = [b + 1000 * n for b in one_request(inp, 50).block_keys(0, n + 1, 0)[0]]
+        reqs.append(SimRequest(n + 1, inp, 50, blocks, [], f"b{n}", 0.0))
+        sim.issue_at(0.0, Issue(reqs[-1], 1, inp, True, lambda _r, _now: None))
+    a, b = reqs
+    sim.run(0.01)  # A's prefill runs, B waits in the prefill queue
+    assert a.prefill_start == 0.0 and a.first_token_at < 0 and b.prefill_start < 0
+    assert (a.decode_node >= 0) is (binding == "prefill-start")
+    assert sum(n.bound_waiting for n in sim.nodes) == (binding == "prefill-start")
+    sim.run(1000.0)
+    for r in reqs:  # the hand-over starts at the first token either way
+        assert r.decode_start == pytest.approx(r.first_token_at + GLM.handover_s(r.input_tokens))
+    assert a.decode_node != b.decode_node  # A's binding counts as running when B binds
+    assert all(n.bound_waiting == 0 for n in sim.nodes)
+
+
+def test_unknown_decode_binding_is_rejected() -> None:
+    with pytest.raises(ValueError, match="decode_binding"):
+        SimConfig(decode_binding="arrival")

@@ -31,12 +31,14 @@ Modelling choices and approximations (each a knob or documented where it is made
   the GPU tier is the node's own LRU. Host eviction runs in batches of 25% of the capacity, in the
   directory's order: ``(R > 0, last access)`` with branch ids, the same function with all counts 0
   (LRU) without.
-- The decode node is bound when the prefill completes (the paper binds at prefill start); its KV
-  room is reserved from binding to the end of the request.
+- The decode node is bound when the prefill completes by default; ``SimConfig.decode_binding =
+  "prefill-start"`` (``--decode-binding``) binds it when the prefill starts, as the paper and the
+  live router do. Its KV room is reserved from binding to the end of the request.
 - A queued request's prefix is not pinned: if eviction removes it before the prefill, the request
   keeps the work computed at routing time.
-- The planner sees the preset's coefficients (the warmup's online NNLS fit is not simulated);
-  ``t_bar`` and ``f_n`` are remeasured from simulated iterations every window.
+- The planner and the router see the preset's coefficients by default; ``--fit online`` fits them
+  from the first window's noisy iterations (see :mod:`agentpool.sim.planners`). ``t_bar`` and
+  ``f_n`` are remeasured from simulated iterations every window.
 - Arrow-like switches strand KV: the switched node's cache is dropped. Dynamo-like relaunches:
   the node drains, is out of service for ``relaunch_s`` and loses its KV.
 - Replay may cap recorded pauses (``max_pause_s``) to reach the paper's offered load.

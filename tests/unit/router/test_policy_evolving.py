@@ -8,7 +8,7 @@ import pytest
 from router_policy_builders import MODEL, node, request, send, uncached
 
 from agentpool.models import FetchModel, Work
-from agentpool.router.policy import NodeState, PolicyContext, RequestView, create_policy
+from agentpool.router.policy import NodeState, PolicyContext, PolicyError, RequestView, create_policy
 from agentpool.router.policy.evolving import predict
 
 CTX = PolicyContext()
@@ -114,3 +114,9 @@ def test_cache_aware_piles_sub_agents_while_evolving_spreads_them() -> None:
     assert set(piled) == {"a"}
     assert spread[0] == "a"
     assert set(spread) == {"a", "b", "c", "d"}
+
+
+def test_duplicate_candidate_ids_are_rejected() -> None:
+    policy = create_policy("evolving")
+    with pytest.raises(PolicyError, match="distinct"):
+        policy.choose(request(8000), [node("a"), node("a", queue=BUSY)], CTX)

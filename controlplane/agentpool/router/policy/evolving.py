@@ -30,6 +30,7 @@ from agentpool.router.policy.contract import (
     Decision,
     NodeState,
     PolicyContext,
+    PolicyError,
     RequestView,
     effective_service_s,
     eq3_of_sums,
@@ -131,6 +132,8 @@ class EvolvingPolicy:
             parts[nid] = (wait, own)
             if score != score:
                 nan = True
+        if len(scores) != len(candidates):
+            raise PolicyError("candidate node ids must be distinct")
         best = _pick(scores, request, nan)
         p = _prediction(*parts[best])
         return Decision(

@@ -27,8 +27,13 @@ def generate_into(stub_root: Path, crd_dir: Path, spec_doc: Path) -> None:
     protos = sorted(str(p.relative_to(PROTO_ROOT)) for p in PROTO_ROOT.rglob("*.proto"))
     if protos:
         cmd = [
-            sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTO_ROOT}",
-            f"--python_out={stub_root}", f"--pyi_out={stub_root}", f"--grpc_python_out={stub_root}",
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"-I{PROTO_ROOT}",
+            f"--python_out={stub_root}",
+            f"--pyi_out={stub_root}",
+            f"--grpc_python_out={stub_root}",
             *protos,
         ]
         subprocess.run(cmd, check=True, cwd=ROOT)
@@ -55,8 +60,11 @@ def check() -> int:
         fresh = generated_files(fresh_stubs, tmp_root / "crds", tmp_root / "spec.md")
         committed = generated_files(STUB_DIR, CRD_DIR, SPEC_DOC)
         problems = sorted(set(fresh) ^ set(committed))
-        problems += [k for k in sorted(set(fresh) & set(committed))
-                     if not filecmp.cmp(fresh[k], committed[k], shallow=False)]
+        problems += [
+            k
+            for k in sorted(set(fresh) & set(committed))
+            if not filecmp.cmp(fresh[k], committed[k], shallow=False)
+        ]
         if problems:
             print("generated files are stale; run `make generate`:", file=sys.stderr)
             for p in problems:

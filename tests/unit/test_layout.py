@@ -24,8 +24,11 @@ def test_agentpool_is_a_namespace_over_three_roots() -> None:
     import agentpool.kv
     import agentpool.operator
 
-    for module, root in ((agentpool.kv, "controlplane"), (agentpool.operator, "operator"),
-                         (agentpool.engine, "engine-image")):
+    for module, root in (
+        (agentpool.kv, "controlplane"),
+        (agentpool.operator, "operator"),
+        (agentpool.engine, "engine-image"),
+    ):
         assert module.__file__ is not None
         assert Path(module.__file__).resolve().is_relative_to(ROOT / root)
     for root in ("controlplane", "operator", "engine-image"):

@@ -10,8 +10,9 @@ help: ## list the targets
 install: ## editable install with the development extras
 	$(PYTHON) -m pip install -e '.[dev]'
 
-lint: ## ruff, then the import-linter contracts that keep the pure cores free of I/O
+lint: ## ruff (checks and formatting), then the import-linter contracts that keep the pure cores free of I/O
 	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .
 	PYTHONPATH=controlplane:operator:engine-image lint-imports
 
 typecheck: ## mypy strict on the package

@@ -275,14 +275,8 @@ class PrefixIndex:
         return len(self._last_access[self._slot(node)])
 
     def host_blocks(self, node: str) -> list[tuple[int, float]]:
-        """``(hash, last_access)`` of every block ``node`` holds in host memory."""
-        slot = self._slot(node)
-        la = self._last_access[slot]
-        if slot not in self._not_all_host:
-            return list(la.items())
-        bit = 1 << slot
-        host = self._host
-        return [(h, t) for h, t in la.items() if host.get(h, 0) & bit]
+        """``(hash, last_access)`` of every block ``node`` holds in host memory (a copy)."""
+        return list(self.host_access(node).items())
 
     def host_access(self, node: str) -> Mapping[int, float]:
         """``hash -> last access`` of every block ``node`` holds in host memory: when every block the node
@@ -371,10 +365,7 @@ class PrefixIndex:
 
 
 def _record(mask: int, depth: int, out: dict[int, int]) -> None:
-    while mask:
-        low = mask & -mask
-        out[low.bit_length() - 1] = depth
-        mask ^= low
+    out.update(zip(_slots(mask), repeat(depth)))
 
 
 def _slots(mask: int) -> list[int]:

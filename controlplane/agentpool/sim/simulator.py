@@ -319,7 +319,7 @@ class Simulator:
         if self.system.eviction is Eviction.BRANCH_COUNT:
             order = self.directory.eviction_order(node.name, limit=n)
         else:
-            order = eviction_order_counted(self.directory.index.host_blocks(node.name), {}, limit=n)
+            order = eviction_order_counted(self.directory.index.host_access(node.name), {}, limit=n)
         hashes = [c.block_hash for c in order]
         self.directory.apply_removed(node.name, hashes, Tier.HOST)
         node.gpu.discard(hashes)
@@ -465,7 +465,7 @@ class Simulator:
         mode = self.system.switch
         node.status = NodeStatus.DOWN
         if mode in (SwitchMode.RELAUNCH, SwitchMode.STRANDED):
-            held = [h for h, _ in self.directory.index.host_blocks(node.name)]
+            held = list(self.directory.index.host_access(node.name))
             self.directory.apply_removed(node.name, held, Tier.HOST)
             node.reset_after_relaunch()
         delay = {

@@ -38,6 +38,7 @@ from agentpool.router.policy import (
     RequestView,
     Role,
     bind_decode,
+    kv_tokens_needed,
     prefill_candidates,
 )
 from agentpool.router.policy.contract import serves_prefill
@@ -209,7 +210,7 @@ class Dispatcher:
 
     @staticmethod
     def _kv_tokens(prep: Prepared) -> int:
-        return prep.view.prompt_tokens + prep.view.expected_output_tokens
+        return kv_tokens_needed(prep.view)
 
     def _count_prefix(self, view: RequestView, d: Decision) -> None:
         local = d.cached_tokens - d.fetch_tokens

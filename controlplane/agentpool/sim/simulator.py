@@ -23,7 +23,7 @@ from typing import cast
 from agentpool.kv import ROOT_HASH, Directory, Phase, Tier
 from agentpool.kv.eviction import eviction_order_counted
 from agentpool.models import NodeModel, OccupancySample, PrefillBatchItem, RequestWorkRecord, Work
-from agentpool.router.policy import NoCandidateError, PolicyContext, create_policy
+from agentpool.router.policy import NoCandidateError, PolicyContext, create_policy, kv_room_needed
 from agentpool.router.policy.contract import prefill_candidates
 from agentpool.sim.metrics import Metrics
 from agentpool.sim.node import IterationHook, NodeStatus, Role, SimNode, SimRequest
@@ -388,15 +388,16 @@ class Simulator:
             return
         pending, self._pending_decode = self._pending_decode, deque()
         for req, issue in pending:
-            if req.kv_tokens > room:
+            if kv_room_needed(req.input_tokens, req.output_tokens) > room:
                 self._wait_for_decode(req, issue)
                 continue
             self._bind_decode(req, issue)
             room = self._largest_decode_room()
 
     def _wait_for_decode(self, req: SimRequest, issue: Issue) -> None:
-        if not self._pending_decode or req.kv_tokens < self._pending_least_kv:
-            self._pending_least_kv = req.kv_tokens
+        need = kv_room_needed(req.input_tokens, req.output_tokens)  # bind_decode's filter
+        if not self._pending_decode or need < self._pending_least_kv:
+            self._pending_least_kv = need
         self._pending_decode.append((req, issue))
 
     def _largest_decode_room(self) -> int:

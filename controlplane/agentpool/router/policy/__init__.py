@@ -22,7 +22,7 @@ from agentpool.router.policy.contract import (
     is_fresh,
     prefill_candidates,
 )
-from agentpool.router.policy.decode import DecodeBinding, bind_decode
+from agentpool.router.policy.decode import DecodeBinding, bind_decode, kv_room_needed, kv_tokens_needed
 from agentpool.router.policy.registry import POLICIES, create_policy, policy_names
 
 __all__ = [
@@ -45,6 +45,8 @@ __all__ = [
     "effective_queue",
     "effective_remaining_s",
     "is_fresh",
+    "kv_room_needed",
+    "kv_tokens_needed",
     "policy_names",
     "prefill_candidates",
 ]

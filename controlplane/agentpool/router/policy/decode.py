@@ -24,8 +24,13 @@ class DecodeBinding:
     reason: str
 
 
+def kv_room_needed(prompt_tokens: int, expected_output_tokens: int) -> int:
+    """KV tokens a decode node must have free to take a request: its prompt plus its expected output."""
+    return prompt_tokens + expected_output_tokens
+
+
 def kv_tokens_needed(request: RequestView) -> int:
-    return request.prompt_tokens + request.expected_output_tokens
+    return kv_room_needed(request.prompt_tokens, request.expected_output_tokens)
 
 
 def bind_decode(request: RequestView, nodes: Sequence[NodeState], ctx: PolicyContext) -> DecodeBinding | None:

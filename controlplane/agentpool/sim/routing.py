@@ -108,24 +108,26 @@ class NodeStates:
             i = n.index
             model = models[i]
             queue = EMPTY_QUEUE if queued is None else queued[i].view()
+            running = len(n.running) + n.bound_waiting  # bound here, prefill still running: counted
             if n.batch:
-                out.append(_node_state(n, model, queue, n.remaining_batch_s(now)))
+                out.append(_node_state(n, model, queue, n.remaining_batch_s(now), running))
                 cache[i] = None
                 continue
             # without a batch the remaining time is 0 whatever the clock: not part of the key
-            running = len(n.running) + n.bound_waiting
             key = (n.role, model, queue, running, n.kv_used_tokens, n.kv_capacity_tokens)
             hit = cache[i]
             if hit is not None and hit[0] == key:
                 out.append(hit[1])
             else:
-                state = _node_state(n, model, queue, n.remaining_batch_s(now))
+                state = _node_state(n, model, queue, n.remaining_batch_s(now), running)
                 cache[i] = (key, state)
                 out.append(state)
         return out
 
 
-def _node_state(node: SimNode, model: NodeModel, queue: QueuedPrefill, remaining_s: float) -> NodeState:
+def _node_state(
+    node: SimNode, model: NodeModel, queue: QueuedPrefill, remaining_s: float, running: int
+) -> NodeState:
     # every viewed node is serving: accepting, not draining; reports are always fresh (age 0)
     return NodeState(
         node.name,
@@ -134,7 +136,7 @@ def _node_state(node: SimNode, model: NodeModel, queue: QueuedPrefill, remaining
         remaining_s,
         queue,
         EMPTY_QUEUE,
-        len(node.running) + node.bound_waiting,
+        running,
         node.kv_room_tokens,
         node.kv_used_tokens,
         True,

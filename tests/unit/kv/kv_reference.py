@@ -226,3 +226,25 @@ def drive(
             ref.end(op.branch)
             ctx.pop(op.branch, None)
         yield op
+
+
+# -- a block-by-block model of which tiers each node holds (index tests) -------------------------
+HeldTiers = dict[tuple[str, int], Tier]  # (node, block) -> tiers held, absent when none
+
+
+def model_store(held: HeldTiers, node: str, blocks: list[int], tier: Tier) -> None:
+    for b in blocks:
+        held[node, b] = held.get((node, b), Tier(0)) | tier
+
+
+def model_remove(held: HeldTiers, node: str, blocks: list[int], tier: Tier) -> list[int]:
+    """Drop ``tier`` of ``blocks`` on ``node``; returns the blocks the node no longer holds at all."""
+    gone = []
+    for b in blocks:
+        left = held.get((node, b), Tier(0)) & ~tier
+        if left:
+            held[node, b] = left
+        else:
+            held.pop((node, b), None)
+            gone.append(b)
+    return gone

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kv_reference import HeldTiers, model_remove, model_store
 
 from agentpool.kv import Directory, Phase, PrefixIndex, Tier
 from agentpool.kv.eviction import eviction_order, eviction_order_counted
@@ -56,25 +57,20 @@ def test_host_store_fast_path_matches_a_model(history: list[tuple[str, str, int,
     block-by-block model of tiers and access times."""
     chain = list(range(100, 112))
     idx = PrefixIndex()
-    tiers: dict[tuple[str, int], Tier] = {}
+    tiers: HeldTiers = {}
     access: dict[tuple[str, int], float] = {}
     for step, (op, node, start, n, tier) in enumerate(history):
         blocks = chain[start : start + n]
         now = float(step)
         if op == "store":
             idx.apply_stored(node, chain[start - 1] if start else ROOT_HASH, blocks, tier, now)
+            model_store(tiers, node, blocks, tier)
             for h in blocks:
-                tiers[node, h] = tiers.get((node, h), Tier(0)) | tier
                 access[node, h] = now
         elif op == "remove" and idx.has_node(node):
             idx.apply_removed(node, blocks, tier)
-            for h in blocks:
-                left = tiers.get((node, h), Tier(0)) & ~tier
-                if left:
-                    tiers[node, h] = left
-                else:
-                    tiers.pop((node, h), None)
-                    access.pop((node, h), None)
+            for h in model_remove(tiers, node, blocks, tier):
+                access.pop((node, h), None)
         elif op == "touch" and idx.has_node(node):
             idx.touch(node, blocks, now)
             for h in blocks:

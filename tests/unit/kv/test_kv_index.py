@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kv_reference import HeldTiers, model_remove, model_store
 
 from agentpool.kv import HeldBlock, InvalidEventError, PrefixIndex, PrefixMatch, Tier, UnknownNodeError
 from agentpool.kv.hashing import ROOT_HASH, block_hashes
@@ -80,21 +81,15 @@ def test_resync_replaces_a_nodes_placement() -> None:
 def test_one_walk_equals_brute_force(ops: list[tuple[str, bool, int, int, Tier]], qlen: int) -> None:
     chain = list(range(1, 9))  # block i+1's parent is block i; 0 is the root
     idx = PrefixIndex()
-    held: dict[tuple[str, int], Tier] = {}
+    held: HeldTiers = {}
     for node, store, start, length, tier in ops:
         blocks = chain[start : start + length]
         if store:
             idx.apply_stored(node, chain[start - 1] if start else ROOT_HASH, blocks, tier, 0.0)
-            for b in blocks:
-                held[node, b] = held.get((node, b), Tier(0)) | tier
+            model_store(held, node, blocks, tier)
         elif idx.has_node(node):
             idx.apply_removed(node, blocks, tier)
-            for b in blocks:
-                left = held.get((node, b), Tier(0)) & ~tier
-                if left:
-                    held[node, b] = left
-                else:
-                    held.pop((node, b), None)
+            model_remove(held, node, blocks, tier)
     query = chain[:qlen]
 
     def run(node: str, ok: Tier | None) -> int:

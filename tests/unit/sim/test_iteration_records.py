@@ -6,8 +6,9 @@ import math
 from functools import cache
 
 import pytest
+from sim_node_builders import DENSE, PREFILL, node
 
-from agentpool.models import DecodeModel, PrefillBatchItem, PrefillModel, TtftSlo
+from agentpool.models import PrefillBatchItem, TtftSlo
 from agentpool.sim.metrics import Metrics
 from agentpool.sim.node import Role, SimIteration, SimNode, SimRequest
 from agentpool.sim.planners import PlannerSettings, attach
@@ -18,24 +19,7 @@ from agentpool.sim.simulator import SimConfig, Simulator
 from agentpool.sim.systems import system
 from agentpool.sim.trace import Conversation
 
-PREFILL = PrefillModel(c0=0.01, c1=1e-4, c2=1e-8, c3=1e-5)
-DENSE = DecodeModel(d0=0.02, d1=0.0, d2=0.001, experts_total=0)
 GLM = preset("glm52-4xgb300")
-
-
-def node(role: Role, records: list[SimIteration], chunk: int = 8192, t_acc: float = 1.0) -> SimNode:
-    return SimNode(
-        0,
-        "n0",
-        PREFILL,
-        DENSE,
-        role=role,
-        chunk_tokens=chunk,
-        t_acc=t_acc,
-        gpu_cache_blocks=100,
-        kv_capacity_tokens=10**9,
-        on_iteration=records.append,
-    )
 
 
 def req(rid: int, inp: int, out: int, cached: int = 0, restore: int = 0) -> SimRequest:
@@ -53,7 +37,7 @@ def drain(n: SimNode, now: float = 0.0) -> None:
 
 def test_chunked_prefill_records_are_eq_1_of_their_batches() -> None:
     records: list[SimIteration] = []
-    n = node(Role.PREFILL, records, chunk=8192)
+    n = node(Role.PREFILL, chunk=8192, on_iteration=records.append)
     n.enqueue(req(1, inp=12000, out=1, cached=2000, restore=1000), 0.0)
     n.enqueue(req(2, inp=3000, out=1), 0.0)
     drain(n)
@@ -71,7 +55,7 @@ def test_chunked_prefill_records_are_eq_1_of_their_batches() -> None:
 
 def test_decode_stretches_are_eq_2_at_their_batch_size() -> None:
     records: list[SimIteration] = []
-    n = node(Role.DECODE, records, t_acc=1.0)
+    n = node(Role.DECODE, t_acc=1.0, on_iteration=records.append)
     a, b = req(1, inp=1000, out=1 + 10), req(2, inp=500, out=1 + 4)
     n.join_decode(a, 0.0)
     n.advance(0.05)  # a wake mid-stretch splits the stretch; nothing changes
@@ -92,7 +76,7 @@ def test_decode_stretches_are_eq_2_at_their_batch_size() -> None:
 
 def test_mixed_iterations_add_eq_1_and_eq_2() -> None:
     records: list[SimIteration] = []
-    n = node(Role.BOTH, records)
+    n = node(Role.BOTH, on_iteration=records.append)
     n.join_decode(req(1, inp=1000, out=1 + 100), 0.0)
     n.enqueue(req(2, inp=4000, out=1), 0.0)
     n.kick(0.0)

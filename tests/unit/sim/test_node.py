@@ -7,27 +7,9 @@ import math
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sim_node_builders import node
 
-from agentpool.models import DecodeModel, PrefillModel
 from agentpool.sim.node import GpuCache, Role, SimNode, SimRequest
-
-# round numbers so the expected times below can be checked by hand
-PREFILL = PrefillModel(c0=0.01, c1=1e-4, c2=1e-8, c3=1e-5)
-DENSE = DecodeModel(d0=0.02, d1=0.0, d2=0.001, experts_total=0)  # T_D(B) = 0.02 + 0.001*B
-
-
-def node(role: Role = Role.PREFILL, chunk: int = 8192, t_acc: float = 1.0) -> SimNode:
-    return SimNode(
-        0,
-        "n0",
-        PREFILL,
-        DENSE,
-        role=role,
-        chunk_tokens=chunk,
-        t_acc=t_acc,
-        gpu_cache_blocks=100,
-        kv_capacity_tokens=10**9,
-    )
 
 
 def req(rid: int, inp: int, out: int, cached: int = 0, restore: int = 0) -> SimRequest:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from agentpool.models import OccupancySample, RequestWorkRecord, TtftSlo, Work
+from agentpool.models import OccupancySample, PrefillBatchItem, RequestWorkRecord, TtftSlo, Work
 from agentpool.sim.metrics import Metrics
-from agentpool.sim.node import Role, SimRequest
-from agentpool.sim.planners import ModelSource, PlannerSettings, tick_for
+from agentpool.sim.node import Role, SimIteration, SimRequest
+from agentpool.sim.planners import ModelSource, OnlineFit, PlannerSettings, tick_for
 from agentpool.sim.presets import preset
 from agentpool.sim.run import Scenario, run_system
 from agentpool.sim.simulator import SimConfig, Simulator
@@ -145,3 +145,22 @@ def test_online_fit_waits_for_enough_iterations() -> None:
     assert "not enough iterations" in str(sim.metrics.planner_log[-1]["reason"])
     assert sim.models[0].prefill == GLM.prefill_model()  # nothing replaced, nothing planned
     assert len(sim.metrics.planner_log) == 1
+
+
+def test_online_fit_gives_every_node_the_fitted_models_and_stops_recording() -> None:
+    sim = sim_of("agentpool")
+    fit = OnlineFit(sim, noise=0.0, seed=0)
+    assert all(n.on_iteration == fit.record for n in sim.nodes)
+    p, d = GLM.prefill_model(), GLM.decode_model()
+    for k in range(1, 40):  # prefill batches of growing size and prefix, decode stretches of growing B
+        batch = (PrefillBatchItem(t_uc=500.0 * k, t_c=300.0 * (k % 7), t_rst=100.0 * (k % 3)),)
+        t = p.iteration_time(list(batch))
+        fit.record(SimIteration("n0", float(k), k + t, batch, t, 0.0, 0, 0.0, 1.0, 0.0))
+        dt = d.iteration_time(k)
+        fit.record(SimIteration("n5", float(k), k + 3 * dt, (), 0.0, 0.0, k, dt, 3.0, 0.0))
+    fitted = fit.try_fit()
+    assert not isinstance(fitted, str) and fit.done
+    for m in sim.models:  # every node, prefill and decode alike, now plans and routes with the fit
+        assert m.prefill == fitted[0].model and m.decode == fitted[1].model
+        assert m.prefill.c1 == pytest.approx(GLM.prefill.c1, rel=1e-6)
+    assert all(n.on_iteration is None for n in sim.nodes)

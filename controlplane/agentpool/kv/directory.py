@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from agentpool.kv.branches import BranchState, BranchTable, Observation, PendingMove
 from agentpool.kv.counts import BranchCounts, CountChanges
-from agentpool.kv.eviction import EvictionCandidate, eviction_order_counted
+from agentpool.kv.eviction import EvictionCandidate, eviction_hashes_counted, eviction_order_counted
 from agentpool.kv.hashing import DEFAULT_PAGE_SIZE
 from agentpool.kv.index import HeldBlock, PrefixIndex
 from agentpool.kv.types import Phase, PrefixMatch, Tier, UnknownNodeError
@@ -253,3 +253,8 @@ class Directory:
         """Host blocks of ``node`` by ``(R > 0, last access)`` ascending."""
         self.phase(node)
         return eviction_order_counted(self.index.host_access(node), self.counts.counts_view(node), limit)
+
+    def eviction_hashes(self, node: str, limit: int | None = None) -> list[int]:
+        """The hashes of :meth:`eviction_order`, in its order (for a caller that only removes them)."""
+        self.phase(node)
+        return eviction_hashes_counted(self.index.host_access(node), self.counts.counts_view(node), limit)

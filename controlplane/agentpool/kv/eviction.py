@@ -53,21 +53,74 @@ def eviction_order_counted(
     access = host_blocks if isinstance(host_blocks, Mapping) else dict(host_blocks)
     if limit is not None and limit < 0:  # drops blocks from the end of the whole order
         return eviction_order(access.items(), lambda h: counted.get(h, 0), limit)
+    picked_hashes = _ordered_hashes(access, counted, limit)
+    if picked_hashes is None:
+        return eviction_order(access.items(), lambda h: counted.get(h, 0), limit)
+    picked, times = picked_hashes
+    return list(map(EvictionCandidate, picked, map(counted.get, picked, repeat(0)), times))
+
+
+def eviction_hashes_counted(
+    access: Mapping[int, float], counted: Mapping[int, int], limit: int | None = None
+) -> list[int]:
+    """The hashes of :func:`eviction_order_counted` (same order), without a candidate per block: what a
+    caller that only removes the blocks needs."""
+    if limit is not None and limit < 0:
+        return [c.block_hash for c in eviction_order_counted(access, counted, limit)]
+    picked = _ordered_hashes(access, counted, limit)
+    if picked is None:
+        return [c.block_hash for c in eviction_order(access.items(), lambda h: counted.get(h, 0), limit)]
+    return picked[0]
+
+
+def _ordered_hashes(
+    access: Mapping[int, float], counted: Mapping[int, int], limit: int | None
+) -> tuple[list[int], list[float]] | None:
+    """The first ``limit`` (all if ``None``, ``limit >= 0``) hashes of ``access`` by ``(R > 0, last access,
+    hash)`` and their access times, or ``None`` when a hash is outside ``[0, 2**64)``.
+
+    With a limit, only the blocks that can be among the first ``limit`` are sorted: the zero-count
+    group alone when it has enough blocks, and in the group, the blocks accessed no later than the
+    ``limit``-th smallest access time (a linear ``partition``). The result equals slicing the full
+    ``lexsort`` (ties at the cut time are all kept and sorted by hash)."""
     n = len(access)
     try:
         hashes = np.fromiter(access.keys(), np.uint64, n)
     except OverflowError:
-        return eviction_order(access.items(), lambda h: counted.get(h, 0), limit)
+        return None
     times = np.fromiter(access.values(), np.float64, n)
-    if counted:
+    if limit is not None and limit < n:
+        if limit == 0:
+            return [], []
+        positive = np.fromiter(map(counted.__contains__, access.keys()), np.bool_, n) if counted else None
+        order = _first(hashes, times, positive, limit)
+    elif counted:
         positive = np.fromiter(map(counted.__contains__, access.keys()), np.bool_, n)
         order = np.lexsort((hashes, times, positive))  # the last key sorts first
     else:
         order = np.lexsort((hashes, times))
-    if limit is not None:
-        order = order[:limit]
-    picked = hashes[order].tolist()
-    return list(map(EvictionCandidate, picked, map(counted.get, picked, repeat(0)), times[order].tolist()))
+    return hashes[order].tolist(), times[order].tolist()
+
+
+def _first(hashes: np.ndarray, times: np.ndarray, positive: np.ndarray | None, limit: int) -> np.ndarray:
+    """Indices of the first ``limit`` blocks (``0 < limit < len``) by ``(positive, time, hash)``."""
+    if positive is not None:
+        zero = np.flatnonzero(~positive)
+        if len(zero) < limit:  # every zero-count block, then the first of the counted ones
+            rest = np.flatnonzero(positive)
+            head = zero[np.lexsort((hashes[zero], times[zero]))]
+            return np.concatenate((head, rest[_first_by_time(hashes[rest], times[rest], limit - len(zero))]))
+        return zero[_first_by_time(hashes[zero], times[zero], limit)]
+    return _first_by_time(hashes, times, limit)
+
+
+def _first_by_time(hashes: np.ndarray, times: np.ndarray, limit: int) -> np.ndarray:
+    """Indices of the first ``limit`` blocks (``0 < limit``) by ``(time, hash)``."""
+    if limit >= len(times):
+        return np.lexsort((hashes, times))
+    cut = np.partition(times, limit - 1)[limit - 1]
+    near = np.flatnonzero(times <= cut)  # at least ``limit`` blocks: every one that may come first
+    return near[np.lexsort((hashes[near], times[near]))][:limit]
 
 
 def _smallest(items: list[_T], limit: int | None) -> list[_T]:

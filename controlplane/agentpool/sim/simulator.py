@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from agentpool.kv import ROOT_HASH, Directory, Phase, Tier
-from agentpool.kv.eviction import eviction_order_counted
+from agentpool.kv.eviction import eviction_hashes_counted
 from agentpool.models import NodeModel, OccupancySample, PrefillBatchItem, RequestWorkRecord, Work
 from agentpool.router.policy import NoCandidateError, PolicyContext, create_policy, kv_room_needed
 from agentpool.router.policy.contract import prefill_candidates
@@ -317,10 +317,9 @@ class Simulator:
 
     def _evict_host(self, node: SimNode, n: int) -> None:
         if self.system.eviction is Eviction.BRANCH_COUNT:
-            order = self.directory.eviction_order(node.name, limit=n)
+            hashes = self.directory.eviction_hashes(node.name, limit=n)
         else:
-            order = eviction_order_counted(self.directory.index.host_access(node.name), {}, limit=n)
-        hashes = [c.block_hash for c in order]
+            hashes = eviction_hashes_counted(self.directory.index.host_access(node.name), {}, limit=n)
         self.directory.apply_removed(node.name, hashes, Tier.HOST)
         node.gpu.discard(hashes)
         self.metrics.evicted_blocks += len(hashes)

@@ -1,10 +1,12 @@
 """Fast paths of the KV cores against their general forms.
 
 ``eviction_order_counted`` (a count table; pairs or a mapping; numpy for 64-bit hashes, tuples for any
-other) must give exactly :func:`eviction_order` with a count callback; ``Directory.eviction_order`` (the
-index's live host table) must equal it on the node's host blocks. Host-only stores on a node whose
-blocks all have a host copy skip the bit update for held blocks; mixed with GPU stores, removals and
-touches they must leave the tiers and access times of a block-by-block model.
+other; with a limit, only the blocks that can come first are sorted) must give exactly
+:func:`eviction_order` with a count callback, and ``eviction_hashes_counted`` its hashes;
+``Directory.eviction_order`` (the index's live host table) must equal it on the node's host blocks.
+Host-only stores on a node whose blocks all have a host copy skip the bit update for held blocks;
+mixed with GPU stores, removals and touches they must leave the tiers and access times of a
+block-by-block model.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from hypothesis import strategies as st
 from kv_reference import HeldTiers, model_remove, model_store
 
 from agentpool.kv import Directory, Phase, PrefixIndex, Tier
-from agentpool.kv.eviction import eviction_order, eviction_order_counted
+from agentpool.kv.eviction import eviction_hashes_counted, eviction_order, eviction_order_counted
 from agentpool.kv.hashing import ROOT_HASH
+from agentpool.kv.types import InvalidEventError
 
 hashes = st.integers(min_value=0, max_value=40) | st.sampled_from(
     [2**64 - 1, 2**63, 2**64, -1]
@@ -23,7 +26,7 @@ hashes = st.integers(min_value=0, max_value=40) | st.sampled_from(
 times = st.sampled_from([0.0, 1.0, 2.0, 3.0])  # few values: ties on time break by hash
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=600, deadline=None)
 @given(
     st.dictionaries(hashes, times, max_size=30),
     st.dictionaries(hashes, st.integers(min_value=1, max_value=3), max_size=30),
@@ -36,6 +39,21 @@ def test_counted_order_matches_general(
     assert eviction_order_counted(list(host.items()), counted, limit) == want
     assert eviction_order_counted(host, counted, limit) == want
     assert eviction_order_counted(iter(list(host.items())), counted, limit) == want
+    assert eviction_hashes_counted(host, counted, limit) == [c.block_hash for c in want]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.data())
+def test_partial_order_matches_general_when_most_blocks_are_counted(data: st.DataObject) -> None:
+    """Counted blocks drawn from the host blocks, so the zero-count group is often shorter than the
+    limit and the counted group is cut at a tied access time."""
+    host = data.draw(st.dictionaries(st.integers(min_value=0, max_value=2**64 - 1), times, max_size=40))
+    keys = sorted(host)
+    counted = dict.fromkeys(data.draw(st.lists(st.sampled_from(keys), unique=True)) if keys else [], 1)
+    limit = data.draw(st.integers(min_value=0, max_value=len(host) + 1))
+    want = eviction_order(list(host.items()), lambda h: counted.get(h, 0), limit)
+    assert eviction_order_counted(host, counted, limit) == want
+    assert eviction_hashes_counted(host, counted, limit) == [c.block_hash for c in want]
 
 
 ops = st.lists(
@@ -96,6 +114,8 @@ def test_directory_eviction_order_uses_live_host_view() -> None:
     want = eviction_order_counted(d.index.host_blocks("p"), d.counts.counts("p"))
     assert d.eviction_order("p") == want
     assert [c.block_hash for c in want] == [5, 1, 2, 3, 4]
+    assert d.eviction_hashes("p") == [5, 1, 2, 3, 4]
+    assert d.eviction_hashes("p", limit=2) == [5, 1]
     assert [c.count for c in want] == [0, 1, 1, 1, 1]
 
 
@@ -126,3 +146,45 @@ def test_host_only_prefixes_match_general_walk(
     got = host_only.longest_prefixes(chain[:qlen])
     want = general.longest_prefixes(chain[:qlen])
     assert list(got.items()) == list(want.items())  # the same order too
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b"]),
+            st.integers(min_value=0, max_value=5),  # parent
+            st.lists(st.integers(min_value=1, max_value=6), max_size=5),  # may repeat, may contradict
+        ),
+        max_size=25,
+    )
+)
+def test_host_chain_store_matches_block_by_block_links(events: list[tuple[str, int, list[int]]]) -> None:
+    """Host-only stores (the fast path) of arbitrary chains, with repeated blocks and blocks known under
+    another parent, leave the links, placements and access times of a block-by-block model, and raise
+    where it raises, with the blocks before the conflict applied."""
+    idx = PrefixIndex()
+    parent_of: dict[int, int] = {}
+    access: dict[tuple[str, int], float] = {}
+    for step, (node, parent, chain) in enumerate(events):
+        now = float(step)
+        want_error = False
+        prev = parent
+        for h in chain:
+            if parent_of.setdefault(h, prev) != prev:
+                want_error = True
+                break
+            access[node, h] = now
+            prev = h
+        try:
+            idx.apply_stored(node, parent, chain, Tier.HOST, now)
+        except InvalidEventError:
+            assert want_error
+        else:
+            assert not want_error
+        for m in ("a", "b"):
+            if idx.has_node(m):
+                blocks = {b.block_hash: (b.parent_hash, b.tiers) for b in idx.node_blocks(m)}
+                want = {h: (parent_of[h], Tier.HOST) for (k, h) in access if k == m}
+                assert blocks == want
+                assert dict(idx.host_access(m)) == {h: t for (k, h), t in access.items() if k == m}

@@ -174,9 +174,11 @@ def eq3_of_sums(model: NodeModel, t_uc: float, t_c: float, pairs: float) -> floa
     return p.c0 * t_uc / model.t_bar + p.c1 * t_uc + p.c2 * pairs + p.c3 * model.f_restore * t_c
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class NodeState:
-    """What a policy knows about one engine node.
+    """What a policy knows about one engine node. A value: policies and routers never modify one. Not
+    frozen: the router builds one per serving node for every request, and building a frozen dataclass
+    costs about four times as much (3.7 against 0.8 us with its 12 fields).
 
     remaining_batch_s: remaining time of the running prefill batch (from the last report).
     queue: prefill work queued on the node at the last report.

@@ -110,12 +110,12 @@ def cc(args: argparse.Namespace) -> None:
         sections.append((f"{agents} concurrent agents", sc, res))
     if args.write:
         capped = args.max_pause is not None
-        at_start = args.decode_binding == "prefill-start"
+        at_end = args.decode_binding == "prefill-end"
         _write(
-            ("cc_paper_load" if capped else "cc") + ("_bind_at_start" if at_start else ""),
+            ("cc_paper_load" if capped else "cc") + ("_bind_at_end" if at_end else ""),
             "Claude Code trace, 9 nodes (GLM-5.2 on 4xGB300 preset), closed loop"
             + (f", pauses capped at {args.max_pause:g} s" if capped else ", recorded pauses")
-            + (", decode bound when the prefill starts" if at_start else ""),
+            + (", decode bound when the first token is out" if at_end else ""),
             sections,
             "Planned systems start from 6P3D, static-cache-aware runs at 4P5D (the paper's best static "
             f"split for SGLang on CC). {args.warmup / 60:g} min warmup, {args.duration / 60:g} min measured."
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--colocated-agents", type=int, default=160)
     p.add_argument("--noises", type=float, nargs="*", default=[0.02, 0.05, 0.10], help="fit: noise levels")
     p.add_argument(
-        "--decode-binding", default="prefill-end", choices=list(DECODE_BINDINGS), help="cc and fit only"
+        "--decode-binding", default="prefill-start", choices=list(DECODE_BINDINGS), help="cc and fit only"
     )
     p.add_argument("--write", action="store_true", help="store the results under bench/results/")
     args = p.parse_args(argv)

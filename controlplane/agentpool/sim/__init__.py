@@ -31,9 +31,10 @@ Modelling choices and approximations (each a knob or documented where it is made
   the GPU tier is the node's own LRU. Host eviction runs in batches of 25% of the capacity, in the
   directory's order: ``(R > 0, last access)`` with branch ids, the same function with all counts 0
   (LRU) without.
-- The decode node is bound when the prefill completes by default; ``SimConfig.decode_binding =
-  "prefill-start"`` (``--decode-binding``) binds it when the prefill starts, as the paper and the
-  live router do. Its KV room is reserved from binding to the end of the request.
+- The decode node is bound when the prefill starts, as Algorithm E.3 (line 13) and the live router
+  do: the request holds its decode KV room and counts as running there during its prefill.
+  ``SimConfig.decode_binding = "prefill-end"`` (``--decode-binding``) binds it when the first token
+  is out instead. Either way its KV room is reserved from binding to the end of the request.
 - A queued request's prefix is not pinned: if eviction removes it before the prefill, the request
   keeps the work computed at routing time.
 - The planner and the router see the preset's coefficients by default; ``--fit online`` fits them

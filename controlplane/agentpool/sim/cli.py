@@ -47,9 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ramp", type=float, default=0.0, help="start closed-loop agents over N seconds")
     parser.add_argument(
         "--decode-binding",
-        default="prefill-end",
+        default="prefill-start",
         choices=list(DECODE_BINDINGS),
-        help="when a disaggregated request is bound to its decode node (the live router: prefill-start)",
+        help="when a disaggregated request is bound to its decode node (prefill-start: Algorithm E.3 and "
+        "the live router)",
     )
     parser.add_argument("--shared-prefix", type=int, default=15000, help="shared system+tools prefix tokens")
     parser.add_argument(

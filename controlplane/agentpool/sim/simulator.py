@@ -63,8 +63,8 @@ class SimConfig:
     occupancy: str = "inflight"
     # when a disaggregated request is bound to a decode node: "prefill-start" (Algorithm E.3 line 13
     # and the live router: when the prefill node reports that the request started) or "prefill-end"
-    # (when its first token is out; the default of every committed result)
-    decode_binding: str = "prefill-end"
+    # (when its first token is out)
+    decode_binding: str = "prefill-start"
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or not 0 <= self.prefill_nodes <= self.nodes:

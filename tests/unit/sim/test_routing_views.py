@@ -38,7 +38,7 @@ def fresh_state(node: SimNode, model: NodeModel, queue: QueuedPrefill, now: floa
         model=model,
         remaining_batch_s=node.remaining_batch_s(now),
         queue=queue,
-        running_decode=len(node.running),
+        running_decode=len(node.running) + node.bound_waiting,  # bound during its prefill: counted
         kv_room_tokens=node.kv_room_tokens,
         kv_used_tokens=node.kv_used_tokens,
         accepting=node.status is NodeStatus.SERVING,

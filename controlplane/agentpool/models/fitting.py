@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-from scipy.optimize import nnls
 
 from agentpool.models.iteration import DecodeModel, NodeModel, PrefillBatchItem, PrefillModel, moe_fraction
 from agentpool.models.records import DecodeIterationRecord, IterationRecord, MoeShape, PrefillIterationRecord
@@ -170,6 +169,9 @@ def nnls_relative(x: FloatArray, y: FloatArray) -> FloatArray:
     weighted = x / y[:, None]
     norms = np.linalg.norm(weighted, axis=0)
     used = norms > 0
+    # imported here: scipy.optimize takes about 0.5 s to import, which every simulator run would pay
+    from scipy.optimize import nnls
+
     scaled_coef, _ = nnls(weighted[:, used] / norms[used], np.ones_like(y))
     coef = np.zeros(x.shape[1], dtype=np.float64)
     coef[used] = scaled_coef / norms[used]

@@ -9,11 +9,16 @@ from itertools import repeat
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 
 if TYPE_CHECKING:
     from _typeshed import SupportsRichComparison
 
 _T = TypeVar("_T", bound="SupportsRichComparison")
+_Hashes = npt.NDArray[np.uint64]
+_Times = npt.NDArray[np.float64]
+_Flags = npt.NDArray[np.bool_]
+_Indices = npt.NDArray[np.intp]
 
 
 @dataclass(slots=True)
@@ -102,19 +107,20 @@ def _ordered_hashes(
     return hashes[order].tolist(), times[order].tolist()
 
 
-def _first(hashes: np.ndarray, times: np.ndarray, positive: np.ndarray | None, limit: int) -> np.ndarray:
+def _first(hashes: _Hashes, times: _Times, positive: _Flags | None, limit: int) -> _Indices:
     """Indices of the first ``limit`` blocks (``0 < limit < len``) by ``(positive, time, hash)``."""
     if positive is not None:
         zero = np.flatnonzero(~positive)
         if len(zero) < limit:  # every zero-count block, then the first of the counted ones
             rest = np.flatnonzero(positive)
             head = zero[np.lexsort((hashes[zero], times[zero]))]
-            return np.concatenate((head, rest[_first_by_time(hashes[rest], times[rest], limit - len(zero))]))
+            tail = rest[_first_by_time(hashes[rest], times[rest], limit - len(zero))]
+            return np.concatenate((head, tail))
         return zero[_first_by_time(hashes[zero], times[zero], limit)]
     return _first_by_time(hashes, times, limit)
 
 
-def _first_by_time(hashes: np.ndarray, times: np.ndarray, limit: int) -> np.ndarray:
+def _first_by_time(hashes: _Hashes, times: _Times, limit: int) -> _Indices:
     """Indices of the first ``limit`` blocks (``0 < limit``) by ``(time, hash)``."""
     if limit >= len(times):
         return np.lexsort((hashes, times))

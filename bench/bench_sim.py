@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import shlex
 import sys
 import time
@@ -105,7 +106,7 @@ def cc(args: argparse.Namespace) -> None:
     sections = []
     for agents in args.agents or (90, 108, 126):
         sc = _cc_scenario(args, agents)
-        res = compare(sc, list(DISAGGREGATED_DEFAULT), quiet=True)
+        res = compare(sc, list(DISAGGREGATED_DEFAULT), quiet=True, jobs=args.jobs)
         _print(f"{agents} agents", res)
         sections.append((f"{agents} concurrent agents", sc, res))
     if args.write:
@@ -137,7 +138,8 @@ def shifting(args: argparse.Namespace) -> None:
         duration_s=3 * args.duration,
         static_prefill_nodes=5,
     )
-    res = compare(sc, ["agentpool", "static-cache-aware", "dynamo-like", "oracle"], quiet=True)
+    systems = ["agentpool", "static-cache-aware", "dynamo-like", "oracle"]
+    res = compare(sc, systems, quiet=True, jobs=args.jobs)
     _print("shifting composition", res)
     if args.write:
         _write(
@@ -202,7 +204,7 @@ def smetric(args: argparse.Namespace) -> None:
         max_pause_s=args.max_pause,
         sim=SimConfig(nodes=args.colocated_nodes, prefill_nodes=0),
     )
-    res = compare(sc, list(COLOCATED_DEFAULT), quiet=True)
+    res = compare(sc, list(COLOCATED_DEFAULT), quiet=True, jobs=args.jobs)
     _print("colocated", res)
     if args.write:
         _write(
@@ -301,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--noises", type=float, nargs="*", default=[0.02, 0.05, 0.10], help="fit: noise levels")
     p.add_argument(
         "--decode-binding", default="prefill-start", choices=list(DECODE_BINDINGS), help="cc and fit only"
+    )
+    p.add_argument(
+        "--jobs", type=int, default=os.cpu_count() or 1, help="systems of a comparison run at once"
     )
     p.add_argument("--write", action="store_true", help="store the results under bench/results/")
     args = p.parse_args(argv)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from agentpool.sim.parallel import run_parallel
 from agentpool.sim.planners import ModelSource, PlannerSettings
 from agentpool.sim.report import markdown_report, write_json, write_plots
 from agentpool.sim.run import WORKLOADS, Scenario, load_conversations, run_system, scenario_dict
@@ -66,6 +68,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="sim-results", help="output directory")
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="systems simulated at once, one process each (default: one per system, at most one per CPU "
+        "core); results do not depend on it",
+    )
 
 
 def _systems(arg: str) -> list[str]:
@@ -124,8 +133,17 @@ class _Bar:
             sys.stderr.write("\n")
 
 
-def compare(sc: Scenario, names: list[str], quiet: bool = True) -> list[dict[str, Any]]:
+def default_jobs(names: list[str]) -> int:
+    """One worker per system, at most one per CPU core."""
+    return max(1, min(len(names), os.cpu_count() or 1))
+
+
+def compare(sc: Scenario, names: list[str], quiet: bool = True, jobs: int = 1) -> list[dict[str, Any]]:
+    """Every system of ``names`` on ``sc``, in that order; ``jobs`` > 1 runs that many at once (same
+    results, see :mod:`agentpool.sim.parallel`)."""
     conversations = load_conversations(sc)
+    if jobs > 1 and len(names) > 1:
+        return run_parallel(sc, names, conversations, jobs, quiet=quiet)
     results = []
     for name in names:
         bar = _Bar(name, quiet)
@@ -142,7 +160,10 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"agentpool simulate: {e}") from None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    results = compare(sc, names, quiet=args.quiet)
+    jobs = default_jobs(names) if args.jobs is None else args.jobs
+    if jobs < 1:
+        raise SystemExit(f"agentpool simulate: --jobs must be at least 1, got {jobs}")
+    results = compare(sc, names, quiet=args.quiet, jobs=jobs)
     command = "agentpool simulate " + " ".join(shlex.quote(a) for a in sys.argv[2:])
     scen = scenario_dict(sc)
     md = markdown_report("agentpool simulate", command, scen, results)

@@ -174,7 +174,8 @@ def open_loop(args: argparse.Namespace) -> None:
             sim=SimConfig(prefill_nodes=4),
         )
         convs = convs or load_conversations(sc)
-        res = [run_system(n, sc, convs) for n in ("agentpool", "static-cache-aware", "dynamo-like")]
+        systems = ["agentpool", "static-cache-aware", "dynamo-like"]
+        res = compare(sc, systems, quiet=True, jobs=args.jobs, conversations=convs)
         _print(f"{rate} agents/min", res)
         for r in res:
             if _meets_d3(r):

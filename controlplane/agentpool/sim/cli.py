@@ -7,6 +7,7 @@ import os
 import shlex
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from agentpool.sim.report import markdown_report, write_json, write_plots
 from agentpool.sim.run import WORKLOADS, Scenario, load_conversations, run_system, scenario_dict
 from agentpool.sim.simulator import DECODE_BINDINGS, SimConfig
 from agentpool.sim.systems import COLOCATED_DEFAULT, DISAGGREGATED_DEFAULT, SYSTEMS
+from agentpool.sim.trace import Conversation
 
 HELP = "simulate agentpool and baseline systems on an agent trace"
 
@@ -138,10 +140,18 @@ def default_jobs(names: list[str]) -> int:
     return max(1, min(len(names), os.cpu_count() or 1))
 
 
-def compare(sc: Scenario, names: list[str], quiet: bool = True, jobs: int = 1) -> list[dict[str, Any]]:
+def compare(
+    sc: Scenario,
+    names: list[str],
+    quiet: bool = True,
+    jobs: int = 1,
+    conversations: Sequence[Conversation] | None = None,
+) -> list[dict[str, Any]]:
     """Every system of ``names`` on ``sc``, in that order; ``jobs`` > 1 runs that many at once (same
-    results, see :mod:`agentpool.sim.parallel`)."""
-    conversations = load_conversations(sc)
+    results, see :mod:`agentpool.sim.parallel`). ``conversations``: already loaded for ``sc`` (else
+    loaded here)."""
+    if conversations is None:
+        conversations = load_conversations(sc)
     if jobs > 1 and len(names) > 1:
         return run_parallel(sc, names, conversations, jobs, quiet=quiet)
     results = []

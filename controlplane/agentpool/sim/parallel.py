@@ -15,7 +15,7 @@ import queue
 import sys
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
 from contextlib import ExitStack
 from typing import Any, Protocol
 
@@ -120,12 +120,12 @@ def _follow(
     futures: list[Future[dict[str, Any]]], progress: ProgressQueue | None, line: ProgressLine
 ) -> None:
     """Redraw the progress line until every run has finished (or one failed)."""
+    if progress is None:
+        wait(futures, return_when=FIRST_EXCEPTION)
+        return
     while not all(f.done() for f in futures):
         if any(f.done() and f.exception() is not None for f in futures):
             return
-        if progress is None:
-            time.sleep(_REDRAW_S)
-            continue
         deadline = time.monotonic() + _REDRAW_S
         while (left := deadline - time.monotonic()) > 0:
             try:

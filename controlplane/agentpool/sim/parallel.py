@@ -2,10 +2,11 @@
 
 Every run is deterministic and shares nothing with the others, so running them in separate processes
 gives exactly the results of running them one after the other (a test checks it); only the wall time
-changes. Workers are forked where the platform allows it, so they inherit the loaded conversations
-(about 150 MB pickled for the bundled sample) instead of receiving a copy per run; elsewhere they are
-spawned and each receives one copy. Each worker keeps its copy for the runs it is given. Progress goes
-through a queue that the parent draws as one line on stderr.
+changes. Workers come from a fork server where the platform has one (else they are spawned): a plain
+fork would copy whatever threads and locks the caller holds (a test process has gRPC threads). Each
+worker receives the loaded conversations once, when it starts (about 150 MB pickled for the bundled
+sample, about a second), and keeps them for the runs it is given. Progress goes through a queue that
+the parent draws as one line on stderr.
 """
 
 from __future__ import annotations
@@ -90,8 +91,8 @@ def run_parallel(
     up to ``jobs`` runs at once. A failed run raises its error here once the others are cancelled."""
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
-    fork = "fork" in multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("fork" if fork else "spawn")
+    server = "forkserver" in multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("forkserver" if server else "spawn")
     line = ProgressLine(names, quiet)
     with ExitStack() as stack:
         progress: ProgressQueue | None = None

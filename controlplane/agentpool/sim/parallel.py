@@ -100,7 +100,10 @@ def run_parallel(
             progress = stack.enter_context(context.Manager()).Queue()
         pool = stack.enter_context(
             ProcessPoolExecutor(
-                max_workers=jobs, mp_context=context, initializer=_start_worker, initargs=(conversations,)
+                max_workers=min(jobs, len(names)),
+                mp_context=context,
+                initializer=_start_worker,
+                initargs=(conversations,),
             )
         )
         futures = [pool.submit(_run_reporting, name, sc, progress) for name in names]

@@ -56,6 +56,18 @@ class Scenario:
             raise ValueError(f"unknown workload {self.workload!r}; known: {list(WORKLOADS)}")
         if self.duration_s <= 0 or self.warmup_s < 0 or self.agents < 0:
             raise ValueError("duration must be positive, warmup and agents non-negative")
+        if self.workload == "mooncake" and self.trace is None:
+            raise ValueError("the mooncake workload needs --trace (e.g. ../shared/traces/mooncake/...)")
+        if self.sim.block_size % self.trace_block_tokens:
+            raise ValueError(
+                f"the KV block size must be a multiple of the trace's {self.trace_block_tokens} tokens, "
+                f"got {self.sim.block_size}"
+            )
+
+    @property
+    def trace_block_tokens(self) -> int:
+        """Tokens per block id of the workload's trace (Mooncake: 512, Claude Code and synthetic: 64)."""
+        return 512 if self.workload == "mooncake" else 64
 
 
 def _sources(sc: Scenario, conversations: Sequence[Conversation] | None) -> dict[str, ConversationSource]:
@@ -129,9 +141,7 @@ def run_system(
             )
         sim_cfg = dataclasses.replace(sim_cfg, prefill_nodes=sc.static_prefill_nodes)
     sim = Simulator(cfg, p, sim_cfg, metrics)
-    trace_block = 512 if sc.workload == "mooncake" else 64
-    if sc.sim.block_size % trace_block:
-        raise ValueError(f"the KV block size must be a multiple of the trace's {trace_block} tokens")
+    trace_block = sc.trace_block_tokens
     replay = Replay(
         sim,
         _sources(sc, conversations),
@@ -141,8 +151,7 @@ def run_system(
     )
     end = sc.warmup_s + sc.duration_s
     if sc.workload == "mooncake":
-        if sc.trace is None:
-            raise ValueError("the mooncake workload needs --trace (e.g. ../shared/traces/mooncake/...)")
+        assert sc.trace is not None  # Scenario checks it
         replay.timed("mooncake", load_mooncake(sc.trace, limit=sc.conversations), end)
     elif sc.arrival_per_min is not None:
         replay.open_loop(sc.workload, sc.arrival_per_min, sc.max_agents, end, sc.seed)

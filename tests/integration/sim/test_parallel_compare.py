@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import pytest
 
 from agentpool.sim.cli import compare, default_jobs
@@ -36,9 +39,10 @@ def test_parallel_results_equal_sequential_ones_in_order(capsys: pytest.CaptureF
     assert "agentpool 100%" in line and "dynamo-like 100%" in line
 
 
-def test_a_failing_run_raises_in_the_caller() -> None:
-    broken = Scenario(workload="mooncake", agents=2, warmup_s=0.0, duration_s=10.0)  # no --trace
-    with pytest.raises(ValueError, match="mooncake workload needs --trace"):
+def test_a_failing_run_raises_in_the_caller(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.jsonl"  # the workers load it: the error happens in them
+    broken = dataclasses.replace(SMALL, trace=str(missing))
+    with pytest.raises(FileNotFoundError, match=r"missing\.jsonl"):
         run_parallel(broken, ["agentpool", "static-cache-aware"], None, jobs=2)
 
 

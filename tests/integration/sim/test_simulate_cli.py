@@ -55,3 +55,16 @@ def test_simulate_writes_json_markdown_and_plots(tmp_path: Path, capsys: pytest.
 def test_simulate_rejects_unknown_systems(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="unknown systems"):
         main(["simulate", "--systems", "vllm", "--out", str(tmp_path)])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--workload", "mooncake"], "mooncake workload needs --trace"),
+        (["--block-tokens", "100"], "multiple of the trace's 64 tokens, got 100"),
+        (["--jobs", "0"], "--jobs must be at least 1"),
+    ],
+)
+def test_simulate_rejects_bad_settings_before_running(tmp_path: Path, args: list[str], message: str) -> None:
+    with pytest.raises(SystemExit, match=message):
+        main(["simulate", *args, "--quiet", "--out", str(tmp_path)])

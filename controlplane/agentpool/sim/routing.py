@@ -169,8 +169,8 @@ def request_view(
 class Prefixes:
     """The request's cached prefix per node, in blocks and as the policy's view, and the cluster's best."""
 
-    blocks: dict[int, tuple[int, int]]  # per node index (gpu_blocks, local_blocks)
-    views: dict[str, CachedPrefix]  # per node name, in tokens
+    blocks: dict[int, tuple[int, int]]  # per prefill-capable node index (gpu_blocks, local_blocks)
+    views: dict[str, CachedPrefix]  # per prefill-capable node name, in tokens
     best_blocks: int
 
 
@@ -184,7 +184,8 @@ def prefixes(
     branch: str | None,
     now: float,
 ) -> Prefixes:
-    """Per node the request's ``(gpu_blocks, local_blocks)`` prefix, and the cluster's best.
+    """Per prefill (or colocated) node the request's ``(gpu_blocks, local_blocks)`` prefix, and the
+    cluster's best over every node (decode nodes hold prefixes a prefill node may fetch).
 
     The directory resolves the host tier (every stored block is written through to host memory);
     the GPU part comes from the node's own cache. Both are capped at ``cap_blocks`` (a prefill
@@ -198,6 +199,7 @@ def prefixes(
     per_node: dict[int, tuple[int, int]] = {}
     views: dict[str, CachedPrefix] = {}
     best = 0
+    decode = Role.DECODE
     for name, match in res.prefixes.items():
         i = index_of.get(name)
         if i is None:
@@ -205,6 +207,10 @@ def prefixes(
         local = match.local_blocks
         if local > cap_blocks:
             local = cap_blocks
+        if local > best:
+            best = local
+        if nodes[i].role is decode:
+            continue  # a peer to fetch from, never a prefill candidate: only the cluster's best needs it
         gpu = 0
         if local:
             head = heads.get(local)
@@ -218,8 +224,6 @@ def prefixes(
         if view is None:
             view = made[pair] = CachedPrefix(gpu=gpu * block, total=local * block)
         views[name] = view
-        if local > best:
-            best = local
     return Prefixes(per_node, views, best)
 
 

@@ -113,18 +113,22 @@ def checking(monkeypatch: pytest.MonkeyPatch) -> None:
         res = resolved.pop()
         by_name = {n.name: n for n in nodes}
         blocks: dict[int, tuple[int, int]] = {}
+        best = 0
         for name, match in res.prefixes.items():
             node = by_name.get(name)
             if node is None:
                 continue
             local = min(match.local_blocks, cap_blocks)
-            blocks[node.index] = (min(node.gpu.prefix(req.blocks[:local]) if local else 0, local), local)
+            best = max(best, local)  # decode nodes count as peers to fetch from
+            if node.role is not Role.DECODE:  # only prefill candidates get a per-node prefix
+                gpu = min(node.gpu.prefix(req.blocks[:local]) if local else 0, local)
+                blocks[node.index] = (gpu, local)
         assert got.blocks == blocks
         assert list(got.views) == [nodes[i].name for i in blocks]
         assert list(got.views.values()) == [
             CachedPrefix(gpu=g * block, total=t * block) for g, t in blocks.values()
         ]
-        assert got.best_blocks == max([0, *(t for _, t in blocks.values())])
+        assert got.best_blocks == best
         return got
 
     monkeypatch.setattr(simulator_module, "NodeStates", make)
@@ -203,3 +207,32 @@ def test_prefixes_per_node_with_different_gpu_parts() -> None:
         "n3": CachedPrefix(gpu=256, total=256),
     }
     assert found.views["n1"] is found.views["n2"]  # equal prefixes share one view
+
+
+def test_decode_nodes_count_for_the_cluster_prefix_but_get_no_view() -> None:
+    directory = Directory(page_size=64)
+    roles = [Role.PREFILL, Role.DECODE]
+    nodes = [
+        SimNode(
+            i,
+            f"n{i}",
+            PrefillModel(c0=0.01, c1=5e-5, c2=1e-10, c3=1e-7),
+            DecodeModel(d0=0.01, d1=0.005, d2=1e-4),
+            role=role,
+            chunk_tokens=8192,
+            t_acc=1.0,
+            gpu_cache_blocks=100,
+            kv_capacity_tokens=1 << 20,
+        )
+        for i, role in enumerate(roles)
+    ]
+    directory.register_node("n0", KvPhase.PREFILL)
+    directory.register_node("n1", KvPhase.DECODE)
+    path = list(range(1, 11))
+    directory.apply_stored("n0", 0, path[:3], Tier.HOST, 0.0)
+    directory.apply_stored("n1", 0, path, Tier.HOST, 0.0)  # the decode node holds the whole prompt
+    req = SimRequest(1, 10 * 64, 10, path, [], "b", 0.0)
+    found = routing.prefixes(directory, req, nodes, {n.name: n.index for n in nodes}, 9, 64, None, 0.0)
+    assert found.blocks == {0: (0, 3)}
+    assert set(found.views) == {"n0"}
+    assert found.best_blocks == 9  # fetchable from the decode node, capped at 9

@@ -246,6 +246,8 @@ class SimNode:
         # requests bound to this (decode) node while their prefill still runs elsewhere: they hold a
         # KV reservation and count as running for decode binding, as the router counts its bindings
         self.bound_waiting = 0
+        # prefilled requests whose KV is on its way to this (decode) node: a drain waits for them
+        self.joining = 0
         self.on_iteration = on_iteration
 
     # -- state --------------------------------------------------------------------------------

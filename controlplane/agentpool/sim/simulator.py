@@ -303,6 +303,7 @@ class Simulator:
             and node.status is NodeStatus.DRAINING
             and node.idle
             and not node.bound_waiting
+            and not node.joining
         ):
             self._drained(node, sw)
 
@@ -369,7 +370,9 @@ class Simulator:
         self._hand_over(req)
 
     def _hand_over(self, req: SimRequest) -> None:
-        """Send the prefilled KV to the bound decode node (GPU to GPU), which starts decoding on arrival."""
+        """Send the prefilled KV to the bound decode node (GPU to GPU), which starts decoding on arrival.
+        Until it arrives the node counts it as joining: a drain of the node waits for it."""
+        self.nodes[req.decode_node].joining += 1
         self.schedule(self.now + self.preset.handover_s(req.input_tokens), _JOIN, (req.decode_node, req))
 
     def _retry_pending_decode(self) -> None:
@@ -407,6 +410,7 @@ class Simulator:
 
     def _on_join(self, target: int, req: SimRequest) -> None:
         dnode = self.nodes[target]
+        dnode.joining -= 1
         dnode.kv_used_tokens -= req.kv_tokens
         self._store(dnode, req.blocks, ROOT_HASH)
         dnode.join_decode(req, self.now)

@@ -293,3 +293,34 @@ def test_decode_binding_time(binding: str) -> None:
 def test_unknown_decode_binding_is_rejected() -> None:
     with pytest.raises(ValueError, match="decode_binding"):
         SimConfig(decode_binding="arrival")
+
+
+@pytest.mark.parametrize("system_name", ["dynamo-like", "agentpool"])  # relaunch, in place
+def test_a_decode_node_drains_only_after_the_kv_on_its_way_has_arrived(system_name: str) -> None:
+    """A switch decided while a prefilled request's KV travels to the decode node waits for it: the
+    request decodes there, and only then does the node go down (a relaunch would otherwise reset the
+    node's KV accounting under the arriving request)."""
+
+    def make() -> tuple[Simulator, SimRequest]:
+        metrics = Metrics(TtftSlo(2.0, 1e-4), 0.1, 0.0, 10_000.0)
+        sim = Simulator(system(system_name), GLM, SimConfig(nodes=2, prefill_nodes=1, block_size=64), metrics)
+        req = SimRequest(1, 4000, 50, one_request(4000, 50).block_keys(0, 1, 0)[0], [], "b", 0.0)
+        sim.issue_at(0.0, Issue(req, 1, 4000, True, lambda _r, _now: None))
+        return sim, req
+
+    dry, dry_req = make()
+    dry.run(100.0)
+    handover = GLM.handover_s(4000)
+    sim, req = make()
+    sim.run(dry_req.first_token_at + handover / 2)  # prefilled, KV on its way to n1
+    assert req.first_token_at == dry_req.first_token_at and req.decode_start < 0
+    assert sim.nodes[1].joining == 1
+    sim.begin_switch(1, Role.PREFILL)
+    assert sim.nodes[1].status is NodeStatus.DRAINING
+    sim.run(2000.0)
+    assert req.decode_start == pytest.approx(req.first_token_at + handover)
+    assert req.decode_node == 1 and req.done_at > 0
+    (switch,) = sim.metrics.switches
+    assert switch["drained_at"] >= req.done_at
+    assert sim.nodes[1].kv_used_tokens == 0 and sim.nodes[1].joining == 0
+    assert sim.nodes[1].role is Role.PREFILL

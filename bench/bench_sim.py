@@ -312,7 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--colocated-nodes", type=int, default=16)
     p.add_argument("--colocated-agents", type=int, default=160)
     p.add_argument(
-        "--scale-systems", default="agentpool,static-cache-aware", help="scale: systems (comma-separated)"
+        "--scale-systems",
+        default="agentpool,static-cache-aware,dynamo-like",
+        help="scale: systems (comma-separated)",
     )
     p.add_argument("--noises", type=float, nargs="*", default=[0.02, 0.05, 0.10], help="fit: noise levels")
     p.add_argument(

@@ -56,12 +56,10 @@ def eviction_order_counted(
     node's whole host index does not feed the garbage collector. Other hashes take :func:`eviction_order`.
     """
     access = host_blocks if isinstance(host_blocks, Mapping) else dict(host_blocks)
-    if limit is not None and limit < 0:  # drops blocks from the end of the whole order
-        return eviction_order(access.items(), lambda h: counted.get(h, 0), limit)
-    picked_hashes = _ordered_hashes(access, counted, limit)
-    if picked_hashes is None:
-        return eviction_order(access.items(), lambda h: counted.get(h, 0), limit)
-    picked, times = picked_hashes
+    ordered = _ordered_hashes(access, counted, limit)
+    if ordered is None:
+        return _general_order(access, counted, limit)
+    picked, times = ordered
     return list(map(EvictionCandidate, picked, map(counted.get, picked, repeat(0)), times))
 
 
@@ -70,24 +68,32 @@ def eviction_hashes_counted(
 ) -> list[int]:
     """The hashes of :func:`eviction_order_counted` (same order), without a candidate per block: what a
     caller that only removes the blocks needs."""
-    if limit is not None and limit < 0:
-        return [c.block_hash for c in eviction_order_counted(access, counted, limit)]
-    picked = _ordered_hashes(access, counted, limit)
-    if picked is None:
-        return [c.block_hash for c in eviction_order(access.items(), lambda h: counted.get(h, 0), limit)]
-    return picked[0]
+    ordered = _ordered_hashes(access, counted, limit)
+    if ordered is None:
+        return [c.block_hash for c in _general_order(access, counted, limit)]
+    return ordered[0]
+
+
+def _general_order(
+    access: Mapping[int, float], counted: Mapping[int, int], limit: int | None
+) -> list[EvictionCandidate]:
+    """:func:`eviction_order` with the counts of ``counted``: for hashes numpy cannot hold, and for a
+    negative ``limit`` (which drops blocks from the end of the whole order)."""
+    return eviction_order(access.items(), lambda h: counted.get(h, 0), limit)
 
 
 def _ordered_hashes(
     access: Mapping[int, float], counted: Mapping[int, int], limit: int | None
 ) -> tuple[list[int], list[float]] | None:
-    """The first ``limit`` (all if ``None``, ``limit >= 0``) hashes of ``access`` by ``(R > 0, last access,
-    hash)`` and their access times, or ``None`` when a hash is outside ``[0, 2**64)``.
+    """The first ``limit`` (all if ``None``) hashes of ``access`` by ``(R > 0, last access, hash)`` and
+    their access times, or ``None`` when a hash is outside ``[0, 2**64)`` or ``limit`` is negative.
 
     With a limit, only the blocks that can be among the first ``limit`` are sorted: the zero-count
     group alone when it has enough blocks, and in the group, the blocks accessed no later than the
     ``limit``-th smallest access time (a linear ``partition``). The result equals slicing the full
     ``lexsort`` (ties at the cut time are all kept and sorted by hash)."""
+    if limit is not None and limit < 0:
+        return None
     n = len(access)
     try:
         hashes = np.fromiter(access.keys(), np.uint64, n)

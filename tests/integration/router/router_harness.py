@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,3 +95,12 @@ def streamed_text(events: list[Any]) -> str:
             choice = e["choices"][0]
             out.append(choice.get("delta", {}).get("content") or choice.get("text") or "")
     return "".join(out)
+
+
+async def wait_until(check: Callable[[], bool], within: float = 10.0, what: str = "condition") -> None:
+    """Poll `check` until it holds; a slow machine takes longer, it does not fail the test."""
+    deadline = time.monotonic() + within
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {within} s")
+        await asyncio.sleep(0.01)

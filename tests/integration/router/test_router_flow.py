@@ -17,6 +17,7 @@ from router_harness import (
     router_config,
     start_router,
     streamed_text,
+    wait_until,
     write_config,
 )
 
@@ -110,7 +111,7 @@ async def test_disaggregated_prefill_then_decode_with_kv_handover(http: aiohttp.
 
 
 async def test_killed_engine_mid_queue_loses_no_request(http: aiohttp.ClientSession) -> None:
-    a, b = await engines("a", "b", prefill_s=0.3, tokens=2)
+    a, b = await engines("a", "b", prefill_s=1.0, tokens=2)
     router = await start_router(
         router_config([("a", a.url, "both"), ("b", b.url, "both")], policy="round-robin")
     )
@@ -124,8 +125,8 @@ async def test_killed_engine_mid_queue_loses_no_request(http: aiohttp.ClientSess
                 )
 
         tasks = [asyncio.create_task(one(i)) for i in range(6)]
-        await asyncio.sleep(0.1)  # a has one running and two queued
-        assert len(a.received) == 3
+        await wait_until(lambda: len(a.received) == 3, what="a has one running and two queued")
+        assert not a.completed
         await a.kill()
         results = await asyncio.gather(*tasks)
         assert results == [(200, "tok0 tok1 ")] * 6
@@ -168,11 +169,11 @@ async def test_all_engines_down_gives_502_after_bounded_retries(http: aiohttp.Cl
 
 
 async def test_back_pressure_429_with_retry_after(http: aiohttp.ClientSession) -> None:
-    (a,) = await engines("a", prefill_s=0.5)
+    (a,) = await engines("a", prefill_s=1.0)
     router = await start_router(router_config([("a", a.url, "both")], maxQueuePerNode=1, retryAfter=3))
     try:
         first = asyncio.create_task(http.post(f"{router.url}/v1/chat/completions", json=chat_body()))
-        await asyncio.sleep(0.1)
+        await wait_until(lambda: len(a.received) == 1, what="the first request on a")
         async with http.post(f"{router.url}/v1/chat/completions", json=chat_body()) as resp:
             assert resp.status == 429
             assert resp.headers["Retry-After"] == "3"
@@ -186,7 +187,7 @@ async def test_back_pressure_429_with_retry_after(http: aiohttp.ClientSession) -
 async def test_role_change_reloads_config_drains_and_reroutes(
     http: aiohttp.ClientSession, tmp_path: Path
 ) -> None:
-    a, b = await engines("a", "b", prefill_s=0.3, tokens=2)
+    a, b = await engines("a", "b", prefill_s=1.0, tokens=2)
     path = tmp_path / "router.json"
     config = router_config([("a", a.url, "both"), ("b", b.url, "both")], policy="round-robin")
     write_config(path, config)
@@ -200,8 +201,8 @@ async def test_role_change_reloads_config_drains_and_reroutes(
                 return resp.status
 
         tasks = [asyncio.create_task(one(i)) for i in range(4)]
-        await asyncio.sleep(0.1)
-        assert len(a.received) == 2  # one running, one queued on a
+        await wait_until(lambda: len(a.received) == 2, what="one running, one queued on a")
+        assert not a.completed
         # the planner turns a into a decode node: a gives its queued request back, the router re-routes it
         a.draining = True
         new = router_config(
@@ -260,16 +261,19 @@ async def test_headerless_sessions_leave_no_state_behind(http: aiohttp.ClientSes
 async def test_router_view_moves_a_request_from_queue_to_decode_at_its_first_token(
     http: aiohttp.ClientSession,
 ) -> None:
-    (a,) = await engines("a", prefill_s=0.3, token_s=0.3, tokens=3)
+    (a,) = await engines("a", prefill_s=0.3, token_s=0.5, tokens=3)
     router = await start_router(router_config([("a", a.url, "both")]))
     try:
         task = asyncio.create_task(http.post(f"{router.url}/v1/chat/completions", json=chat_body()))
-        await asyncio.sleep(0.15)
-        (queued,) = router.service.nodes.snapshot(0.0)
-        assert (queued.unreported.requests, queued.running_decode) == (1, 0)
-        await asyncio.sleep(0.35)  # prefill done, first token out, decoding
-        (decoding,) = router.service.nodes.snapshot(0.0)
-        assert (decoding.unreported.requests, decoding.running_decode) == (0, 1)
+
+        def state() -> tuple[int, int]:
+            (node,) = router.service.nodes.snapshot(0.0)
+            return node.unreported.requests, node.running_decode
+
+        await wait_until(lambda: len(a.received) == 1, what="the request on a")
+        assert state() == (1, 0)  # queued until its first token
+        await wait_until(lambda: state() != (1, 0), what="the first token")
+        assert state() == (0, 1)  # prefill done, first token out, decoding
         async with await task as resp:
             assert resp.status == 200
         (done,) = router.service.nodes.snapshot(0.0)

@@ -97,6 +97,7 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         self.ingest = EventIngest(directory, self.limits, self.metrics, wall_clock, monotonic)
         self._watchers: dict[str, set[_Watcher]] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -114,13 +115,17 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         ]
 
     async def stop(self) -> None:
+        """Stop the sweeps. The flag ends a loop whose cancellation was swallowed on the way: Python
+        3.11's ``asyncio.wait_for`` (inside redis-py's socket timeouts) drops a cancel that arrives as
+        the awaited call completes, and a loop that lost it would run forever."""
+        self._stopping = True
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
 
     async def _store_monitor(self) -> None:
-        while True:
+        while not self._stopping:
             await asyncio.sleep(self.timers.store_check_interval_s)
             ok = await self.store.ping()
             if not ok:
@@ -149,7 +154,7 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         self._update_gauges()
 
     async def _sweeper(self) -> None:
-        while True:
+        while not self._stopping:
             await asyncio.sleep(self.timers.sweep_interval_s)
             await self.sweep()
 

@@ -222,3 +222,32 @@ async def test_a_failed_write_makes_queued_diffs_whole_rows() -> None:
         assert decode_branch("a", store.rows["a"]).counted == {"p1": frozenset({1, 2})}  # whole row
     finally:
         await svc.stop()
+
+
+class CancelSwallowingStore(MemoryBranchStore):
+    """A ping that loses the cancellation it receives, as Python 3.11's ``asyncio.wait_for`` inside
+    redis-py's socket timeouts can when the cancel arrives as the call completes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pinging = asyncio.Event()
+        self.swallowed = 0
+
+    async def ping(self) -> bool:
+        if self.swallowed:  # once is enough: a second cancel ends the loop, so a regression fails, not hangs
+            return True
+        self.pinging.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            self.swallowed += 1
+        return True
+
+
+async def test_stop_ends_the_sweeps_even_when_a_store_call_swallows_the_cancel() -> None:
+    store = CancelSwallowingStore()
+    svc = DirectoryService(Directory(page_size=1), store, timers=ServiceTimers(store_check_interval_s=0.0))
+    await svc.start()
+    await asyncio.wait_for(store.pinging.wait(), 5)
+    await asyncio.wait_for(svc.stop(), 5)  # hung before: the monitor looped on after losing its cancel
+    assert store.swallowed == 1

@@ -148,10 +148,13 @@ async def harness(kmock: Any) -> AsyncIterator[Harness]:
     await asyncio.to_thread(api.close)
 
 
-def warmup_records(inbox: PlannerInbox, start: float, seconds: float, rng: np.random.Generator) -> None:
+def warmup_records(
+    inbox: PlannerInbox, start: float, seconds: float, rng: np.random.Generator, per_pod: int = 300
+) -> None:
     for name in PODS:
-        inbox.add_iterations(prefill_records(name, NODE, 300, 0.02, rng, start=start, spacing=seconds / 300))
-        inbox.add_iterations(decode_records(name, NODE, 300, 0.02, rng, start=start, spacing=seconds / 300))
+        spacing = seconds / per_pod
+        inbox.add_iterations(prefill_records(name, NODE, per_pod, 0.02, rng, start=start, spacing=spacing))
+        inbox.add_iterations(decode_records(name, NODE, per_pod, 0.02, rng, start=start, spacing=spacing))
 
 
 async def test_warmup_fit_initial_split_then_a_shift_patches_exactly_the_switched_pods(
@@ -254,17 +257,26 @@ async def test_pods_without_a_fitted_model_are_left_out_and_reported(harness: Ha
 async def test_run_loop_warms_up_fits_and_evaluates_windows(harness: Harness) -> None:
     h, rng = harness, np.random.default_rng(3)
     h.config[0] = PlannerConfig(window_s=0.4, slices=4, warmup_s=1.0, cooldown_s=0, initial_prefill=2)
-    t0 = time.time()
-    warmup_records(h.inbox, t0, 1.0, rng)  # the warmup starts a few ms after t0: most records fall in it
-    h.route(t0 + 1.0, t0 + 10.0, OSWORLD, rng)
     for name in PODS:  # engines report "decode" whatever they are told
         key = (h.kmock.resource("v1", "pods"), NS, name)
         h.kmock.objects[key].patch({"metadata": {"annotations": {"agentpool.io/observed-role": "decode"}}})
+
+    async def engines_and_router_report() -> None:
+        """Records stamped with the wall clock as they come, whenever the warmup and windows fall
+        (a slow machine starts them later than a fast one)."""
+        while True:
+            now = time.time()
+            warmup_records(h.inbox, now, 0.05, rng, per_pod=15)
+            h.route(now, now + 0.05, OSWORLD, rng)  # one request and one occupancy sample
+            await asyncio.sleep(0.05)
+
+    feeding = asyncio.create_task(engines_and_router_report())
     stop = asyncio.Event()
     task = asyncio.create_task(h.controller.run(stop))
     evaluated = asyncio.create_task(h.evaluated.wait())
-    done, _ = await asyncio.wait({task, evaluated}, timeout=10.0, return_when=asyncio.FIRST_COMPLETED)
+    done, _ = await asyncio.wait({task, evaluated}, timeout=30.0, return_when=asyncio.FIRST_COMPLETED)
     stop.set()
+    feeding.cancel()
     assert evaluated in done, "no window evaluated within 10 s"
     await asyncio.wait_for(task, timeout=5.0)  # raises if the loop failed
     assert sorted(h.controller.fits) == PODS

@@ -84,6 +84,10 @@ async def test_source_polls_two_routers_into_the_inbox_and_sums_their_occupancy(
     source = RouterWorkSource(urls, inbox, session, interval_s=0.05, limit=2)  # pages of 2
     stop = asyncio.Event()
     task = asyncio.create_task(source.run(stop))
+    for _ in range(1000):  # a few polls of each router; a slow machine takes longer
+        if all(r.records > 0 for r in source.routers) and inbox.requests(0, 1e12):
+            break
+        await asyncio.sleep(0.01)
     await asyncio.sleep(0.3)
     stop.set()
     await asyncio.wait_for(task, 5)

@@ -15,8 +15,9 @@ lint: ## ruff (checks and formatting), then the import-linter contracts that kee
 	$(PYTHON) -m ruff format --check .
 	PYTHONPATH=controlplane:operator:engine-image lint-imports
 
-typecheck: ## mypy strict on the package
+typecheck: ## mypy strict on the package and the benchmarks
 	$(PYTHON) -m mypy -p agentpool
+	$(PYTHON) -m mypy bench
 
 test: ## the whole test suite (unit and integration; needs Redis on 127.0.0.1:6379)
 	$(PYTEST) -q tests

@@ -153,11 +153,11 @@ async def run(a: argparse.Namespace) -> None:
     finally:
         proc.terminate()
         await proc.wait()
-        r = aioredis.Redis.from_url(REDIS_URL)
-        keys = [k async for k in r.scan_iter(match=f"{ns}:*", count=1000)]
+        redis = aioredis.Redis.from_url(REDIS_URL)
+        keys = [k async for k in redis.scan_iter(match=f"{ns}:*", count=1000)]
         if keys:
-            await r.delete(*keys)
-        await r.aclose()
+            await redis.delete(*keys)
+        await redis.aclose()
 
 
 def main() -> None:

@@ -109,6 +109,7 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         self.store_ok = True
         self.metrics.store_up.set(1)
         self._update_gauges()
+        self._stopping = False
         self._tasks = [
             asyncio.create_task(self._store_monitor(), name="directory-store-monitor"),
             asyncio.create_task(self._sweeper(), name="directory-sweeper"),

@@ -251,3 +251,27 @@ async def test_stop_ends_the_sweeps_even_when_a_store_call_swallows_the_cancel()
     await asyncio.wait_for(store.pinging.wait(), 5)
     await asyncio.wait_for(svc.stop(), 5)  # hung before: the monitor looped on after losing its cancel
     assert store.swallowed == 1
+
+
+class CountingStore(MemoryBranchStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pings = 0
+
+    async def ping(self) -> bool:
+        self.pings += 1
+        return True
+
+
+async def test_a_service_started_again_after_stop_runs_its_sweeps_again() -> None:
+    store = CountingStore()
+    svc = DirectoryService(Directory(page_size=1), store, timers=ServiceTimers(store_check_interval_s=0.0))
+    for _ in range(2):
+        await svc.start()
+        before = store.pings
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if store.pings > before:
+                break
+        await svc.stop()
+        assert store.pings > before

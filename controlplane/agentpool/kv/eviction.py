@@ -99,14 +99,13 @@ def _ordered_hashes(
         hashes = np.fromiter(access.keys(), np.uint64, n)
     except OverflowError:
         return None
+    if limit == 0:
+        return [], []
     times = np.fromiter(access.values(), np.float64, n)
+    positive = np.fromiter(map(counted.__contains__, access.keys()), np.bool_, n) if counted else None
     if limit is not None and limit < n:
-        if limit == 0:
-            return [], []
-        positive = np.fromiter(map(counted.__contains__, access.keys()), np.bool_, n) if counted else None
         order = _first(hashes, times, positive, limit)
-    elif counted:
-        positive = np.fromiter(map(counted.__contains__, access.keys()), np.bool_, n)
+    elif positive is not None:
         order = np.lexsort((hashes, times, positive))  # the last key sorts first
     else:
         order = np.lexsort((hashes, times))

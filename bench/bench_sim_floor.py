@@ -26,7 +26,6 @@ import heapq
 import time
 from collections.abc import Iterator
 
-from agentpool.sim import simulator as simulator_module
 from agentpool.sim.run import Scenario, load_conversations, run_system
 from agentpool.sim.simulator import Issue, SimConfig, Simulator
 
@@ -43,11 +42,11 @@ def recorded_paths() -> Iterator[list[list[int]]]:
         paths.append(issue.req.blocks)
         route(self, issue)
 
-    simulator_module.Simulator._route = recording  # type: ignore[method-assign]
+    Simulator._route = recording  # type: ignore[method-assign]
     try:
         yield paths
     finally:
-        simulator_module.Simulator._route = route  # type: ignore[method-assign]
+        Simulator._route = route  # type: ignore[method-assign]
 
 
 def floor_seconds(paths: list[list[int]], nodes: int, candidates: int, walks: int, events: int) -> float:

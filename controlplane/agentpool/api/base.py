@@ -38,12 +38,25 @@ class CrossFieldRule:
         return entry
 
 
+def _json_number(value: Any) -> Any:
+    """`6.0` -> `6`, also inside plain maps and lists (quantities in `resources.requests`)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {key: _json_number(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_json_number(item) for item in value]
+    return value
+
+
 class ApiModel(BaseModel):
     """camelCase on the wire, snake_case in Python; unknown fields are errors; immutable.
 
     Validation follows kube-apiserver where pydantic would be laxer: types are strict (`"9"` is not
-    an integer, `"yes"` not a boolean) and a `null` value counts as absent (the apiserver prunes
-    nulls of non-nullable fields before defaulting), so both accept and reject the same manifests.
+    an integer, `"yes"` not a boolean), a `null` value counts as absent (the apiserver prunes
+    nulls of non-nullable fields before defaulting) and a whole-valued float such as `6.0` is the
+    integer it stands for (Kubernetes' JSON decoding does the same), so both accept and reject the
+    same manifests.
     """
 
     model_config = ConfigDict(
@@ -61,7 +74,7 @@ class ApiModel(BaseModel):
     @classmethod
     def _null_is_absent(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            return {key: value for key, value in data.items() if value is not None}
+            return {key: _json_number(value) for key, value in data.items() if value is not None}
         return data
 
     @model_validator(mode="after")

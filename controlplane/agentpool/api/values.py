@@ -3,10 +3,16 @@
 Durations are strings of one or more `<number><unit>` parts with units `h`, `m`, `s` and
 `ms` (`600s`, `10m`, `1h30m`, `0.45ms`): a subset of Go's `time.ParseDuration` and
 therefore of Kubernetes CEL's `duration()`, so the CRD can compare them in validation rules.
-Integers of seconds are not accepted: a bare number would hide its unit.
+Integers of seconds are not accepted: a bare number would hide its unit. Every duration is at
+most :data:`MAX_DURATION` (`8760h`, a year): kube-apiserver's CEL parses durations into int64
+nanoseconds (Go's `time.ParseDuration`), so a longer one would overflow there (`2562048h`) or be
+absurd. Validation counts in nanoseconds the way Go does (:func:`duration_nanoseconds`), so a
+`400ns` budget written `0.0004ms` is positive here as it is on the server.
 
 Byte quantities (`hostKvSize`) follow Kubernetes resource quantities without sign or milli
-units: an integer of bytes or a string such as `64Gi`, `500M` or `1.5Ti`.
+units: an integer of bytes or a string such as `64Gi`, `500M` or `1.5Ti`. Resource quantities
+(`requests`, `limits`) follow Kubernetes' quantity syntax without a sign: a negative request is an
+error, also when written as a string (`"-1"`, `"-4Gi"`).
 """
 
 from __future__ import annotations
@@ -40,15 +46,22 @@ _BYTE_UNITS = {
     "Ei": 2**60,
 }
 
-# Kubernetes' own resource.Quantity pattern (requests and limits may use milli units, e.g. `500m`).
+# Kubernetes' own resource.Quantity pattern without its leading sign (requests and limits may use
+# milli units, e.g. `500m`; a negative exponent is a small positive number).
 QUANTITY_PATTERN = (
-    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
+    r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
     r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
 
-DURATION_MESSAGE = "must be a duration such as 0s, 250ms, 2s, 10m or 1h30m"
-DURATION_RULE = f"self.matches('{DURATION_PATTERN}')"
-POSITIVE_DURATION_MESSAGE = "must be a positive duration such as 250ms, 2s, 10m or 1h30m"
+MAX_DURATION = "8760h"
+_NS = {"h": 3_600_000_000_000, "m": 60_000_000_000, "s": 1_000_000_000, "ms": 1_000_000}
+_MAX_INT64 = 2**63 - 1
+MAX_DURATION_NS = 8760 * _NS["h"]
+DURATION_MESSAGE = f"must be a duration such as 0s, 250ms, 2s, 10m or 1h30m, at most {MAX_DURATION}"
+DURATION_RULE = f"self.matches('{DURATION_PATTERN}') && duration(self) <= duration('{MAX_DURATION}')"
+POSITIVE_DURATION_MESSAGE = (
+    f"must be a positive duration such as 250ms, 2s, 10m or 1h30m, at most {MAX_DURATION}"
+)
 POSITIVE_DURATION_RULE = f"{DURATION_RULE} && duration(self) > duration('0s')"
 BYTES_MESSAGE = "must be a byte quantity such as 512Mi, 64Gi or 500G, or an integer of bytes"
 QUANTITY_MESSAGE = "must be a Kubernetes quantity such as 500m, 2, 16Gi"
@@ -63,6 +76,24 @@ def duration_seconds(text: str, per: int = 1) -> float:
     return float(sum(parts, Decimal(0)) / per)
 
 
+def duration_nanoseconds(text: str) -> int:
+    """Nanoseconds of a duration string as Go's `time.ParseDuration` (and so kube-apiserver's CEL
+    `duration()`) computes them: integer parts exact, each fraction scaled in float64 and
+    truncated; `ValueError` if it is malformed or overflows int64."""
+    if not re.fullmatch(DURATION_PATTERN, text):
+        raise ValueError(f"not a duration (use e.g. 250ms, 2s, 10m, 1h30m): {text!r}")
+    total = 0
+    for number, unit in _DURATION_PART.findall(text):
+        whole, _, fraction = number.partition(".")
+        part = int(whole) * _NS[unit]
+        if fraction:
+            part += int(int(fraction) * (float(_NS[unit]) / 10 ** len(fraction)))
+        total += part
+        if total > _MAX_INT64:
+            raise ValueError(f"duration out of range: {text!r}")
+    return total
+
+
 def byte_quantity(value: int | str) -> int:
     """Bytes of a byte quantity (`"64Gi"` -> 68719476736); `ValueError` if it is malformed."""
     if isinstance(value, int):
@@ -75,14 +106,23 @@ def byte_quantity(value: int | str) -> int:
     return int(float(match.group(1)) * _BYTE_UNITS[match.group(2) or ""])
 
 
+def _bounded_nanoseconds(text: str) -> int | None:
+    try:
+        ns = duration_nanoseconds(text)
+    except ValueError:
+        return None
+    return ns if ns <= MAX_DURATION_NS else None
+
+
 def _check_duration(text: str) -> str:
-    if not re.fullmatch(DURATION_PATTERN, text):
+    if _bounded_nanoseconds(text) is None:
         raise ValueError(DURATION_MESSAGE)
     return text
 
 
 def _check_positive_duration(text: str) -> str:
-    if not re.fullmatch(DURATION_PATTERN, text) or duration_seconds(text) <= 0:
+    ns = _bounded_nanoseconds(text)
+    if ns is None or ns <= 0:
         raise ValueError(POSITIVE_DURATION_MESSAGE)
     return text
 

@@ -1,13 +1,19 @@
 """The two validators of an AgentServingPool manifest, as the tests run them.
 
 - ``pydantic_errors``: `AgentServingPool.model_validate`, as the operator does.
-- ``crd_errors``: what kube-apiserver does with the committed CRD, step by step: strict field
+- ``crd_errors``: what kube-apiserver does with the committed CRD when a manifest is created or
+  updated through the resource's main endpoint (`kubectl apply`), step by step: JSON decoding
+  (a whole-valued float such as `6.0` becomes the integer 6), the status subresource dropping
+  `.status` (only `/status` writes it; ``crd_status_errors`` emulates such a write), strict field
   validation (kubectl's default: an unknown field is an error), structural defaulting (nulls of
   non-nullable fields pruned, then absent fields defaulted), the
   openAPIV3Schema (evaluated with jsonschema's Draft 4 validator, the JSON-schema dialect OpenAPI 3.0
   builds on: boolean `exclusiveMinimum`, `anyOf` for int-or-string) and then the CEL rules of
   `x-kubernetes-validations`, evaluated by a real CEL implementation (cel-python), with `self`
-  bound to the object each rule is attached to.
+  bound to the object each rule is attached to. Two departures from cel-python follow the server:
+  `duration()` parses as Go's `time.ParseDuration` does, into int64 nanoseconds (cel-python
+  rounds to microseconds and accepts values past Go's largest duration), and an evaluation error
+  (e.g. an overflowing duration) rejects the object, as kube-apiserver does, instead of escaping.
 
 Deliberately independent of `agentpool.api.structural` (which also knows how to default): the
 emulation must not share the code it checks.
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -72,7 +79,18 @@ def _dotted(loc: tuple[int | str, ...]) -> str:
 
 
 def crd_errors(manifest: dict[str, Any]) -> list[str]:
+    """Errors of a create or update through the main endpoint (the status is dropped first)."""
+    return _server_errors({k: v for k, v in manifest.items() if k != "status"})
+
+
+def crd_status_errors(manifest: dict[str, Any]) -> list[str]:
+    """Errors of a write to the `/status` subresource: the whole object, status included."""
+    return _server_errors(manifest)
+
+
+def _server_errors(manifest: dict[str, Any]) -> list[str]:
     schema = open_api_schema()
+    manifest = _json_decoded(manifest)
     unknown = list(_unknown_fields(manifest, schema, ""))
     if unknown:
         return unknown
@@ -95,8 +113,19 @@ def _validator() -> jsonschema.Draft4Validator:
 def defaulted(manifest: dict[str, Any]) -> dict[str, Any]:
     """The object kube-apiserver would store: the manifest with the CRD's defaults filled in."""
     schema = open_api_schema()
-    result: dict[str, Any] = _default(_drop_nulls(copy.deepcopy(manifest), schema), schema)
+    result: dict[str, Any] = _default(_drop_nulls(_json_decoded(manifest), schema), schema)
     return result
+
+
+def _json_decoded(value: Any) -> Any:
+    """A deep copy as Kubernetes' unstructured JSON decoding yields it: whole floats are int64."""
+    if isinstance(value, dict):
+        return {key: _json_decoded(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_json_decoded(item) for item in value]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
 
 
 def _path(parts: Any) -> str:
@@ -156,22 +185,76 @@ def _default(value: Any, schema: Schema) -> Any:
     return value
 
 
+_GO_DURATION_PART = re.compile(r"([0-9]*)(?:[.]([0-9]*))?(ns|us|µs|ms|h|m|s)")
+_GO_UNIT_NS = {
+    "ns": 1,
+    "us": 1_000,
+    "µs": 1_000,
+    "ms": 1_000_000,
+    "s": 1_000_000_000,
+    "m": 60_000_000_000,
+    "h": 3_600_000_000_000,
+}
+
+
+def go_duration(text: Any) -> celpy.celtypes.IntType:
+    """CEL `duration(string)` as kube-apiserver evaluates it: Go's `time.ParseDuration`, exact
+    int64 nanoseconds (the rules only compare durations, so an int of nanoseconds stands in for
+    the duration type); an error past Go's range or for a malformed string."""
+    raw = str(text)
+    body = raw.lstrip("+-")
+    negative = raw.startswith("-")
+    if body == "0":
+        return celpy.celtypes.IntType(0)
+    position, total = 0, 0
+    for match in _GO_DURATION_PART.finditer(body):
+        if match.start() != position or not (match.group(1) or match.group(2)):
+            break
+        unit = _GO_UNIT_NS[match.group(3)]
+        part = int(match.group(1) or "0") * unit
+        if match.group(2):
+            part += int(int(match.group(2)) * (float(unit) / 10 ** len(match.group(2))))
+        total += part
+        if total > 2**63 - (0 if negative else 1):
+            raise celpy.CELEvalError(f"duration out of range: {raw!r}")
+        position = match.end()
+    if position != len(body) or not body:
+        raise celpy.CELEvalError(f"invalid duration: {raw!r}")
+    return celpy.celtypes.IntType(-total if negative else total)
+
+
 @functools.cache
 def _program(rule: str) -> celpy.Runner:
     env = celpy.Environment()
-    return env.program(env.compile(rule))
+    return env.program(env.compile(rule), functions={"duration": go_duration})
+
+
+class RuleEvaluationError(Exception):
+    """The rule raised instead of returning a bool; kube-apiserver rejects the object."""
 
 
 def evaluate_rule(rule: str, self_value: Any) -> bool:
-    result = _program(rule).evaluate({"self": celpy.json_to_cel(self_value)})
+    try:
+        result = _program(rule).evaluate({"self": celpy.json_to_cel(self_value)})
+    except celpy.CELEvalError as exc:
+        raise RuleEvaluationError(str(exc)) from exc
+    if isinstance(result, celpy.CELEvalError):
+        raise RuleEvaluationError(str(result))
     if not isinstance(result, celpy.celtypes.BoolType):
         raise AssertionError(f"CEL rule {rule!r} did not evaluate to a bool: {result!r}")
     return bool(result)
 
 
+def _holds(rule: str, value: Any) -> bool:
+    try:
+        return evaluate_rule(rule, value)
+    except RuleEvaluationError:
+        return False
+
+
 def _cel_errors(value: Any, schema: Schema, where: str) -> Iterator[str]:
     for validation in schema.get("x-kubernetes-validations", []):
-        if not evaluate_rule(validation["rule"], value):
+        if not _holds(validation["rule"], value):
             blamed = where + validation.get("fieldPath", "")
             yield f"{blamed}: Invalid value: {validation['message']}"
     if isinstance(value, dict):

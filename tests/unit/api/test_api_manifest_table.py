@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from asp_validators import crd_errors, defaulted, load_example, pydantic_errors
+from asp_validators import crd_errors, crd_status_errors, defaulted, load_example, pydantic_errors
 
 from agentpool.api import AgentServingPool
 
@@ -63,6 +63,9 @@ class Bad:
     """Text in pydantic's error."""
     crd: str
     """Text in the CRD's error (kube-apiserver schema or CEL)."""
+    status_write: bool = False
+    """A status-only error: kube-apiserver sees it only on a write to `/status` (a create or
+    update drops `.status`); pydantic, reading the whole object, rejects it either way."""
 
 
 def cel(name: str, manifest: dict[str, Any], field: str, message: str) -> Bad:
@@ -71,8 +74,8 @@ def cel(name: str, manifest: dict[str, Any], field: str, message: str) -> Bad:
 
 
 GPU_OVERLAP = "set GPUs with spec.engine.gpusPerNode, not as nvidia.com/gpu in resources"
-POSITIVE = "must be a positive duration such as 250ms, 2s, 10m or 1h30m"
-DURATION = "must be a duration such as 0s, 250ms, 2s, 10m or 1h30m"
+POSITIVE = "must be a positive duration such as 250ms, 2s, 10m or 1h30m, at most 8760h"
+DURATION = "must be a duration such as 0s, 250ms, 2s, 10m or 1h30m, at most 8760h"
 AT_MOST = "spec.initialSplit.prefill must be at most spec.nodes - spec.planner.minNodes.decode"
 AT_LEAST = "spec.initialSplit.prefill must be at least spec.planner.minNodes.prefill"
 
@@ -300,6 +303,51 @@ BAD = [
         "'many' does not match",
     ),
     Bad(
+        "negative CPU request as a string",
+        changed(SIM, {"spec.engine.scheduling.resources.requests": {"cpu": "-1"}}),
+        "spec.engine.scheduling.resources.requests.cpu",
+        "must be a Kubernetes quantity",
+        "'-1' does not match",
+    ),
+    Bad(
+        "negative memory limit as a string",
+        changed(SIM, {"spec.engine.scheduling.resources.limits": {"memory": "-4Gi"}}),
+        "spec.engine.scheduling.resources.limits.memory",
+        "must be a Kubernetes quantity",
+        "'-4Gi' does not match",
+    ),
+    Bad(
+        "negative CPU request as an integer",
+        changed(SIM, {"spec.engine.scheduling.resources.requests": {"cpu": -1}}),
+        "spec.engine.scheduling.resources.requests.cpu",
+        "must be a Kubernetes quantity",
+        "-1 is less than the minimum of 0",
+    ),
+    cel(
+        "warmup past int64 nanoseconds",
+        changed(SIM, {"spec.planner.warmup": "999999999999h"}),
+        "spec.planner.warmup",
+        DURATION,
+    ),
+    cel(
+        "warmup just past Go's largest duration",
+        changed(SIM, {"spec.planner.warmup": "2562048h"}),
+        "spec.planner.warmup",
+        DURATION,
+    ),
+    cel(
+        "cooldown longer than a year",
+        changed(SIM, {"spec.planner.cooldown": "8761h"}),
+        "spec.planner.cooldown",
+        DURATION,
+    ),
+    cel(
+        "window past int64 nanoseconds",
+        changed(SIM, {"spec.planner.window": "999999999999h"}),
+        "spec.planner.window",
+        POSITIVE,
+    ),
+    Bad(
         "Redis URL with another scheme",
         changed(SIM, {"spec.redis": {"url": "http://redis:6379"}}),
         "spec.redis.url",
@@ -392,6 +440,7 @@ BAD = [
         "status.conditions[1]",
         "duplicate condition type: Ready",
         "Duplicate value: {'type': 'Ready'}",
+        status_write=True,
     ),
     Bad(
         "a node listed twice",
@@ -409,6 +458,7 @@ BAD = [
         "status.nodes[1]",
         "duplicate node name: sim-engine-0",
         "Duplicate value: {'name': 'sim-engine-0'}",
+        status_write=True,
     ),
     Bad(
         "condition reason with spaces",
@@ -416,6 +466,7 @@ BAD = [
         "status.conditions[0].reason",
         "String should match pattern",
         "'all good' does not match",
+        status_write=True,
     ),
     Bad(
         "misspelled field",
@@ -461,7 +512,7 @@ def test_pydantic_rejects(case: Bad) -> None:
 
 @pytest.mark.parametrize("case", BAD, ids=lambda c: c.name)
 def test_crd_rejects(case: Bad) -> None:
-    errors = crd_errors(case.manifest)
+    errors = (crd_status_errors if case.status_write else crd_errors)(case.manifest)
     assert errors, "the CRD accepted a bad manifest"
     assert any(blames(err, case.field, case.crd) for err in errors), errors
 
@@ -491,6 +542,12 @@ GOOD = {
     "external Redis": changed(SIM, {"spec.redis": {"url": "rediss://:secret@redis.cache:6380/2"}}),
     "host KV size in bytes": changed(SIM, {"spec.engine.hostKvSize": 1073741824}),
     "zero host KV": changed(SIM, {"spec.engine.hostKvSize": "0"}),
+    "a 400 ns TPOT": changed(SIM, {"spec.slo.tpot": "0.0004ms"}),
+    "the longest warmup": changed(SIM, {"spec.planner.warmup": "8760h"}),
+    "whole-valued float node count": changed(SIM, {"spec.nodes": 6.0}),
+    "tiny positive quantity with an exponent": changed(
+        SIM, {"spec.engine.scheduling.resources.requests": {"cpu": "1e-3", "memory": "2.0"}}
+    ),
     "compound and fractional durations": changed(
         SIM, {"spec.planner.window": "1h30m", "spec.slo.tpot": "12.5ms", "spec.planner.cooldown": "0s"}
     ),
@@ -547,6 +604,12 @@ GOOD = {
         },
     ),
 }
+
+
+@pytest.mark.parametrize("case", [c for c in BAD if c.status_write], ids=lambda c: c.name)
+def test_a_create_drops_the_status(case: Bad) -> None:
+    """kube-apiserver ignores `.status` on a create or update: only `/status` can be rejected for it."""
+    assert crd_errors(case.manifest) == []
 
 
 @pytest.mark.parametrize("manifest", GOOD.values(), ids=list(GOOD))

@@ -7,11 +7,12 @@ import datetime
 from typing import Any
 
 import celpy
-from asp_validators import crd_errors, pydantic_errors
+from asp_validators import crd_errors, go_duration, pydantic_errors
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentpool.api import byte_quantity, duration_seconds
+from agentpool.api.values import duration_nanoseconds
 
 BASE: dict[str, Any] = {
     "apiVersion": "agentpool.io/v1alpha1",
@@ -105,3 +106,29 @@ def test_host_kv_sizes_agree(value: int | str) -> None:
     assert bool(py) == bool(kube), (py, kube)
     if not py:
         assert byte_quantity(value) >= 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    parts=st.lists(
+        st.tuples(
+            st.integers(0, 10**7),
+            st.sampled_from(["", ".5", ".0004", ".0000001", ".123456789"]),
+            st.sampled_from(["h", "m", "s", "ms"]),
+        ),
+        min_size=1,
+        max_size=3,
+    )
+)
+def test_duration_nanoseconds_equal_go_parse(parts: list[tuple[int, str, str]]) -> None:
+    """The spec's nanoseconds and the test's Go-semantics `duration()` (written apart) agree."""
+    text = "".join(f"{n}{frac}{unit}" for n, frac, unit in parts)
+    try:
+        expected: int | None = int(go_duration(text))
+    except celpy.CELEvalError:
+        expected = None
+    try:
+        got: int | None = duration_nanoseconds(text)
+    except ValueError:
+        got = None
+    assert got == expected

@@ -6,6 +6,10 @@ malformed body) is logged and polled again at the next interval with the same cu
 is lost unless its ring buffer overwrote it meanwhile (``dropped``: logged). Occupancy samples
 keep the router's URL as their ``source``: the planner sums the routers' occupancy per slice.
 
+Engines' iteration records come through the routers too (each engine reports to every router):
+the source keeps one copy of each (``node``, engine ``seq``, ``at``) for ``dedupe_s`` seconds, so
+several replicas do not multiply them in the fit.
+
 Poll each router replica directly (one URL per pod), not a Service that load-balances several:
 cursors belong to one router process.
 """
@@ -15,14 +19,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import aiohttp
 from pydantic import ValidationError
 
+from agentpool.models import IterationRecord
 from agentpool.planner.inbox import PlannerInbox
-from agentpool.planner.wire import MAX_BATCH, WORK_PATH, WorkBatch
+from agentpool.wire.work import MAX_BATCH, WORK_PATH, WireNodeIteration, WorkBatch
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +39,34 @@ class RouterCursor:
     failures: int = 0
     dropped: int = 0
     records: int = 0
+    models_version: int | None = None  # the fitted models' version the router last said it uses
+
+
+class IterationDeduper:
+    """Passes each iteration (``node``, engine ``seq``, ``at``) once; remembers keys ``keep_s`` seconds
+    (of the records' own clock) after the newest one seen."""
+
+    def __init__(self, keep_s: float = 600.0) -> None:
+        self.keep_s = keep_s
+        self._seen: dict[tuple[str, int, float], float] = {}
+        self._newest = float("-inf")
+        self.duplicates = 0
+
+    def new(self, items: Iterable[WireNodeIteration]) -> list[IterationRecord]:
+        out: list[IterationRecord] = []
+        for item in items:
+            it = item.iteration
+            key = (item.node, it.seq, it.at)
+            if key in self._seen:
+                self.duplicates += 1
+                continue
+            self._seen[key] = it.at
+            self._newest = max(self._newest, it.at)
+            out.append(item.record())
+        if len(self._seen) > 1024:
+            horizon = self._newest - self.keep_s
+            self._seen = {k: at for k, at in self._seen.items() if at >= horizon}
+        return out
 
 
 class RouterWorkSource:
@@ -58,6 +91,7 @@ class RouterWorkSource:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._limit = limit
         self._max_pages = max_pages
+        self.iterations = IterationDeduper()
 
     async def poll_once(self) -> int:
         """Poll every router once (concurrently); returns how many entries reached the inbox."""
@@ -107,8 +141,10 @@ class RouterWorkSource:
                 "router %s overwrote %d work-log entries before they were read", router.url, batch.dropped
             )
         router.cursor = batch.next
+        router.models_version = batch.models_version
         self._inbox.add_requests(r.record() for r in batch.requests)
         self._inbox.add_occupancy(s.sample(router.url) for s in batch.occupancy)
-        n = len(batch.requests) + len(batch.occupancy)
+        self._inbox.add_iterations(self.iterations.new(batch.iterations))
+        n = len(batch.requests) + len(batch.occupancy) + len(batch.iterations)
         router.records += n
         return n

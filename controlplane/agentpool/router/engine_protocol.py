@@ -16,6 +16,10 @@ Load reports: engines ``POST {router}/agentpool/v1/report`` a :class:`LoadReport
 they serve (``role``) and, while the planner's annotation asks for another one, ``desired_role``.
 A report covers the requests the router dispatched to the node up to ``last_dispatch_seq`` (the
 router numbers its dispatches per node), so requests sent later count as "sent but not reported".
+A report also carries ``t_acc``, the output tokens the node's decode accepted per request and
+iteration since its last report (about 1.7 with MTP speculative decoding; absent: no decode
+iteration ran, the router keeps the last value, 1 at first), and ``iterations``, the iteration
+records the planner fits its models from (:mod:`agentpool.wire.iterations`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentpool.router.policy import Role
+from agentpool.wire.iterations import MAX_ITERATIONS_PER_REPORT, WireIteration
 
 Phase = Literal["both", "prefill", "decode"]
 EventType = Literal["started", "token", "prefilled", "requeue", "done", "error"]
@@ -86,3 +91,5 @@ class LoadReport(BaseModel):
     kv_room_tokens: int = Field(0, ge=0)
     kv_used_tokens: int = Field(0, ge=0)
     accepting: bool = True
+    t_acc: float | None = Field(None, gt=0, le=64, allow_inf_nan=False)
+    iterations: list[WireIteration] = Field(default_factory=list, max_length=MAX_ITERATIONS_PER_REPORT)

@@ -271,6 +271,7 @@ class Dispatcher:
                             decoding = True
                             self.nodes.finish_prefill(node, prep.request_id)
                             self.nodes.bind_decode(node, prep.request_id, self._kv_tokens(prep))
+                            self.work_log.decoding(prep.request_id, self.nodes.get(node).t_acc)
                         yield Chunk(ev.text)
                     elif ev.type == "done":
                         yield Finish(ev.finish_reason or "stop", ev.usage or Usage())
@@ -335,6 +336,7 @@ class Dispatcher:
                 raise NoCapacity("no decode node had KV room for the request in time")
             await asyncio.sleep(_DECODE_ROOM_POLL_S)
         seq = self.nodes.bind_decode(binding.node_id, prep.request_id, self._kv_tokens(prep))
+        self.work_log.decoding(prep.request_id, self.nodes.get(binding.node_id).t_acc)
         m = self.metrics
         m.child(m.decisions, self.routing.policy.name, binding.node_id, "decode").inc()
         if prep.branch is not None:

@@ -50,6 +50,7 @@ class NodeEntry:
     report: LoadReport | None = None
     report_queue: QueuedPrefill = EMPTY_QUEUE
     report_at: float = 0.0
+    t_acc: float = 1.0  # decode tokens per request and iteration, as the engine last reported
     down_until: float = float("-inf")
     next_seq: int = 0
     prefills: dict[str, Dispatch] = field(default_factory=dict)
@@ -118,6 +119,8 @@ class NodeTable:
             [Work(t_uc=float(q.t_uc), t_c=float(q.t_c)) for q in report.queue]
         )
         entry.report_at = now
+        if report.t_acc is not None:
+            entry.t_acc = report.t_acc
         if report.desired_role is not None and report.desired_role is not entry.role:
             entry.role = report.desired_role  # the planner switched the node: follow it at once
             entry.draining = True

@@ -141,6 +141,8 @@ class RouterService:
     # -- reports -----------------------------------------------------------------------------
     def apply_report(self, report: LoadReport) -> None:
         self.nodes.apply_report(report, time.monotonic())
+        if report.iterations:
+            self.dispatcher.work_log.iterations(report.node_id, report.iterations)
 
     def ready(self) -> bool:
         snapshot = self.nodes.snapshot(time.monotonic())

@@ -5,7 +5,7 @@ work ``w̄ = (t_uc, t_c, t_out, t_acc)`` of the requests and the occupancy ``q̄
 both: the work after KV reuse when it routes a request (``t_uc``, ``t_c`` from the policy's
 decision), the output length when the request finishes, and which requests it routed and has not
 seen finish. This module keeps them and answers ``GET /agentpool/v1/work?since=<cursor>`` with a
-:class:`agentpool.planner.wire.WorkBatch` (the format and cursor rules are documented there).
+:class:`agentpool.wire.work.WorkBatch` (the format and cursor rules are documented there).
 
 - :meth:`WorkLog.routed` at every dispatch of a request (a retry replaces the work, keeps the
   arrival); :meth:`WorkLog.finished` when its answer ends, with the output tokens. A request
@@ -16,6 +16,12 @@ seen finish. This module keeps them and answers ``GET /agentpool/v1/work?since=<
 - Occupancy: every ``sample_interval_s`` the number of requests in flight (routed, not finished),
   which is what the planner's ``q̄`` counts by default
   (:class:`agentpool.models.OccupancyCount`).
+- ``t_acc``: :meth:`WorkLog.decoding` when the request starts to decode on a node, with the tokens
+  per decode iteration that node last reported (``LoadReport.t_acc``; 1 until it reports one).
+- Iterations: :meth:`WorkLog.iterations` with the iteration records of an engine's load report,
+  passed on to the planner unchanged (:mod:`agentpool.wire.iterations`).
+- ``models_version``: the version of the planner's fitted models the router uses
+  (:mod:`agentpool.wire.fits`), carried in every batch.
 
 Memory is bounded: the entries are a ring buffer of ``capacity`` (the oldest are overwritten and
 a poller that fell behind is told how many it missed), and at most ``max_in_flight`` requests are
@@ -31,15 +37,17 @@ import itertools
 import secrets
 import time
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 
 from aiohttp import web
 
 from agentpool.models import OccupancyCount, Work
-from agentpool.planner.wire import (
+from agentpool.wire.iterations import WireIteration
+from agentpool.wire.work import (
     MAX_BATCH,
     WORK_PATH,
+    WireNodeIteration,
     WireOccupancy,
     WireRequestWork,
     WorkBatch,
@@ -60,6 +68,13 @@ class _Sample:
     seq: int
     at: float
     requests: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Iteration:
+    seq: int
+    node: str
+    iteration: WireIteration
 
 
 @dataclass(slots=True)
@@ -86,7 +101,8 @@ class WorkLog:
         self.abandoned = 0
         self._clock = clock
         self._seq = 0
-        self._entries: deque[_Finished | _Sample] = deque(maxlen=capacity)
+        self._entries: deque[_Finished | _Sample | _Iteration] = deque(maxlen=capacity)
+        self.models_version: int | None = None
         self._pending: OrderedDict[str, _Pending] = OrderedDict()
 
     # -- recording ---------------------------------------------------------------------------
@@ -100,6 +116,19 @@ class WorkLog:
             self._pending.popitem(last=False)
             self.abandoned += 1
         self._pending[request_id] = _Pending(self._clock(), work)
+
+    def decoding(self, request_id: str, t_acc: float) -> None:
+        """``request_id`` decodes on a node that accepts ``t_acc`` tokens per iteration."""
+        entry = self._pending.get(request_id)
+        if entry is not None and t_acc > 0:
+            w = entry.work
+            entry.work = Work(t_uc=w.t_uc, t_c=w.t_c, t_out=w.t_out, t_acc=t_acc)
+
+    def iterations(self, node: str, iterations: Iterable[WireIteration]) -> None:
+        """Keep the iteration records ``node`` reported, for the planner."""
+        for it in iterations:
+            self._seq += 1
+            self._entries.append(_Iteration(self._seq, node, it))
 
     def finished(self, request_id: str, output_tokens: int) -> None:
         """``request_id``'s answer ended after ``output_tokens`` tokens (0: it failed before any)."""
@@ -143,10 +172,13 @@ class WorkLog:
         stop = min(len(self._entries), start + limit)
         requests: list[WireRequestWork] = []
         occupancy: list[WireOccupancy] = []
+        iterations: list[WireNodeIteration] = []
         last = max(after, oldest - 1)
         for e in itertools.islice(self._entries, start, stop):
             last = e.seq
-            if isinstance(e, _Finished):
+            if isinstance(e, _Iteration):
+                iterations.append(WireNodeIteration(seq=e.seq, node=e.node, iteration=e.iteration))
+            elif isinstance(e, _Finished):
                 w = e.work
                 requests.append(
                     WireRequestWork(seq=e.seq, at=e.at, t_uc=w.t_uc, t_c=w.t_c, t_out=w.t_out, t_acc=w.t_acc)
@@ -161,6 +193,8 @@ class WorkLog:
             next=format_cursor(self.epoch, last),
             requests=requests,
             occupancy=occupancy,
+            iterations=iterations,
+            models_version=self.models_version,
             dropped=dropped,
             reset=reset,
             more=stop < len(self._entries),

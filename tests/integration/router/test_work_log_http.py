@@ -14,8 +14,8 @@ from router_harness import chat_body, router_config, start_router
 from agentpool.models import OccupancyCount, Work, slice_window
 from agentpool.planner.inbox import PlannerInbox
 from agentpool.planner.router_source import RouterWorkSource
-from agentpool.planner.wire import WORK_PATH, WorkBatch, parse_cursor
 from agentpool.router.work_log import WorkLog, mount
+from agentpool.wire.work import WORK_PATH, WorkBatch, parse_cursor
 
 pytestmark = pytest.mark.integration
 

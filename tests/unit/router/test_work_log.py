@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from agentpool.models import OccupancyCount, Work
-from agentpool.planner.wire import parse_cursor
 from agentpool.router.work_log import WorkLog
+from agentpool.wire.work import parse_cursor
 
 
 class Clock:

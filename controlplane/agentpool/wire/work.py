@@ -1,13 +1,13 @@
 """The wire format between routers and the planner: ``GET /agentpool/v1/work?since=<cursor>``.
 
-A router keeps a bounded log of per-request work records and occupancy samples
-(``agentpool.router.work_log``) and answers with a :class:`WorkBatch`; the planner
-(``agentpool.planner.router_source``) polls every router and feeds its inbox. These pydantic models
-are the only definition of the format; both sides convert to the plain values of
+A router keeps a bounded log of per-request work records, occupancy samples and the iteration
+records its engines report (``agentpool.router.work_log``) and answers with a :class:`WorkBatch`;
+the planner (``agentpool.planner.router_source``) polls every router and feeds its inbox. These
+pydantic models are the only definition of the format; both sides convert to the plain values of
 ``agentpool.models`` at the edge.
 
 Cursors are opaque strings ``"<epoch>.<seq>"``: ``epoch`` is random per router process and ``seq``
-numbers the router's entries (both kinds share one sequence, from 1). A batch holds the entries
+numbers the router's entries (all kinds share one sequence, from 1). A batch holds the entries
 after ``since`` in sequence order; ``next`` is the cursor to send next. When the router no longer
 holds some entries after ``since`` (its ring buffer overwrote them) it says how many in
 ``dropped``; when ``since`` is from another epoch (the router restarted) or absent, the batch
@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentpool.models import OccupancyCount, OccupancySample, RequestWorkRecord, Work
+from agentpool.models import IterationRecord, OccupancyCount, OccupancySample, RequestWorkRecord, Work
+from agentpool.wire.iterations import WireIteration
 
 WORK_PATH = "/agentpool/v1/work"
 MAX_BATCH = 10_000
@@ -36,7 +37,7 @@ class WireRequestWork(_Wire):
     t_uc: float = Field(ge=0)
     t_c: float = Field(ge=0)
     t_out: float = Field(ge=0)
-    t_acc: float = Field(default=1.0, gt=0)
+    t_acc: float = Field(default=1.0, gt=0)  # tokens accepted per decode iteration (engine reports)
 
     def record(self) -> RequestWorkRecord:
         work = Work(t_uc=self.t_uc, t_c=self.t_c, t_out=self.t_out, t_acc=self.t_acc)
@@ -55,14 +56,31 @@ class WireOccupancy(_Wire):
         return OccupancySample(self.at, self.requests, self.counts, source)
 
 
+class WireNodeIteration(_Wire):
+    """An iteration ``node`` reported to the router (:mod:`agentpool.wire.iterations`)."""
+
+    seq: int = Field(ge=1)
+    node: str
+    iteration: WireIteration
+
+    def record(self) -> IterationRecord:
+        return self.iteration.record(self.node)
+
+
 class WorkBatch(_Wire):
-    """What ``GET /agentpool/v1/work`` answers."""
+    """What ``GET /agentpool/v1/work`` answers.
+
+    ``models_version``: the version of the planner's fitted models the router uses
+    (:mod:`agentpool.wire.fits`; None before the first push), so the planner knows whom to update.
+    """
 
     router: str
     epoch: str
     next: str
     requests: list[WireRequestWork] = Field(default_factory=list)
     occupancy: list[WireOccupancy] = Field(default_factory=list)
+    iterations: list[WireNodeIteration] = Field(default_factory=list)
+    models_version: int | None = None
     dropped: int = Field(default=0, ge=0)
     reset: bool = False
     more: bool = False

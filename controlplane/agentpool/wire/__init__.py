@@ -1,0 +1,12 @@
+"""Wire formats shared by the control-plane services (pydantic, at the edges; no I/O here).
+
+- :mod:`agentpool.wire.work`: what routers serve the planner (``GET /agentpool/v1/work``):
+  per-request work records, occupancy samples and the engines' iteration records.
+- :mod:`agentpool.wire.iterations`: one engine iteration as engines report it (inside their load
+  reports to the routers) and as routers pass it on to the planner.
+- :mod:`agentpool.wire.fits`: the planner's fitted per-node models that it pushes to every router
+  (``PUT /agentpool/v1/models``), versioned.
+
+Neutral on purpose: the planner, the routers and the engines import these modules; none of them
+owns the format.
+"""

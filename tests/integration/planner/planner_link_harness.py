@@ -1,0 +1,97 @@
+"""Real routers (aiohttp on 127.0.0.1:0, in-process directory) over a minimal colocated engine, for
+the tests of what flows between engines, routers and the planner."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from agentpool.kv import Directory
+from agentpool.router.config import RouterConfig
+from agentpool.router.directory_view import InProcessDirectoryView
+from agentpool.router.engine_protocol import GenerateRequest
+from agentpool.router.server import build_app
+from agentpool.router.service import RouterService
+
+
+@dataclass
+class Served:
+    runner: web.AppRunner
+    url: str
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+
+async def serve(app: web.Application) -> Served:
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return Served(runner, f"http://127.0.0.1:{port}")
+
+
+class Engine:
+    """Serves ``phase=both`` requests at once: ``started``, ``tokens`` tokens, ``done``."""
+
+    def __init__(self, tokens: int = 5) -> None:
+        self.tokens = tokens
+        self.received: list[GenerateRequest] = []
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/agentpool/v1/generate", self._generate)
+        return app
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        req = GenerateRequest.model_validate(await request.json())
+        self.received.append(req)
+        resp = web.StreamResponse(headers={"content-type": "application/x-ndjson"})
+        await resp.prepare(request)
+        events: list[dict[str, Any]] = [{"type": "started"}]
+        events += [{"type": "token", "text": f"t{i} "} for i in range(self.tokens)]
+        usage = {"prompt_tokens": len(req.prompt_token_ids), "completion_tokens": self.tokens}
+        events.append({"type": "done", "finish_reason": "length", "usage": usage})
+        for e in events:
+            await resp.write((json.dumps(e) + "\n").encode())
+        return resp
+
+
+@dataclass
+class Router:
+    service: RouterService
+    served: Served
+
+    @property
+    def url(self) -> str:
+        return self.served.url
+
+    async def stop(self) -> None:
+        await self.served.stop()
+
+
+def router_config(nodes: list[tuple[str, str, str]], **kw: Any) -> RouterConfig:
+    raw: dict[str, Any] = {
+        "model": "test-model",
+        "policy": "evolving",
+        "pageSize": 16,
+        "timeouts": {"connect": 1.0, "firstEvent": 5.0, "betweenEvents": 5.0, "directory": 2.0},
+        "nodes": [{"id": i, "url": u, "role": r} for i, u, r in nodes],
+    }
+    raw.update(kw)
+    return RouterConfig.model_validate(raw)
+
+
+async def start_router(config: RouterConfig) -> Router:
+    view = InProcessDirectoryView(Directory(config.page_size), time.monotonic)
+    service = RouterService(config, view)
+    return Router(service, await serve(build_app(service)))
+
+
+def chat(text: str = "hello there", max_tokens: int = 8) -> dict[str, Any]:
+    return {"model": "test-model", "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens}

@@ -2,8 +2,9 @@
 
 Modules:
 
-- :mod:`.node`: pure node model (chunked prefill, decode batches, mixed colocated iterations, GPU
-  cache) in virtual time; no clock, no event loop.
+- :mod:`agentpool.node` (a pure core of its own, also driven in real time by the engine's ``sim``
+  backend): the node model (chunked prefill, decode batches, mixed colocated iterations, GPU
+  cache), driven here in virtual time. :mod:`.node` keeps its old names for compatibility.
 - :mod:`.simulator`: the event loop: router shell, directory, KV events, decode binding, P->D
   hand-over, fetches, phase switches.
 - :mod:`.routing`: policy views (``RequestView``, ``NodeState``) built from simulated state.

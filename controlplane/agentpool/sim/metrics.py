@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from agentpool.models import TtftSlo
-from agentpool.sim.node import SimRequest
+from agentpool.node import Request
 from agentpool.sim.systems import SwitchMode
 
 _PCTS = (50, 90, 95, 99)
@@ -81,10 +81,10 @@ class Metrics:
         self._ideal.update(produced)
 
     # -- events -----------------------------------------------------------------------------------
-    def first_token(self, req: SimRequest) -> None:
+    def first_token(self, req: Request) -> None:
         self._ideal.update(req.blocks)
 
-    def done(self, req: SimRequest) -> None:
+    def done(self, req: Request) -> None:
         self.completed_total += 1
         if not self.start <= req.done_at < self.end:
             return

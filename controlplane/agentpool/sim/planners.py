@@ -53,9 +53,9 @@ from agentpool.models import (
 )
 from agentpool.models.fitting import DecodeFit, PrefillFit, fit_decode, fit_prefill
 from agentpool.models.synthetic import noisy
+from agentpool.node import Iteration, Node, NodeStatus, Role
 from agentpool.planner.core import Outcome, PlannerInput, PlannerNode, PlannerPolicy, plan, split_throughput
 from agentpool.planner.core import Role as PlannerRole
-from agentpool.sim.node import NodeStatus, Role, SimIteration, SimNode
 from agentpool.sim.simulator import Simulator
 from agentpool.sim.systems import PlannerKind
 
@@ -155,7 +155,7 @@ class OnlineFit:
         for node in sim.nodes:
             node.on_iteration = self.record
 
-    def record(self, it: SimIteration) -> None:
+    def record(self, it: Iteration) -> None:
         if it.batch and it.running == 0:  # a pure prefill iteration (mixed ones fit neither model)
             seconds = noisy(it.prefill_s, self.noise, self.rng)
             self.prefill.append(PrefillIterationRecord(it.node, it.start, it.batch, seconds))
@@ -245,7 +245,7 @@ def _oracle(sim: Simulator, s: PlannerSettings) -> Tick:
     return tick
 
 
-def _settled_phases(sim: Simulator) -> tuple[list[SimNode], list[SimNode]] | None:
+def _settled_phases(sim: Simulator) -> tuple[list[Node], list[Node]] | None:
     """The prefill and decode nodes, or None while a switch runs or a phase has no node."""
     if sim.switching:
         return None

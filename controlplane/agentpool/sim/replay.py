@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agentpool.sim.node import SimRequest
+from agentpool.node import Request
 from agentpool.sim.simulator import Issue, Simulator
 from agentpool.sim.trace import Conversation
 
@@ -184,7 +184,7 @@ class Replay:
         shared = 0 if inst.conv.kind == "mooncake" else self.shared_prefix_blocks
         blocks, produced = inst.conv.block_keys(i, instance, shared, self.group)
         self._next_rid += 1
-        req = SimRequest(
+        req = Request(
             rid=self._next_rid,
             input_tokens=tr.input_tokens,
             output_tokens=tr.output_tokens,
@@ -206,7 +206,7 @@ class Replay:
         self.sim.metrics.issued += 1
         self.sim.issue_at(at, issue)
 
-    def _done(self, inst: _Instance, i: int, req: SimRequest, now: float) -> None:
+    def _done(self, inst: _Instance, i: int, req: Request, now: float) -> None:
         del req
         for j in inst.conv.children[i]:
             self._issue(inst, j, now + self._pause(inst.conv.requests[j].delay_s))

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from agentpool.kv import Directory
 from agentpool.models import FetchModel, NodeModel, attention_pairs
+from agentpool.node import Node, NodeStatus, Request, Role
 from agentpool.router.policy import (
     EMPTY_QUEUE,
     CachedPrefix,
@@ -23,7 +24,6 @@ from agentpool.router.policy import (
     bind_decode,
 )
 from agentpool.router.policy import Role as PolicyRole
-from agentpool.sim.node import NodeStatus, Role, SimNode, SimRequest
 from agentpool.sim.systems import FetchMode
 
 _ROLE = {Role.PREFILL: PolicyRole.PREFILL, Role.DECODE: PolicyRole.DECODE, Role.BOTH: PolicyRole.BOTH}
@@ -39,7 +39,7 @@ class QueueSums:
     pairs: float = 0.0
     _view: QueuedPrefill | None = None  # the last view, until the sums change
 
-    def add(self, r: SimRequest, sign: int) -> None:
+    def add(self, r: Request, sign: int) -> None:
         uc = float(r.uncached_tokens)
         c = float(r.cached_tokens)
         self.requests += sign
@@ -80,7 +80,7 @@ class NodeStates:
     state per node with those inputs and returns it while they are equal, so policies see the same
     values as with a fresh build. A node running a prefill batch gets a new state at every call
     (its remaining time moves with the clock), without building a key; without a batch the
-    remaining time is 0 (``SimNode.remaining_batch_s``), so the key leaves it out.
+    remaining time is 0 (``Node.remaining_batch_s``), so the key leaves it out.
     """
 
     def __init__(self, size: int, *, prefill: bool) -> None:
@@ -89,7 +89,7 @@ class NodeStates:
 
     def views(
         self,
-        nodes: Sequence[SimNode],
+        nodes: Sequence[Node],
         models: Sequence[NodeModel],
         queued: Sequence[QueueSums] | None,
         now: float,
@@ -126,7 +126,7 @@ class NodeStates:
 
 
 def _node_state(
-    node: SimNode, model: NodeModel, queue: QueuedPrefill, remaining_s: float, running: int
+    node: Node, model: NodeModel, queue: QueuedPrefill, remaining_s: float, running: int
 ) -> NodeState:
     # every viewed node is serving: accepting, not draining; reports are always fresh (age 0)
     return NodeState(
@@ -146,7 +146,7 @@ def _node_state(
 
 
 def request_view(
-    req: SimRequest,
+    req: Request,
     turn: int,
     new_turn_tokens: int,
     local: dict[str, CachedPrefix],
@@ -176,8 +176,8 @@ class Prefixes:
 
 def prefixes(
     directory: Directory,
-    req: SimRequest,
-    nodes: Sequence[SimNode],
+    req: Request,
+    nodes: Sequence[Node],
     index_of: Mapping[str, int],
     cap_blocks: int,
     block: int,
@@ -237,8 +237,8 @@ def fetchable_blocks(mode: FetchMode, fetch: FetchModel, missing_blocks: int, bl
 
 
 def choose_decode(
-    req: SimRequest,
-    nodes: Sequence[SimNode],
+    req: Request,
+    nodes: Sequence[Node],
     models: Sequence[NodeModel],
     ctx: PolicyContext,
     now: float,

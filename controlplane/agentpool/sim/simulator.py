@@ -23,10 +23,10 @@ from typing import cast
 from agentpool.kv import ROOT_HASH, Directory, Phase, Tier
 from agentpool.kv.eviction import eviction_hashes_counted
 from agentpool.models import NodeModel, OccupancySample, PrefillBatchItem, RequestWorkRecord, Work
+from agentpool.node import IterationHook, Node, NodeStatus, Request, Role
 from agentpool.router.policy import NoCandidateError, PolicyContext, create_policy, kv_room_needed
 from agentpool.router.policy.contract import prefill_candidates
 from agentpool.sim.metrics import Metrics
-from agentpool.sim.node import IterationHook, NodeStatus, Role, SimNode, SimRequest
 from agentpool.sim.presets import Preset
 from agentpool.sim.routing import (
     NodeStates,
@@ -79,11 +79,11 @@ class SimConfig:
 class Issue:
     """A request ready to be sent, with what the router knows from the harness."""
 
-    req: SimRequest
+    req: Request
     turn: int
     new_turn_tokens: int
     last_of_branch: bool
-    on_done: Callable[[SimRequest, float], None]
+    on_done: Callable[[Request, float], None]
 
 
 @dataclass(slots=True)
@@ -104,7 +104,7 @@ class WindowLog:
 
 
 class Simulator:
-    """``on_iteration``, when given, receives every node's iteration records (see ``SimIteration``)."""
+    """``on_iteration``, when given, receives every node's iteration records (see ``Iteration``)."""
 
     def __init__(
         self,
@@ -129,13 +129,13 @@ class Simulator:
         block = cfg.block_size
         self.host_cap_blocks = _UNLIMITED_BLOCKS if unlimited else preset.host_kv_tokens // block
         gpu_blocks = _UNLIMITED_BLOCKS if unlimited else preset.gpu_kv_tokens // block
-        self.nodes: list[SimNode] = []
+        self.nodes: list[Node] = []
         for i in range(cfg.nodes):
             if system.pool is Pool.COLOCATED:
                 role = Role.BOTH
             else:
                 role = Role.PREFILL if i < cfg.prefill_nodes else Role.DECODE
-            node = SimNode(
+            node = Node(
                 i,
                 f"n{i}",
                 preset.prefill_model(),
@@ -158,9 +158,9 @@ class Simulator:
         self._decode_states = NodeStates(len(self.nodes), prefill=False)
         self._node_index = {n.name: n.index for n in self.nodes}
         self._wake_version = [0] * len(self.nodes)
-        self._pending_decode: deque[tuple[SimRequest, Issue]] = deque()
+        self._pending_decode: deque[tuple[Request, Issue]] = deque()
         self._pending_least_kv = 0  # no waiting request needs less KV room than this
-        self._local_decode: dict[int, deque[SimRequest]] = {}  # colocated: prefilled, waiting for KV room
+        self._local_decode: dict[int, deque[Request]] = {}  # colocated: prefilled, waiting for KV room
         self._issues: dict[int, Issue] = {}
         self._switches: dict[int, _Switch] = {}
         self.last_switch_at: float | None = None
@@ -186,7 +186,7 @@ class Simulator:
         """Call ``fn(now)`` once at ``at``."""
         self.schedule(at, _CALL, fn)
 
-    def _wake(self, node: SimNode) -> None:
+    def _wake(self, node: Node) -> None:
         t = node.wake_time()
         self._wake_version[node.index] += 1
         if t < math.inf:
@@ -205,7 +205,7 @@ class Simulator:
             elif kind == _ISSUE:
                 self._route(cast(Issue, payload))
             elif kind == _JOIN:
-                target, req = cast(tuple[int, SimRequest], payload)
+                target, req = cast(tuple[int, Request], payload)
                 self._on_join(target, req)
             elif kind == _SWITCH_DONE:
                 self._on_switch_done(cast(int, payload))
@@ -267,12 +267,11 @@ class Simulator:
             )
         )
         self.queued[idx].add(req, +1)
-        node.enqueue(req, now)
-        node.kick(now)
+        node.submit(req, now)
         self._after_step(node)
 
     # -- node events ------------------------------------------------------------------------------
-    def _on_wake(self, node: SimNode) -> None:
+    def _on_wake(self, node: Node) -> None:
         out = node.advance(self.now)
         if out.iteration is not None:
             self.window.iterations.setdefault(node.index, []).append(out.iteration[1])
@@ -287,7 +286,7 @@ class Simulator:
                 self._retry_pending_decode()
         self._after_step(node)
 
-    def _after_step(self, node: SimNode) -> None:
+    def _after_step(self, node: Node) -> None:
         if node.started:  # requests whose first chunk started leave the queued sums
             bind = self._bind_at_start and node.role is Role.PREFILL
             for r in node.started:
@@ -297,17 +296,10 @@ class Simulator:
             node.started.clear()
         self._wake(node)
         sw = self._switches.get(node.index)
-        if (
-            sw is not None
-            and sw.drained_at < 0
-            and node.status is NodeStatus.DRAINING
-            and node.idle
-            and not node.bound_waiting
-            and not node.joining
-        ):
+        if sw is not None and sw.drained_at < 0 and node.drained:
             self._drained(node, sw)
 
-    def _store(self, node: SimNode, blocks: list[int], parent: int) -> None:
+    def _store(self, node: Node, blocks: list[int], parent: int) -> None:
         if not blocks:
             return
         self.directory.apply_stored(node.name, parent, blocks, Tier.HOST, self.now)
@@ -316,7 +308,7 @@ class Simulator:
         if count > self.host_cap_blocks:
             self._evict_host(node, count - int(self.host_cap_blocks * (1 - self.cfg.host_evict_fraction)))
 
-    def _evict_host(self, node: SimNode, n: int) -> None:
+    def _evict_host(self, node: Node, n: int) -> None:
         if self.system.eviction is Eviction.BRANCH_COUNT:
             hashes = self.directory.eviction_hashes(node.name, limit=n)
         else:
@@ -325,7 +317,7 @@ class Simulator:
         node.gpu.discard(hashes)
         self.metrics.evicted_blocks += len(hashes)
 
-    def _on_prefilled(self, node: SimNode, req: SimRequest) -> None:
+    def _on_prefilled(self, node: Node, req: Request) -> None:
         full = req.blocks
         self._store(node, full, ROOT_HASH)
         self.metrics.first_token(req)
@@ -341,18 +333,17 @@ class Simulator:
         if not self._bind_at_start:
             self._bind_decode(req, issue)
         elif req.decode_node >= 0:  # bound when its prefill started: the KV goes there now
-            self.nodes[req.decode_node].bound_waiting -= 1
-            self._hand_over(req)
+            self._hand_over(req, was_waiting=True)
         # else: still waiting for decode room; the retry that binds it hands the KV over
 
-    def _admit_local(self, node: SimNode) -> None:
+    def _admit_local(self, node: Node) -> None:
         """Colocated nodes decode their own prefills, first come first served, while KV room lasts."""
         waiting = self._local_decode.get(node.index)
         while waiting and (waiting[0].kv_tokens <= node.kv_room_tokens or not node.running):
             node.join_decode(waiting.popleft(), self.now)
             self.in_decode += 1
 
-    def _bind_decode(self, req: SimRequest, issue: Issue) -> None:
+    def _bind_decode(self, req: Request, issue: Issue) -> None:
         target = choose_decode(
             req, self.nodes, self.models, self.ctx, self.now, self._decode_states, self._node_index
         )
@@ -361,18 +352,17 @@ class Simulator:
             return
         dnode = self.nodes[target]
         req.decode_node = target
-        dnode.kv_used_tokens += req.kv_tokens  # reserve now; join_decode re-adds, so release below
+        dnode.reserve_decode(req)  # KV room held from now on; bound and waiting if not prefilled yet
         if self.system.branch_ids:
             self.directory.place(req.branch, dnode.name, self.now)
         if req.first_token_at < 0:  # bound at prefill start: the hand-over waits for the prefill
-            dnode.bound_waiting += 1
             return
-        self._hand_over(req)
+        self._hand_over(req, was_waiting=False)
 
-    def _hand_over(self, req: SimRequest) -> None:
+    def _hand_over(self, req: Request, *, was_waiting: bool) -> None:
         """Send the prefilled KV to the bound decode node (GPU to GPU), which starts decoding on arrival.
         Until it arrives the node counts it as joining: a drain of the node waits for it."""
-        self.nodes[req.decode_node].joining += 1
+        self.nodes[req.decode_node].handover_started(req, was_waiting=was_waiting)
         self.schedule(self.now + self.preset.handover_s(req.input_tokens), _JOIN, (req.decode_node, req))
 
     def _retry_pending_decode(self) -> None:
@@ -396,7 +386,7 @@ class Simulator:
             self._bind_decode(req, issue)
             room = self._largest_decode_room()
 
-    def _wait_for_decode(self, req: SimRequest, issue: Issue) -> None:
+    def _wait_for_decode(self, req: Request, issue: Issue) -> None:
         need = kv_room_needed(req.input_tokens, req.output_tokens)  # bind_decode's filter
         if not self._pending_decode or need < self._pending_least_kv:
             self._pending_least_kv = need
@@ -408,23 +398,21 @@ class Simulator:
             (n.kv_room_tokens for n in self.nodes if n.role is decode and n.status is serving), default=-1
         )
 
-    def _on_join(self, target: int, req: SimRequest) -> None:
+    def _on_join(self, target: int, req: Request) -> None:
         dnode = self.nodes[target]
-        dnode.joining -= 1
-        dnode.kv_used_tokens -= req.kv_tokens
         self._store(dnode, req.blocks, ROOT_HASH)
-        dnode.join_decode(req, self.now)
+        dnode.handover_arrived(req, self.now)
         self.in_decode += 1
         self._after_step(dnode)
 
-    def _on_decoded(self, node: SimNode, req: SimRequest) -> None:
+    def _on_decoded(self, node: Node, req: Request) -> None:
         self.in_decode -= 1
         if req.produced:
             parent = req.blocks[-1] if req.blocks else ROOT_HASH
             self._store(node, req.produced, parent)
         self._complete(req, self._issues[req.rid])
 
-    def _complete(self, req: SimRequest, issue: Issue) -> None:
+    def _complete(self, req: Request, issue: Issue) -> None:
         del self._issues[req.rid]
         self.metrics.ideal_add(req.produced)
         self.metrics.done(req)
@@ -457,21 +445,20 @@ class Simulator:
         sw = _Switch(index, to, self.now)
         self._switches[index] = sw
         self.last_switch_at = self.now
-        node.status = NodeStatus.DRAINING
-        for r in node.take_queue():
+        for r in node.begin_drain():
             self.queued[index].add(r, -1)
             r.reroutes += 1
             self._route(self._issues.pop(r.rid))
         self._after_step(node)
 
-    def _drained(self, node: SimNode, sw: _Switch) -> None:
+    def _drained(self, node: Node, sw: _Switch) -> None:
         sw.drained_at = self.now
         mode = self.system.switch
-        node.status = NodeStatus.DOWN
-        if mode in (SwitchMode.RELAUNCH, SwitchMode.STRANDED):
+        keep_kv = mode not in (SwitchMode.RELAUNCH, SwitchMode.STRANDED)
+        node.go_down(keep_kv=keep_kv)
+        if not keep_kv:
             held = list(self.directory.index.host_access(node.name))
             self.directory.apply_removed(node.name, held, Tier.HOST)
-            node.reset_after_relaunch()
         delay = {
             SwitchMode.IN_PLACE: self.preset.switch_in_place_s,
             SwitchMode.STRANDED: self.preset.switch_in_place_s,
@@ -484,8 +471,7 @@ class Simulator:
     def _on_switch_done(self, index: int) -> None:
         node = self.nodes[index]
         sw = self._switches.pop(index)
-        node.role = sw.to
-        node.status = NodeStatus.SERVING
+        node.finish_switch(sw.to)
         self.directory.switch_phase(node.name, _PHASE[sw.to])
         self.metrics.switch(node.name, sw.decided_at, sw.drained_at, self.now, self.system.switch)
         self.metrics.record_split(self.now, self.split())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agentpool.models import DecodeModel, PrefillModel
-from agentpool.sim.node import IterationHook, Role, SimNode
+from agentpool.node import IterationHook, Node, Role
 
 PREFILL = PrefillModel(c0=0.01, c1=1e-4, c2=1e-8, c3=1e-5)
 DENSE = DecodeModel(d0=0.02, d1=0.0, d2=0.001, experts_total=0)  # T_D(B) = 0.02 + 0.001*B
@@ -14,8 +14,8 @@ def node(
     chunk: int = 8192,
     t_acc: float = 1.0,
     on_iteration: IterationHook | None = None,
-) -> SimNode:
-    return SimNode(
+) -> Node:
+    return Node(
         0,
         "n0",
         PREFILL,

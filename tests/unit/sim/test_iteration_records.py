@@ -9,8 +9,8 @@ import pytest
 from sim_node_builders import DENSE, PREFILL, node
 
 from agentpool.models import PrefillBatchItem, TtftSlo
+from agentpool.node import Iteration, Node, Request, Role
 from agentpool.sim.metrics import Metrics
-from agentpool.sim.node import Role, SimIteration, SimNode, SimRequest
 from agentpool.sim.planners import PlannerSettings, attach
 from agentpool.sim.presets import preset
 from agentpool.sim.replay import Phase, Replay, cycle
@@ -22,21 +22,21 @@ from agentpool.sim.trace import Conversation
 GLM = preset("glm52-4xgb300")
 
 
-def req(rid: int, inp: int, out: int, cached: int = 0, restore: int = 0) -> SimRequest:
-    r = SimRequest(rid, inp, out, [], [], f"b{rid}", 0.0)
+def req(rid: int, inp: int, out: int, cached: int = 0, restore: int = 0) -> Request:
+    r = Request(rid, inp, out, [], [], f"b{rid}", 0.0)
     r.cached_tokens = cached
     r.restore_tokens = restore
     return r
 
 
-def drain(n: SimNode, now: float = 0.0) -> None:
+def drain(n: Node, now: float = 0.0) -> None:
     n.kick(now)
     while (t := n.wake_time()) < math.inf:
         n.advance(t)
 
 
 def test_chunked_prefill_records_are_eq_1_of_their_batches() -> None:
-    records: list[SimIteration] = []
+    records: list[Iteration] = []
     n = node(Role.PREFILL, chunk=8192, on_iteration=records.append)
     n.enqueue(req(1, inp=12000, out=1, cached=2000, restore=1000), 0.0)
     n.enqueue(req(2, inp=3000, out=1), 0.0)
@@ -54,7 +54,7 @@ def test_chunked_prefill_records_are_eq_1_of_their_batches() -> None:
 
 
 def test_decode_stretches_are_eq_2_at_their_batch_size() -> None:
-    records: list[SimIteration] = []
+    records: list[Iteration] = []
     n = node(Role.DECODE, t_acc=1.0, on_iteration=records.append)
     a, b = req(1, inp=1000, out=1 + 10), req(2, inp=500, out=1 + 4)
     n.join_decode(a, 0.0)
@@ -75,7 +75,7 @@ def test_decode_stretches_are_eq_2_at_their_batch_size() -> None:
 
 
 def test_mixed_iterations_add_eq_1_and_eq_2() -> None:
-    records: list[SimIteration] = []
+    records: list[Iteration] = []
     n = node(Role.BOTH, on_iteration=records.append)
     n.join_decode(req(1, inp=1000, out=1 + 100), 0.0)
     n.enqueue(req(2, inp=4000, out=1), 0.0)
@@ -94,7 +94,7 @@ def _conversations() -> tuple[Conversation, ...]:
     return tuple(convs)
 
 
-def simulate(name: str, hook: list[SimIteration] | None) -> Metrics:
+def simulate(name: str, hook: list[Iteration] | None) -> Metrics:
     """12 Claude Code agents for 600 s on 4 nodes (2 prefill), as ``run_system`` wires it."""
     metrics = Metrics(TtftSlo(2.0, 1e-4), 0.1, 0.0, 600.0)
     cfg = system(name)
@@ -114,7 +114,7 @@ def simulate(name: str, hook: list[SimIteration] | None) -> Metrics:
 
 @pytest.mark.parametrize("name", ["agentpool", "dynamo-like+pool", "least-loaded"])
 def test_simulated_records_reproduce_eq_1_and_eq_2_and_change_nothing(name: str) -> None:
-    records: list[SimIteration] = []
+    records: list[Iteration] = []
     hooked = simulate(name, records)
     assert hooked.rows == simulate(name, None).rows
     prefill, decode = GLM.prefill_model(), GLM.decode_model()

@@ -9,17 +9,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sim_node_builders import node
 
-from agentpool.sim.node import GpuCache, Role, SimNode, SimRequest
+from agentpool.node import GpuCache, Node, Request, Role
 
 
-def req(rid: int, inp: int, out: int, cached: int = 0, restore: int = 0) -> SimRequest:
-    r = SimRequest(rid, inp, out, [], [], f"b{rid}", 0.0)
+def req(rid: int, inp: int, out: int, cached: int = 0, restore: int = 0) -> Request:
+    r = Request(rid, inp, out, [], [], f"b{rid}", 0.0)
     r.cached_tokens = cached
     r.restore_tokens = restore
     return r
 
 
-def run_until_idle(n: SimNode, now: float = 0.0) -> list[tuple[str, int, float]]:
+def run_until_idle(n: Node, now: float = 0.0) -> list[tuple[str, int, float]]:
     """Advance ``n`` event by event; returns (kind, rid, time) of every completion."""
     events = []
     n.kick(now)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from agentpool.models import OccupancySample, PrefillBatchItem, RequestWorkRecord, TtftSlo, Work
+from agentpool.node import Iteration, Request, Role
 from agentpool.sim.metrics import Metrics
-from agentpool.sim.node import Role, SimIteration, SimRequest
 from agentpool.sim.planners import ModelSource, OnlineFit, PlannerSettings, tick_for
 from agentpool.sim.presets import preset
 from agentpool.sim.run import Scenario, run_system
@@ -56,7 +56,7 @@ def test_arrow_counts_cached_prefixes_as_work() -> None:
     # three queued 100K-token requests, cached but for 512 tokens each: little real work (~0.1 s),
     # but predicted from the full length (3 x 5.6 s > the 12 s deadline) they ask for a prefill node
     for rid in range(3):
-        sim.nodes[0].queue.append(SimRequest(rid, 100_000, 10, [], [], "b", 0.0, cached_tokens=99_488))
+        sim.nodes[0].queue.append(Request(rid, 100_000, 10, [], [], "b", 0.0, cached_tokens=99_488))
     tick(PlannerKind.ARROW, sim)
     assert list(switching_to(sim).values()) == [Role.PREFILL]
 
@@ -155,9 +155,9 @@ def test_online_fit_gives_every_node_the_fitted_models_and_stops_recording() -> 
     for k in range(1, 40):  # prefill batches of growing size and prefix, decode stretches of growing B
         batch = (PrefillBatchItem(t_uc=500.0 * k, t_c=300.0 * (k % 7), t_rst=100.0 * (k % 3)),)
         t = p.iteration_time(list(batch))
-        fit.record(SimIteration("n0", float(k), k + t, batch, t, 0.0, 0, 0.0, 1.0, 0.0))
+        fit.record(Iteration("n0", float(k), k + t, batch, t, 0.0, 0, 0.0, 1.0, 0.0))
         dt = d.iteration_time(k)
-        fit.record(SimIteration("n5", float(k), k + 3 * dt, (), 0.0, 0.0, k, dt, 3.0, 0.0))
+        fit.record(Iteration("n5", float(k), k + 3 * dt, (), 0.0, 0.0, k, dt, 3.0, 0.0))
     fitted = fit.try_fit()
     assert not isinstance(fitted, str) and fit.done
     for m in sim.models:  # every node, prefill and decode alike, now plans and routes with the fit

@@ -17,11 +17,11 @@ from agentpool.kv import Directory, Tier
 from agentpool.kv import Phase as KvPhase
 from agentpool.kv.directory import Resolution
 from agentpool.models import DecodeModel, NodeModel, PrefillModel, TtftSlo
+from agentpool.node import Node, NodeStatus, Request, Role
 from agentpool.router.policy import EMPTY_QUEUE, CachedPrefix, NodeState, QueuedPrefill
 from agentpool.router.policy import Role as PolicyRole
 from agentpool.sim import routing
 from agentpool.sim.metrics import Metrics
-from agentpool.sim.node import NodeStatus, Role, SimNode, SimRequest
 from agentpool.sim.presets import preset
 from agentpool.sim.replay import Phase, Replay, cycle
 from agentpool.sim.run import Scenario, load_conversations
@@ -31,7 +31,7 @@ from agentpool.sim.systems import system
 _ROLE = {Role.PREFILL: PolicyRole.PREFILL, Role.DECODE: PolicyRole.DECODE, Role.BOTH: PolicyRole.BOTH}
 
 
-def fresh_state(node: SimNode, model: NodeModel, queue: QueuedPrefill, now: float) -> NodeState:
+def fresh_state(node: Node, model: NodeModel, queue: QueuedPrefill, now: float) -> NodeState:
     return NodeState(
         node_id=node.name,
         role=_ROLE[node.role],
@@ -59,7 +59,7 @@ class CheckedStates(routing.NodeStates):
 
     def views(
         self,
-        nodes: Sequence[SimNode],
+        nodes: Sequence[Node],
         models: Sequence[NodeModel],
         queued: Sequence[routing.QueueSums] | None,
         now: float,
@@ -101,8 +101,8 @@ def checking(monkeypatch: pytest.MonkeyPatch) -> None:
 
     def prefixes(
         directory: Directory,
-        req: SimRequest,
-        nodes: Sequence[SimNode],
+        req: Request,
+        nodes: Sequence[Node],
         index_of: dict[str, int],
         cap_blocks: int,
         block: int,
@@ -175,7 +175,7 @@ def test_colocated_views_equal_fresh_builds() -> None:
 def test_prefixes_per_node_with_different_gpu_parts() -> None:
     directory = Directory(page_size=64)
     nodes = [
-        SimNode(
+        Node(
             i,
             f"n{i}",
             PrefillModel(c0=0.01, c1=5e-5, c2=1e-10, c3=1e-7),
@@ -196,7 +196,7 @@ def test_prefixes_per_node_with_different_gpu_parts() -> None:
     for name, count in held.items():
         directory.apply_stored(name, 0, path[:count], Tier.HOST, 0.0)
         nodes[int(name[1:])].gpu.touch(path[: on_gpu[name]])
-    req = SimRequest(1, 10 * 64, 10, path, [], "b", 0.0)
+    req = Request(1, 10 * 64, 10, path, [], "b", 0.0)
     found = routing.prefixes(directory, req, nodes, {n.name: n.index for n in nodes}, 9, 64, None, 0.0)
     assert found.blocks == {0: (9, 9), 1: (3, 9), 2: (3, 9), 3: (4, 4)}
     assert found.best_blocks == 9
@@ -213,7 +213,7 @@ def test_decode_nodes_count_for_the_cluster_prefix_but_get_no_view() -> None:
     directory = Directory(page_size=64)
     roles = [Role.PREFILL, Role.DECODE]
     nodes = [
-        SimNode(
+        Node(
             i,
             f"n{i}",
             PrefillModel(c0=0.01, c1=5e-5, c2=1e-10, c3=1e-7),
@@ -231,7 +231,7 @@ def test_decode_nodes_count_for_the_cluster_prefix_but_get_no_view() -> None:
     path = list(range(1, 11))
     directory.apply_stored("n0", 0, path[:3], Tier.HOST, 0.0)
     directory.apply_stored("n1", 0, path, Tier.HOST, 0.0)  # the decode node holds the whole prompt
-    req = SimRequest(1, 10 * 64, 10, path, [], "b", 0.0)
+    req = Request(1, 10 * 64, 10, path, [], "b", 0.0)
     found = routing.prefixes(directory, req, nodes, {n.name: n.index for n in nodes}, 9, 64, None, 0.0)
     assert found.blocks == {0: (0, 3)}
     assert set(found.views) == {"n0"}

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from agentpool.models import NodeModel, PrefillBatchItem, TtftSlo, Work
+from agentpool.node import NodeStatus, Request, Role
 from agentpool.sim.metrics import Metrics
-from agentpool.sim.node import NodeStatus, Role, SimRequest
 from agentpool.sim.presets import preset
 from agentpool.sim.replay import Phase, Replay, cycle
 from agentpool.sim.run import Scenario, fewer_collections, load_conversations, run_system
@@ -177,7 +177,7 @@ def test_colocated_node_waits_for_kv_room_before_decoding() -> None:
     done: list[tuple[float, float, float]] = []
     record = metrics.done
 
-    def spy(req: SimRequest) -> None:
+    def spy(req: Request) -> None:
         done.append((req.first_token_at, req.decode_start, req.done_at))
         record(req)
 
@@ -254,12 +254,12 @@ def test_prefilled_requests_wait_for_decode_room_and_smaller_ones_overtake() -> 
     sim = Simulator(system("static-cache-aware"), small_kv, cfg, metrics)
     times: dict[int, tuple[float, float, float]] = {}  # input tokens -> (first token, decode start, done)
 
-    def done(r: SimRequest, _now: float) -> None:
+    def done(r: Request, _now: float) -> None:
         times[r.input_tokens] = (r.first_token_at, r.decode_start, r.done_at)
 
     for n, (inp, out) in enumerate([(5000, 1000), (5500, 18), (1500, 18)]):  # A, B, C
         blocks = [b + 1000 * n for b in one_request(inp, out).block_keys(0, n + 1, 0)[0]]
-        sim.issue_at(0.0, Issue(SimRequest(n + 1, inp, out, blocks, [], f"b{n}", 0.0), 1, inp, True, done))
+        sim.issue_at(0.0, Issue(Request(n + 1, inp, out, blocks, [], f"b{n}", 0.0), 1, inp, True, done))
     sim.run(1000.0)
     (_, _, a_done), (b_first, b_start, _), (c_first, c_start, _) = times[5000], times[5500], times[1500]
     assert b_first == c_first < a_done  # B and C are prefilled while A decodes (6000 of 8000 used)
@@ -276,7 +276,7 @@ def test_decode_binding_time(binding: str) -> None:
     reqs = []
     for n, inp in enumerate([8192, 4000]):
         blocks = [b + 1000 * n for b in one_request(inp, 50).block_keys(0, n + 1, 0)[0]]
-        reqs.append(SimRequest(n + 1, inp, 50, blocks, [], f"b{n}", 0.0))
+        reqs.append(Request(n + 1, inp, 50, blocks, [], f"b{n}", 0.0))
         sim.issue_at(0.0, Issue(reqs[-1], 1, inp, True, lambda _r, _now: None))
     a, b = reqs
     sim.run(0.01)  # A's prefill runs, B waits in the prefill queue
@@ -301,10 +301,10 @@ def test_a_decode_node_drains_only_after_the_kv_on_its_way_has_arrived(system_na
     request decodes there, and only then does the node go down (a relaunch would otherwise reset the
     node's KV accounting under the arriving request)."""
 
-    def make() -> tuple[Simulator, SimRequest]:
+    def make() -> tuple[Simulator, Request]:
         metrics = Metrics(TtftSlo(2.0, 1e-4), 0.1, 0.0, 10_000.0)
         sim = Simulator(system(system_name), GLM, SimConfig(nodes=2, prefill_nodes=1, block_size=64), metrics)
-        req = SimRequest(1, 4000, 50, one_request(4000, 50).block_keys(0, 1, 0)[0], [], "b", 0.0)
+        req = Request(1, 4000, 50, one_request(4000, 50).block_keys(0, 1, 0)[0], [], "b", 0.0)
         sim.issue_at(0.0, Issue(req, 1, 4000, True, lambda _r, _now: None))
         return sim, req
 

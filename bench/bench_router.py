@@ -344,7 +344,9 @@ def start_agentpool(
     }
     path = tmp / f"router-{policy}.json"
     path.write_text(json.dumps(config))
+    # the bench engines post no load reports
     args = ["--config", str(path), "--host", "127.0.0.1", "--port", str(port)]
+    args.append("--insecure-allow-unauthenticated-reports")
     if loop != "asyncio":
         args += ["--loop", loop]
     proc = subprocess.Popen(

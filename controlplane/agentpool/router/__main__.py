@@ -1,9 +1,18 @@
-"""Run the router: ``python -m agentpool.router --config router.yaml [--host H] [--port P]``.
+"""Run the router: ``python -m agentpool.router --config router.yaml --report-token-file F [...]``.
 
 ``--directory inprocess`` keeps a KV directory in this process (single-router deployments, demos);
-``--directory HOST:PORT`` uses the directory service over gRPC. ``--loop uvloop`` runs the router on
-uvloop (an optional dependency, ``pip install uvloop``), which cuts the per-request overhead of the
-event loop; the default is the standard asyncio loop.
+``--directory HOST:PORT`` uses the directory service over gRPC (its bearer token from
+``--directory-token-file``). ``--loop uvloop`` runs the router on uvloop (an optional dependency,
+``pip install uvloop``), which cuts the per-request overhead of the event loop.
+
+Engine load reports (``POST /agentpool/v1/report``) need ``Authorization: Bearer <token>`` with the
+token in ``--report-token-file`` (or the file named by ``$AGENTPOOL_REPORT_TOKEN_FILE``); the router
+refuses to start without one unless ``--insecure-allow-unauthenticated-reports`` is given.
+
+Everything (the gRPC channel included) is built inside the event loop that serves: a gRPC aio
+channel made before the loop runs is bound to another loop and fails every call. ``--port 0``
+picks a free port; the router prints ``router listening on http://HOST:PORT`` once it serves.
+SIGTERM or SIGINT stops it cleanly.
 """
 
 from __future__ import annotations
@@ -11,21 +20,28 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from aiohttp import web
 
 from agentpool.kv import Directory
-from agentpool.router.config import ConfigFile
+from agentpool.router.auth import TOKEN_FILE_ENV, AuthConfigError, ReportAuth
+from agentpool.router.config import ConfigError, ConfigFile
 from agentpool.router.directory_view import DirectoryView, InProcessDirectoryView
 from agentpool.router.server import build_app
 from agentpool.router.service import RouterService
+
+log = logging.getLogger("agentpool.router")
 
 
 def directory_view(
     spec: str, page_size: int, token_file: Path | None = None, ca_file: Path | None = None
 ) -> DirectoryView:
+    """The directory the router asks; call it inside the running event loop (gRPC channels bind to it)."""
     if spec == "inprocess":
         if token_file is not None or ca_file is not None:
             raise SystemExit("--directory-token-file/--directory-ca-file need --directory HOST:PORT")
@@ -37,45 +53,102 @@ def directory_view(
     return GrpcDirectoryView(spec, token=token, root_certificates=certs)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m agentpool.router", description=__doc__)
-    parser.add_argument(
-        "--config", required=True, help="router config file (YAML or JSON); reloaded on change"
-    )
-    parser.add_argument("--host", default="0.0.0.0")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--directory", default="inprocess", help="'inprocess' or the directory's HOST:PORT")
-    parser.add_argument(
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m agentpool.router", description=__doc__)
+    p.add_argument("--config", required=True, help="router config file (YAML or JSON); reloaded on change")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=8000, help="0: a free port (printed)")
+    p.add_argument("--directory", default="inprocess", help="'inprocess' or the directory's HOST:PORT")
+    p.add_argument(
         "--directory-token-file", type=Path, default=None, help="bearer token for the directory service"
     )
-    parser.add_argument(
+    p.add_argument(
         "--directory-ca-file", type=Path, default=None, help="CA certificate (PEM): use TLS to the directory"
     )
-    parser.add_argument(
+    p.add_argument(
+        "--report-token-file",
+        type=Path,
+        default=None,
+        help=f"file with the bearer token engines send with load reports (default: ${TOKEN_FILE_ENV})",
+    )
+    p.add_argument(
+        "--insecure-allow-unauthenticated-reports",
+        action="store_true",
+        help="accept load reports from anyone (tests and demos only: a forged report can switch roles)",
+    )
+    p.add_argument(
         "--loop",
         choices=("asyncio", "uvloop"),
         default="asyncio",
         help="event loop: the standard asyncio one, or uvloop (optional dependency: pip install uvloop)",
     )
-    args = parser.parse_args(argv)
-    loop = event_loop(args.loop, parser)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return p
+
+
+def report_auth(args: argparse.Namespace, env: dict[str, str]) -> ReportAuth:
+    path = args.report_token_file
+    if path is None and env.get(TOKEN_FILE_ENV):
+        path = Path(env[TOKEN_FILE_ENV])
+    if path is not None:
+        if args.insecure_allow_unauthenticated_reports:
+            raise AuthConfigError(
+                "give a report token file or --insecure-allow-unauthenticated-reports, not both"
+            )
+        return ReportAuth.token_file(path)
+    if args.insecure_allow_unauthenticated_reports:
+        return ReportAuth.unauthenticated()
+    raise AuthConfigError(
+        f"engine load reports need a token: give --report-token-file (or ${TOKEN_FILE_ENV}), "
+        "or --insecure-allow-unauthenticated-reports"
+    )
+
+
+async def serve(args: argparse.Namespace, auth: ReportAuth) -> None:
     config_file = ConfigFile(args.config)
-    config = config_file.load()
+    config = await asyncio.to_thread(config_file.load)
     view = directory_view(args.directory, config.page_size, args.directory_token_file, args.directory_ca_file)
-    service = RouterService(config, view, config_file=config_file)
-    web.run_app(build_app(service), host=args.host, port=args.port, access_log=None, loop=loop)
+    service = RouterService(config, view, config_file=config_file, report_auth=auth)
+    runner = web.AppRunner(build_app(service), access_log=None, shutdown_timeout=5.0)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, args.host, args.port)
+        await site.start()
+        port = runner.addresses[0][1]
+        print(f"router listening on http://{args.host}:{port}", flush=True)
+        if auth.open:
+            log.warning("engine load reports are NOT authenticated (--insecure-allow-unauthenticated-*)")
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+    log.info("router stopped")
 
 
-def event_loop(kind: str, parser: argparse.ArgumentParser) -> asyncio.AbstractEventLoop:
+def loop_factory(kind: str, parser: argparse.ArgumentParser) -> Callable[[], asyncio.AbstractEventLoop]:
     if kind == "asyncio":
-        return asyncio.new_event_loop()
+        return asyncio.new_event_loop
     try:
         import uvloop
     except ImportError:
         parser.error("--loop uvloop needs the optional dependency uvloop (pip install uvloop)")
-    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
-    return loop
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = parser()
+    args = p.parse_args(argv)
+    factory = loop_factory(args.loop, p)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        auth = report_auth(args, dict(os.environ))
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(serve(args, auth))
+    except (AuthConfigError, ConfigError) as e:
+        raise SystemExit(f"agentpool.router: {e}") from e
 
 
 if __name__ == "__main__":

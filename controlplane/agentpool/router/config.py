@@ -87,8 +87,6 @@ class RouterConfig(_Strict):
     timeouts: TimeoutConfig = TimeoutConfig()
     node_model: NodeModelConfig = Field(default_factory=NodeModelConfig, alias="nodeModel")
     nodes: list[NodeConfig] = Field(default_factory=list)
-    # when set, engines must send `Authorization: Bearer <token>` with their load reports
-    report_token: str | None = Field(None, min_length=16, alias="reportToken", repr=False)
 
     @model_validator(mode="after")
     def _check(self) -> RouterConfig:

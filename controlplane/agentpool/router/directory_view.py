@@ -48,6 +48,12 @@ class DirectoryView(Protocol):
         """End ``branch``; ``False`` when the directory does not know it."""
         ...
 
+    async def health(self) -> str:
+        """``"ok"``, or why the directory cannot serve (raises :class:`DirectoryError` if unreachable)."""
+        ...
+
+    async def close(self) -> None: ...
+
 
 def prefixes_in_tokens(matches: Mapping[str, PrefixMatch], page_size: int) -> dict[str, CachedPrefix]:
     return {
@@ -87,3 +93,9 @@ class InProcessDirectoryView:
             return False
         self.directory.end_branch(branch)
         return True
+
+    async def health(self) -> str:
+        return "ok"
+
+    async def close(self) -> None:
+        return None

@@ -56,7 +56,10 @@ class GenerateRequest(BaseModel):
 
 
 class Usage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    """The engine's usage object; fields beyond the two counts (``prompt_tokens_details`` with
+    ``cached_tokens``, ``completion_tokens_details``, ...) are kept and passed to the client whole."""
+
+    model_config = ConfigDict(extra="allow")
     prompt_tokens: int = 0
     completion_tokens: int = 0
 

@@ -55,3 +55,12 @@ class GrpcDirectoryView:
                 return False
             raise DirectoryError(str(e)) from e
         return True
+
+    async def health(self) -> str:
+        try:
+            h = await self.client.health()
+        except DirectoryRpcError as e:
+            raise DirectoryError(str(e)) from e
+        if not h.serving:
+            return "not serving"
+        return "ok" if h.store_ok else "its store is unavailable"

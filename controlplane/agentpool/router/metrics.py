@@ -75,6 +75,17 @@ class RouterMetrics:
         self.config_reloads = Counter(
             "agentpool_router_config_reloads_total", "Configuration reloads", ["result"], registry=r
         )
+        self.rejected_reports = Counter(
+            "agentpool_router_rejected_reports_total",
+            "Engine load reports refused for a missing or wrong token",
+            registry=r,
+        )
+        self.engine_failures = Counter(
+            "agentpool_router_engine_failures_total",
+            "Engine calls that failed, by whose fault: engine (marks it down) or request (does not)",
+            ["cause"],
+            registry=r,
+        )
         self._children: dict[tuple[int, tuple[str, ...]], MetricWrapperBase] = {}
 
     def child(self, metric: W, *values: str) -> W:

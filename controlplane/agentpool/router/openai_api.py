@@ -113,12 +113,11 @@ def validation_error_body(e: ValidationError) -> dict[str, Any]:
 # ---- responses --------------------------------------------------------------------------------
 
 
-def usage_dict(u: Usage) -> dict[str, int]:
-    return {
-        "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.prompt_tokens + u.completion_tokens,
-    }
+def usage_dict(u: Usage) -> dict[str, Any]:
+    """The engine's usage whole, with ``total_tokens`` added when the engine did not send it."""
+    out: dict[str, Any] = u.model_dump()
+    out.setdefault("total_tokens", u.prompt_tokens + u.completion_tokens)
+    return out
 
 
 def chat_response(rid: str, model: str, text: str, finish: str, usage: Usage) -> dict[str, Any]:

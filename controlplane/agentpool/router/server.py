@@ -13,7 +13,6 @@ carries ``Retry-After``.
 from __future__ import annotations
 
 import contextlib
-import hmac
 import json
 import logging
 import time
@@ -69,9 +68,15 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
 
+        self.headers: dict[str, str] = {}
+
+    def with_headers(self, headers: dict[str, str]) -> ApiError:
+        self.headers.update(headers)
+        return self
+
     def response(self, headers: dict[str, str] | None = None) -> web.Response:
         body = error_body(self.message, self.type, self.code, self.param)
-        return web.json_response(body, status=self.status, headers=headers)
+        return web.json_response(body, status=self.status, headers={**self.headers, **(headers or {})})
 
 
 def flow_error(e: FlowError, retry_after: int) -> web.Response:
@@ -341,9 +346,10 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
-    if request.app[SERVICE_KEY].ready():
-        return web.json_response({"status": "ready"})
-    return web.json_response({"status": "not ready"}, status=503)
+    ok, checks = await request.app[SERVICE_KEY].ready()
+    if ok:
+        return web.json_response({"status": "ready", "checks": checks})
+    return web.json_response({"status": "not ready", "checks": checks}, status=503)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -351,18 +357,16 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=data, headers={"content-type": CONTENT_TYPE_LATEST})
 
 
-def check_report_token(request: web.Request, token: str | None) -> None:
-    """Reject a load report without the configured bearer token (none configured: open)."""
-    if token is None:
-        return
-    given = request.headers.get("authorization", "")
-    if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-        raise ApiError(401, "missing or wrong report token", "authentication_error", "invalid_token")
-
-
 async def report(request: web.Request) -> web.Response:
     service = request.app[SERVICE_KEY]
-    check_report_token(request, service.config.report_token)
+    if not service.report_auth.allows(request.headers.get("authorization")):
+        service.metrics.rejected_reports.inc()
+        raise ApiError(
+            401,
+            "missing or wrong report token",
+            "authentication_error",
+            "invalid_token",
+        ).with_headers({"WWW-Authenticate": "Bearer"})
     rep = parse_body(LoadReport, await read_json(request))
     if rep.node_id not in service.nodes:
         raise ApiError(404, f"unknown node {rep.node_id!r}", "invalid_request_error", "unknown_node")

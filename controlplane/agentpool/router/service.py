@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Sequence
 
 from agentpool.kv import block_hashes
+from agentpool.router.auth import ReportAuth
 from agentpool.router.config import ConfigError, ConfigFile, RouterConfig
 from agentpool.router.directory_view import DirectoryError, DirectoryView, Resolved
 from agentpool.router.engine_client import EngineClient
@@ -46,10 +47,12 @@ class RouterService:
         config: RouterConfig,
         directory: DirectoryView,
         *,
+        report_auth: ReportAuth,
         metrics: RouterMetrics | None = None,
         config_file: ConfigFile | None = None,
         reload_interval_s: float = 1.0,
     ) -> None:
+        self.report_auth = report_auth
         self.metrics = metrics or RouterMetrics()
         self.directory = directory
         self.config_file = config_file
@@ -81,6 +84,7 @@ class RouterService:
                 await self._reload_task
             self._reload_task = None
         await self.engines.close()
+        await self.directory.close()
 
     # -- configuration -----------------------------------------------------------------------
     def apply_config(self, config: RouterConfig, tokenizer: Tokenizer | None = None) -> list[str]:
@@ -144,9 +148,17 @@ class RouterService:
         if report.iterations:
             self.dispatcher.work_log.iterations(report.node_id, report.iterations)
 
-    def ready(self) -> bool:
+    async def ready(self) -> tuple[bool, dict[str, str]]:
+        """Ready when a node can take a prefill and the directory answers healthy (with the reasons)."""
         snapshot = self.nodes.snapshot(time.monotonic())
-        return any(serves_prefill(n) and n.accepting and not n.draining for n in snapshot)
+        nodes_ok = any(serves_prefill(n) and n.accepting and not n.draining for n in snapshot)
+        try:
+            async with asyncio.timeout(self.config.timeouts.directory_s):
+                directory = await self.directory.health()
+        except (DirectoryError, TimeoutError) as e:
+            directory = f"unavailable: {e or 'timed out'}"
+        checks = {"nodes": "ok" if nodes_ok else "no node can take a prefill", "directory": directory}
+        return nodes_ok and directory == "ok", checks
 
     # -- requests ----------------------------------------------------------------------------
     async def encode_chat(self, messages: Sequence[Message]) -> Encoded:

@@ -115,6 +115,10 @@ class StandIn:
                 return
             if self.token_s:
                 await asyncio.sleep(self.token_s)
-        usage = {"prompt_tokens": len(req.prompt_token_ids), "completion_tokens": n}
+        usage = {
+            "prompt_tokens": len(req.prompt_token_ids),
+            "completion_tokens": n,
+            "prompt_tokens_details": {"cached_tokens": req.cached_tokens},  # OpenAI's field, passed through
+        }
         await send({"type": "done", "finish_reason": "length" if n == limit else "stop", "usage": usage})
         self.completed.append(req.request_id)

@@ -14,6 +14,7 @@ import aiohttp
 from aiohttp import web
 
 from agentpool.kv import Directory
+from agentpool.router.auth import ReportAuth
 from agentpool.router.config import ConfigFile, RouterConfig
 from agentpool.router.directory_view import DirectoryView, InProcessDirectoryView
 from agentpool.router.server import build_app
@@ -52,9 +53,14 @@ async def start_router(
     directory: DirectoryView | None = None,
     config_file: ConfigFile | None = None,
     reload_interval_s: float = 0.05,
+    report_auth: ReportAuth | None = None,
 ) -> Router:
+    """``report_auth``: who may post load reports (default: anyone, as most tests post them bare)."""
     view = directory or InProcessDirectoryView(Directory(config.page_size), time.monotonic)
-    service = RouterService(config, view, config_file=config_file, reload_interval_s=reload_interval_s)
+    auth = report_auth if report_auth is not None else ReportAuth.unauthenticated()
+    service = RouterService(
+        config, view, report_auth=auth, config_file=config_file, reload_interval_s=reload_interval_s
+    )
     runner = web.AppRunner(build_app(service), shutdown_timeout=0.1)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

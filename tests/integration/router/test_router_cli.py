@@ -38,6 +38,7 @@ def test_module_entry_point_serves_models_and_metrics(tmp_path: Path) -> None:
             "127.0.0.1",
             "--port",
             str(port),
+            "--insecure-allow-unauthenticated-reports",
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -59,5 +60,8 @@ def test_module_entry_point_serves_models_and_metrics(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+        err = proc.stderr.read() if proc.stderr is not None else b""
         if proc.stderr is not None:
             proc.stderr.close()
+    assert proc.returncode == 0, err
+    assert b"load reports are NOT authenticated" in err

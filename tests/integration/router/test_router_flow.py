@@ -78,6 +78,7 @@ async def test_non_streaming_chat_and_completion(http: aiohttp.ClientSession) ->
         assert body["object"] == "chat.completion"
         assert body["choices"][0]["message"] == {"role": "assistant", "content": "tok0 tok1 tok2 "}
         assert body["usage"]["completion_tokens"] == 3
+        assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}  # the engine's, passed on
         comp = {"model": "test-model", "prompt": "once upon a time", "max_tokens": 2}
         async with http.post(f"{router.url}/v1/completions", json=comp) as resp:
             body = await resp.json()

@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 from router_engine_standin import StandIn
 from router_harness import Router, chat_body, router_config, start_router
 
+from agentpool.router.auth import ReportAuth
+
 pytestmark = pytest.mark.integration
 
 
@@ -228,7 +230,7 @@ def test_fuzz_never_5xx(
 async def test_load_reports_need_the_report_token_when_one_is_set() -> None:
     a = await StandIn("a", tokens=2).start()
     token = "t" * 32
-    r = await start_router(router_config([("a", a.url, "both")], reportToken=token))
+    r = await start_router(router_config([("a", a.url, "both")]), report_auth=ReportAuth.token(token))
     body = {"node_id": "a", "role": "both"}
     try:
         async with aiohttp.ClientSession() as http:

@@ -11,7 +11,7 @@ from typing import cast
 import aiohttp
 import pytest
 
-from agentpool.router.__main__ import event_loop
+from agentpool.router.__main__ import loop_factory
 from agentpool.router.engine_client import MAX_EVENT_BYTES, _Lines
 from agentpool.router.metrics import RouterMetrics
 
@@ -105,7 +105,7 @@ def test_metric_children_are_memoized_and_count_like_labels() -> None:
 
 def test_event_loop_flag() -> None:
     parser = argparse.ArgumentParser()
-    loop = event_loop("asyncio", parser)
+    loop = loop_factory("asyncio", parser)()
     assert isinstance(loop, asyncio.BaseEventLoop)
     loop.close()
 
@@ -115,13 +115,13 @@ def test_uvloop_flag_without_uvloop_is_a_clear_usage_error(
 ) -> None:
     monkeypatch.setitem(sys.modules, "uvloop", None)  # import uvloop raises ImportError
     with pytest.raises(SystemExit) as exc:
-        event_loop("uvloop", argparse.ArgumentParser())
+        loop_factory("uvloop", argparse.ArgumentParser())
     assert exc.value.code == 2
     assert "pip install uvloop" in capsys.readouterr().err
 
 
 def test_uvloop_flag_gives_a_uvloop_loop() -> None:
     uvloop = pytest.importorskip("uvloop")
-    loop = event_loop("uvloop", argparse.ArgumentParser())
+    loop = loop_factory("uvloop", argparse.ArgumentParser())()
     assert isinstance(loop, uvloop.Loop)
     loop.close()

@@ -1,0 +1,208 @@
+"""The directory, the router and the planner, each started from its command line as users start them.
+
+Real Redis (a unique namespace on the shared server), real gRPC between router and directory, real
+HTTP to stand-in engines (our own seam), the planner against KMock: a streamed chat completion goes
+through all of them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import redis.asyncio as aioredis
+from router_engine_standin import StandIn
+from router_harness import chat_body, read_sse, streamed_text, wait_until
+from service_processes import Service, launch, running
+
+from agentpool.directory.client import DirectoryClient
+
+pytestmark = pytest.mark.integration
+REDIS_URL = "redis://127.0.0.1:6379/0"
+NS = "agents"
+PODS = ("engine-0", "engine-1")
+
+
+@pytest.fixture
+async def namespace() -> AsyncIterator[str]:
+    ns = f"agentpool-router-cli-test:{uuid.uuid4().hex}"
+    yield ns
+    r = aioredis.Redis.from_url(REDIS_URL)
+    try:
+        keys = [k async for k in r.scan_iter(match=f"{ns}:*", count=1000)]
+        if keys:
+            await r.delete(*keys)
+    finally:
+        await r.aclose()
+
+
+def secret(path: Path, value: str) -> Path:
+    path.write_text(value + "\n")
+    path.chmod(0o600)
+    return path
+
+
+def kubeconfig(path: Path, url: str) -> Path:
+    cluster = {"name": "kmock", "cluster": {"server": url.rstrip("/")}}
+    context = {"name": "kmock", "context": {"cluster": "kmock", "user": "test"}}
+    body = {"apiVersion": "v1", "kind": "Config", "clusters": [cluster], "contexts": [context]}
+    body |= {"users": [{"name": "test", "user": {}}], "current-context": "kmock"}
+    path.write_text(json.dumps(body))
+    return path
+
+
+def add_pods(kmock: Any) -> None:
+    for name, role in zip(PODS, ("prefill", "decode"), strict=True):
+        notes = {"agentpool.io/role": role, "agentpool.io/observed-role": role}
+        meta = {"name": name, "namespace": NS, "labels": {"agentpool.io/pool": "demo"}, "annotations": notes}
+        meta |= {"uid": f"uid-{name}", "resourceVersion": "1"}
+        body = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"containers": []}}
+        kmock.objects[kmock.resource("v1", "pods"), NS, name] = body
+    kmock.resources["v1/events"] = {}
+
+
+def pod_role(kmock: Any, name: str) -> str:
+    raw = kmock.objects[kmock.resource("v1", "pods"), NS, name].raw
+    return str(raw["metadata"]["annotations"]["agentpool.io/role"])
+
+
+async def start_directory(namespace: str, token_file: Path) -> tuple[Service, str]:
+    directory = await launch(
+        "directory", "agentpool.directory",
+        "--host", "127.0.0.1", "--port", "0", "--redis-url", REDIS_URL, "--namespace", namespace,
+        "--page-size", "16", "--auth-token-file", str(token_file),
+    )  # fmt: skip
+    m = await directory.wait_for(r"directory listening on (\S+)")
+    return directory, m.group(1)
+
+
+async def start_router(config: Path, *args: str) -> tuple[Service, str]:
+    router = await launch(
+        "router", "agentpool.router", "--config", str(config), "--host", "127.0.0.1", "--port", "0", *args
+    )
+    m = await router.wait_for(r"router listening on (http://\S+)")
+    return router, m.group(1)
+
+
+async def get_json(http: aiohttp.ClientSession, url: str) -> tuple[int, Any]:
+    async with http.get(url) as resp:
+        return resp.status, await resp.json()
+
+
+async def test_a_streamed_completion_through_directory_router_and_planner_started_from_their_clis(
+    tmp_path: Path, namespace: str, kmock: Any
+) -> None:
+    engines = [await StandIn(f"n{i}", tokens=3).start() for i in range(2)]
+    dir_token = secret(tmp_path / "directory-token", "d" * 40)
+    report_token = secret(tmp_path / "report-token", "r" * 40)
+    config = tmp_path / "router.json"
+    nodes = [{"id": e.node_id, "url": e.url, "role": "both"} for e in engines]
+    raw = {"model": "test-model", "policy": "smetric", "pageSize": 16, "nodes": nodes}
+    config.write_text(json.dumps(raw))
+    add_pods(kmock)
+    directory, address = await start_directory(namespace, dir_token)
+    try:
+        router, url = await start_router(
+            config,
+            "--directory", address, "--directory-token-file", str(dir_token),
+            "--report-token-file", str(report_token),
+        )  # fmt: skip
+        async with (
+            running(
+                "planner",
+                "agentpool.planner",
+                "--namespace",
+                NS,
+                "--pool",
+                "demo",
+                "--pool-uid",
+                "pool-uid",
+                "--router",
+                url,
+                "--kubeconfig",
+                str(kubeconfig(tmp_path / "kubeconfig", str(kmock.url))),
+                "--poll-interval-s",
+                "0.2",
+                "--warmup-s",
+                "3600",
+                "--state-configmap",
+                "",
+            ) as planner,  # fmt: skip
+            aiohttp.ClientSession() as http,
+        ):
+            status, body = await get_json(http, url + "/ready")
+            assert status == 200 and body["checks"] == {"nodes": "ok", "directory": "ok"}, body
+
+            # a streamed chat completion of a branch: the gRPC directory learns the branch
+            messages = [{"role": "user", "content": "tell me about the weather in a long sentence " * 4}]
+            request = chat_body(stream=True, max_tokens=3, stream_options={"include_usage": True})
+            request["messages"] = messages
+            headers = {"x-agentpool-branch": "agent-1"}
+            async with http.post(url + "/v1/chat/completions", json=request, headers=headers) as resp:
+                assert resp.status == 200, await resp.text()
+                events = await read_sse(resp)
+            assert streamed_text(events) == "tok0 tok1 tok2 "
+            assert events[-1] == "[DONE]"
+            usage = events[-2]["usage"]
+            assert usage["completion_tokens"] == 3 and usage["total_tokens"] == usage["prompt_tokens"] + 3
+            assert usage["prompt_tokens_details"] == {"cached_tokens": 0}  # the engine's usage, whole
+            served = [e for e in engines if e.completed]
+            assert len(served) == 1
+            async with DirectoryClient(address, token="d" * 40) as client:
+                resolved = await client.resolve([1, 2, 3], branch="agent-1")
+            assert resolved.branch is not None and not resolved.branch.is_new  # placed by the router
+
+            # load reports need the token from the file
+            report = {"node_id": engines[0].node_id, "role": "both"}
+            async with http.post(url + "/agentpool/v1/report", json=report) as resp:
+                assert resp.status == 401 and (await resp.json())["error"]["code"] == "invalid_token"
+            auth = {"authorization": "Bearer " + "r" * 40}
+            async with http.post(url + "/agentpool/v1/report", json=report, headers=auth) as resp:
+                assert resp.status == 200, await resp.text()
+
+            # the planner runs against the cluster and reads the router's work log
+            await wait_until(lambda: all(pod_role(kmock, p) == "both" for p in PODS), 30, "warmup roles")
+            status, work = await get_json(http, url + "/agentpool/v1/work")
+            assert status == 200 and len(work["requests"]) == 1, work
+            assert "not read" not in planner.text(), planner.text()
+
+            # the directory goes away: /ready says so, requests are still served without prefixes
+            assert await directory.stop() == 0
+            deadline = time.monotonic() + 20
+            while True:
+                status, body = await get_json(http, url + "/ready")
+                if status == 503:
+                    break
+                assert time.monotonic() < deadline, body
+            assert body["checks"]["nodes"] == "ok" and body["checks"]["directory"].startswith("unavailable")
+            plain = chat_body(max_tokens=2)
+            async with http.post(url + "/v1/chat/completions", json=plain) as resp:
+                assert resp.status == 200, await resp.text()
+        assert await router.stop() == 0, router.text()
+        assert "router stopped" in router.text()
+        assert "Traceback" not in router.text(), router.text()
+    finally:
+        await directory.stop()
+        for e in engines:
+            await e.kill()
+
+
+async def test_the_router_refuses_to_start_without_a_report_token(tmp_path: Path) -> None:
+    config = tmp_path / "router.yaml"
+    config.write_text("model: m\nnodes: [{id: a, url: 'http://127.0.0.1:9'}]\n")
+    router = await launch("router", "agentpool.router", "--config", str(config), "--port", "0")
+    assert await router.proc.wait() == 1
+    await router.stop()
+    assert "--insecure-allow-unauthenticated-reports" in router.text()
+    short = secret(tmp_path / "short", "abc")
+    args = ("--config", str(config), "--port", "0", "--report-token-file", str(short))
+    router = await launch("router", "agentpool.router", *args)
+    assert await router.proc.wait() == 1
+    await router.stop()
+    assert "at least 16 characters" in router.text()

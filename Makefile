@@ -9,6 +9,7 @@ help: ## list the targets
 
 install: ## editable install with the development extras
 	$(PYTHON) -m pip install -e '.[dev]'
+	$(PYTHON) -m pip install --no-deps nixl==1.5.1 nixl-cu12==1.5.1
 
 lint: ## ruff (checks and formatting), then the import-linter contracts that keep the pure cores free of I/O
 	$(PYTHON) -m ruff check .

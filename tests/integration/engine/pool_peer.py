@@ -1,0 +1,50 @@
+"""A host pool exporter in its own process for NIXL tests: ``pool_peer.py BLOCKS BLOCK_BYTES [--garbage]``.
+
+Stores the chain of BLOCKS blocks of a fixed token sequence (bytes derived from the hashes), serves the
+lease API on 127.0.0.1:0 and prints ``{"url": ..., "hashes": [...]}`` on one line. ``--garbage``
+overwrites every stored block with zeros after indexing it (a peer that answers wrong bytes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+from aiohttp import web
+
+from agentpool.engine.hostpool import HostPool
+from agentpool.engine.http_errors import error_middleware
+from agentpool.engine.kv_peers import KvExporter
+from agentpool.engine.nixl_transport import NixlTransport
+from agentpool.kv import ROOT_HASH, block_hashes
+
+PAGE = 4
+
+
+def chain(blocks: int) -> list[int]:
+    return block_hashes(list(range(1000, 1000 + blocks * PAGE)), PAGE)
+
+
+async def main() -> None:
+    blocks, block_bytes = int(sys.argv[1]), int(sys.argv[2])
+    pool = HostPool(blocks + 8, block_bytes)
+    hashes = chain(blocks)
+    pool.store_generated(ROOT_HASH, hashes, 0.0)
+    if "--garbage" in sys.argv:
+        pool.buffer[:] = 0
+    transport = NixlTransport("peer", pool.buffer, block_bytes)
+    await transport.start()
+    app = web.Application(middlewares=[error_middleware])
+    KvExporter(pool, transport).add_routes(app)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    print(json.dumps({"url": f"http://127.0.0.1:{port}", "hashes": hashes}), flush=True)
+    await asyncio.Event().wait()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

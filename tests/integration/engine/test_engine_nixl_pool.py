@@ -1,0 +1,127 @@
+"""Real NIXL (UCX, DRAM) between two processes on loopback: B reads A's host blocks; failures surface."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from agentpool.engine.blockdata import block_matches
+from agentpool.engine.errors import FetchError
+from agentpool.engine.hostpool import HostPool
+from agentpool.engine.kv_peers import LEASE_PATH, PeerFetcher
+from agentpool.engine.nixl_transport import NixlTransport, PoolInfo
+
+pytestmark = pytest.mark.integration
+HERE = Path(__file__).parent
+BLOCK_BYTES = 16 << 10
+
+
+def start_peer(blocks: int, *extra: str) -> tuple[subprocess.Popen[str], str, list[int]]:
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "pool_peer.py"), str(blocks), str(BLOCK_BYTES), *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = "NIXL logs on stdout"
+    while line and not line.startswith("{"):
+        line = proc.stdout.readline()
+    assert line, "the peer process printed no address"
+    info = json.loads(line)
+    return proc, info["url"], info["hashes"]
+
+
+@pytest.fixture
+def peer() -> Iterator[tuple[subprocess.Popen[str], str, list[int]]]:
+    proc, url, hashes = start_peer(40)
+    yield proc, url, hashes
+    proc.kill()
+    proc.wait()
+
+
+@pytest.fixture
+async def local() -> AsyncIterator[tuple[HostPool, PeerFetcher]]:
+    pool = HostPool(64, BLOCK_BYTES)
+    transport = NixlTransport("local", pool.buffer, BLOCK_BYTES)
+    await transport.start()
+    async with aiohttp.ClientSession() as session:
+        yield pool, PeerFetcher(pool, transport, session, timeout_s=3.0)
+    await transport.close()
+
+
+async def test_b_reads_a_blocks_and_bytes_match(peer, local) -> None:  # type: ignore[no-untyped-def]
+    _, url, hashes = peer
+    pool, fetcher = local
+    wanted = [*hashes[:30], 12345]  # the peer holds 30 leading blocks of this path
+    res = await fetcher.fetch_prefix(url, wanted)
+    assert res.blocks == hashes[:30]
+    assert res.bytes == 30 * BLOCK_BYTES
+    assert pool.held_prefix(hashes) == 30
+    for h in hashes[:30]:
+        assert block_matches(pool.slot_view(pool.slot_of[h]), h)
+    assert pool.parent_of[hashes[5]] == hashes[4]
+    # a second fetch of a longer prefix reads only what is missing
+    res2 = await fetcher.fetch_prefix(url, hashes)
+    assert res2.held_before == 30 and res2.bytes == 10 * BLOCK_BYTES
+    assert all(pool.matches(h) for h in hashes)
+
+
+async def test_wrong_bytes_from_a_peer_are_refused() -> None:
+    proc, url, hashes = start_peer(8, "--garbage")
+    try:
+        pool = HostPool(16, BLOCK_BYTES)
+        transport = NixlTransport("local", pool.buffer, BLOCK_BYTES)
+        await transport.start()
+        async with aiohttp.ClientSession() as session:
+            fetcher = PeerFetcher(pool, transport, session, timeout_s=3.0)
+            with pytest.raises(FetchError, match="wrong bytes"):
+                await fetcher.fetch_prefix(url, hashes)
+        assert len(pool) == 0 and pool.free_slots == 16  # nothing indexed, every slot back
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+async def test_peer_killed_mid_fetch_surfaces_an_error_without_hanging(local) -> None:  # type: ignore[no-untyped-def]
+    proc, url, hashes = start_peer(20)
+    pool, fetcher = local
+    async with aiohttp.ClientSession() as s, s.post(url + LEASE_PATH, json={"block_hashes": hashes}) as r:
+        lease = await r.json()
+    assert len(lease["slots"]) == 20
+    # warm the connection first so the kill lands between the lease and the read
+    await fetcher.transport.read(PoolInfo.from_json(lease["pool"]), [(0, lease["slots"][0])], 3.0)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    info = PoolInfo.from_json(lease["pool"])
+    res = pool.reserve(20)
+    with pytest.raises(FetchError):
+        await asyncio.wait_for(
+            fetcher.transport.read(info, list(zip(res.slots, lease["slots"], strict=True)), 3.0), 10
+        )
+    pool.release_slots(res.slots)
+    # the whole fetch path against the dead peer fails fast too
+    with pytest.raises(FetchError):
+        await asyncio.wait_for(fetcher.fetch_prefix(url, hashes), 10)
+    assert len(pool) == 0 and pool.free_slots == 64
+
+
+async def test_unknown_lease_is_a_404_with_a_message(peer) -> None:  # type: ignore[no-untyped-def]
+    _, url, _ = peer
+    async with aiohttp.ClientSession() as s:
+        async with s.get(url + LEASE_PATH + "/nope") as r:
+            assert r.status == 404
+            assert "nope" in (await r.json())["error"]["message"]
+        async with s.post(url + LEASE_PATH, data=b"{not json") as r:
+            assert r.status == 400
+        async with s.post(url + LEASE_PATH, json={"block_hashes": [-1]}) as r:
+            assert r.status == 400

@@ -17,8 +17,11 @@ import argparse
 import asyncio
 import os
 import random
+import secrets
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -51,10 +54,16 @@ async def store_writes(session: aiohttp.ClientSession, url: str) -> float:
 async def run(a: argparse.Namespace) -> None:
     ns = f"agentpool-bench:{uuid.uuid4().hex}"
     env = dict(os.environ, PYTHONPATH=str(ROOT / "controlplane"))
+    token = secrets.token_hex(16)
+    token_dir = tempfile.mkdtemp(prefix="agentpool-bench-")
+    token_file = Path(token_dir) / "token"
+    token_file.write_text(token + "\n")
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "agentpool.directory",
+        "--auth-token-file",
+        str(token_file),
         "--port",
         "0",
         "--redis-url",
@@ -75,7 +84,7 @@ async def run(a: argparse.Namespace) -> None:
     prompt = [rng.getrandbits(64) | 1 for _ in range(a.prompt)]
     core = Directory()
     try:
-        async with DirectoryClient(addr) as client, aiohttp.ClientSession() as http:
+        async with DirectoryClient(addr, token=token) as client, aiohttp.ClientSession() as http:
             stream = client.open_events()
             pubs = []
             for i in range(a.nodes):
@@ -153,6 +162,7 @@ async def run(a: argparse.Namespace) -> None:
     finally:
         proc.terminate()
         await proc.wait()
+        shutil.rmtree(token_dir, ignore_errors=True)
         redis = aioredis.Redis.from_url(REDIS_URL)
         keys = [k async for k in redis.scan_iter(match=f"{ns}:*", count=1000)]
         if keys:

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from agentpool.directory.auth import bearer_metadata, channel_credentials
 from agentpool.directory.convert import phase_from_pb, phase_to_pb, tier_to_pb
 from agentpool.kv import HeldBlock, Phase, Tier
 from agentpool.v1 import directory_pb2 as pb
@@ -210,18 +211,23 @@ class DirectoryClient:
         root_certificates: bytes | None = None,
         timeout_s: float = 5.0,
         max_message_bytes: int = 64 << 20,
+        client_cert: bytes | None = None,
+        client_key: bytes | None = None,
     ) -> None:
+        """``token``: the bearer token sent on every call (the server requires it unless started
+        ``--insecure``). ``root_certificates`` (PEM): use TLS and trust this CA; ``client_cert`` and
+        ``client_key`` (PEM): present a client certificate (mTLS)."""
         opts = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
         ]
-        if root_certificates is not None:
-            creds = grpc.ssl_channel_credentials(root_certificates=root_certificates)
+        if root_certificates is not None or client_cert is not None:
+            creds = channel_credentials(root_certificates, client_cert, client_key)
             self.channel = grpc.aio.secure_channel(target, creds, options=opts)
         else:
             self.channel = grpc.aio.insecure_channel(target, options=opts)
         self.stub = pb_grpc.DirectoryStub(self.channel)  # type: ignore[no-untyped-call]
-        self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self.metadata = bearer_metadata(token)
         self.timeout_s = timeout_s
 
     async def __aenter__(self) -> DirectoryClient:

@@ -33,7 +33,11 @@ _TIER_TO_PB: dict[Tier, pb.Tier] = {
 
 
 class InvalidRequestError(ValueError):
-    """A request is malformed or too large."""
+    """A request is malformed or too large (INVALID_ARGUMENT)."""
+
+
+class QuotaExceededError(Exception):
+    """A client would store more than its cap (RESOURCE_EXHAUSTED)."""
 
 
 def node_name(value: str) -> str:
@@ -80,14 +84,48 @@ def block_list(hashes: Sequence[int], max_blocks: int, what: str = "block_hashes
     return out
 
 
+def stored_chain(parent: int, hashes: Sequence[int], max_blocks: int) -> list[int]:
+    """A stored event's chain: each block the child of the one before, the first the child of
+    ``parent``; so no block may repeat or be ``parent`` itself (either would make a cycle)."""
+    out = block_list(hashes, max_blocks)
+    if len(set(out)) != len(out) or parent in out:
+        seen = {parent}
+        for h in out:
+            if h in seen:
+                what = "its own parent" if h == parent else "listed twice"
+                raise InvalidRequestError(f"stored chain is not a chain: block {h:#x} is {what} (a cycle)")
+            seen.add(h)
+    return out
+
+
 def held_blocks(resync: pb.Resync, max_blocks: int) -> list[HeldBlock]:
-    if len(resync.blocks) > max_blocks:
-        raise InvalidRequestError(f"resync has {len(resync.blocks)} blocks, more than the limit {max_blocks}")
+    """A resync's block list, checked: parents before children (a block's parent is the root, a block
+    listed before it, or a block the node does not hold), no block twice, no block its own parent; so
+    the list cannot describe a cycle."""
+    blocks = resync.blocks
+    if len(blocks) > max_blocks:
+        raise InvalidRequestError(f"resync has {len(blocks)} blocks, more than the limit {max_blocks}")
     out = []
-    for b in resync.blocks:
-        if b.block_hash == 0:
-            raise InvalidRequestError("resync contains block hash 0, the root hash")
-        out.append(HeldBlock(b.block_hash, b.parent_hash, tier_from_pb(b.tiers)))
+    seen: set[int] = set()
+    for i, b in enumerate(blocks):
+        h, parent = b.block_hash, b.parent_hash
+        if h == 0:
+            raise InvalidRequestError(f"resync block {i} has hash 0, the root hash")
+        if h == parent:
+            raise InvalidRequestError(f"resync block {i} ({h:#x}) is its own parent")
+        if h in seen:
+            raise InvalidRequestError(f"resync block {i} ({h:#x}) is listed twice")
+        seen.add(h)
+        out.append(HeldBlock(h, parent, tier_from_pb(b.tiers)))
+    later = [(i, b) for i, b in enumerate(out) if b.parent_hash in seen]  # parents the node holds
+    position = {b.block_hash: i for i, b in enumerate(out)} if later else {}
+    for i, b in later:
+        j = position[b.parent_hash]
+        if j > i:
+            raise InvalidRequestError(
+                f"resync block {i} ({b.block_hash:#x}) comes before its parent (block {j}, "
+                f"{b.parent_hash:#x}): list parents before children"
+            )
     return out
 
 

@@ -13,10 +13,12 @@ from dataclasses import dataclass
 
 from agentpool.directory.convert import (
     InvalidRequestError,
+    QuotaExceededError,
     block_list,
     held_blocks,
     node_name,
     phase_from_pb,
+    stored_chain,
     tier_from_pb,
 )
 from agentpool.directory.metrics import DirectoryMetrics
@@ -28,6 +30,8 @@ DEFAULT_MAX_MESSAGE_BYTES = 64 << 20  # gRPC max message size of the server and 
 # length byte in the Resync message (repeated messages are not packed).
 RESYNC_BYTES_PER_BLOCK = 22
 RESYNC_OVERHEAD_BYTES = 1024  # node name (<= 253 bytes), seq, phase, tags and lengths, with room
+DEFAULT_MAX_BLOCKS_PER_NODE = 1 << 22  # 4,194,304 blocks (about 0.75 GiB of index for one engine)
+DEFAULT_MAX_BRANCHES = 1 << 20
 
 
 def resync_block_limit(max_message_bytes: int) -> int:
@@ -43,6 +47,8 @@ class ServiceLimits:
     max_resync_blocks: int = resync_block_limit(DEFAULT_MAX_MESSAGE_BYTES)  # 3,050,356 blocks
     max_eviction_limit: int = 1 << 20
     watch_queue: int = 1024
+    max_blocks_per_node: int = DEFAULT_MAX_BLOCKS_PER_NODE  # what one engine may keep in the index
+    max_branches: int = DEFAULT_MAX_BRANCHES  # live branches (the routers' state) in all
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +111,7 @@ class EventIngest:
             return pb.PublishAck(node=node, seq=last), Changes()
         if batch.seq != last + 1:
             return self._ask_resync(node, f"sequence gap: expected {last + 1}, got {batch.seq}", "gap")
+        self._check_cap(node, events)
         changes = Changes()
         now = self.wall()
         for ev in events:
@@ -124,6 +131,11 @@ class EventIngest:
     def _resync(self, node: str, batch: pb.KvEventBatch) -> tuple[pb.PublishAck, Changes]:
         phase = phase_from_pb(batch.phase)
         blocks = held_blocks(batch.resync, self.limits.max_resync_blocks)
+        cap = self.limits.max_blocks_per_node
+        if len(blocks) > cap:
+            raise QuotaExceededError(
+                f"resync of {node} lists {len(blocks)} blocks, more than the cap of {cap} per node"
+            )
         changes = Changes()
         if not self.dir.has_node(node) or self.dir.phase(node) is not phase:
             changes.merge(self.dir.register_node(node, phase))
@@ -141,6 +153,22 @@ class EventIngest:
         self.metrics.resyncs_requested.labels(label).inc()
         return pb.PublishAck(node=node, seq=0, resync_requested=True, reason=reason), Changes()
 
+    def _check_cap(self, node: str, events: list[_Event]) -> None:
+        """Refuse a batch that would index more than ``max_blocks_per_node`` blocks of ``node``."""
+        cap = self.limits.max_blocks_per_node
+        index = self.dir.index
+        held = index.node_block_count(node) if index.has_node(node) else 0
+        stored = sum(len(ev.hashes) for ev in events if ev.stored)
+        if held + stored <= cap:
+            return
+        hashes = {h for ev in events if ev.stored for h in ev.hashes}
+        new = len(hashes) - index.count_held(node, hashes) if index.has_node(node) else len(hashes)
+        if held + new > cap:
+            raise QuotaExceededError(
+                f"node {node} would hold {held + new} blocks, more than the cap of {cap} per node: "
+                "evict (and publish the removals) first"
+            )
+
     def _parse(self, batch: pb.KvEventBatch) -> list[_Event]:
         if len(batch.events) > self.limits.max_events_per_batch:
             raise InvalidRequestError(
@@ -152,9 +180,8 @@ class EventIngest:
             kind = ev.WhichOneof("kind")
             if kind == "stored":
                 s = ev.stored
-                out.append(
-                    _Event(True, s.parent_hash, block_list(s.block_hashes, limit), tier_from_pb(s.tier))
-                )
+                chain = stored_chain(s.parent_hash, s.block_hashes, limit)
+                out.append(_Event(True, s.parent_hash, chain, tier_from_pb(s.tier)))
             elif kind == "removed":
                 r = ev.removed
                 out.append(_Event(False, 0, block_list(r.block_hashes, limit), tier_from_pb(r.tier)))

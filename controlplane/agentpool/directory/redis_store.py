@@ -50,9 +50,16 @@ class RedisBranchStore:
 
     @classmethod
     def from_url(
-        cls, url: str, namespace: str = "agentpool:dir", idle_ttl_s: float = 3600.0
+        cls,
+        url: str,
+        namespace: str = "agentpool:dir",
+        idle_ttl_s: float = 3600.0,
+        password: str | None = None,
     ) -> RedisBranchStore:
-        client = aioredis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
+        """``password`` comes from a file or the environment (the URL must not carry one)."""
+        client = aioredis.Redis.from_url(
+            url, password=password, socket_timeout=2.0, socket_connect_timeout=2.0
+        )
         return cls(client, namespace, idle_ttl_s)
 
     def branch_key(self, branch: str) -> str:

@@ -23,6 +23,7 @@ import grpc
 
 from agentpool.directory.convert import (
     InvalidRequestError,
+    QuotaExceededError,
     block_list,
     branch_id,
     eviction_entry,
@@ -41,11 +42,14 @@ from agentpool.v1 import directory_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 
 
+DEFAULT_NODE_TIMEOUT_S = 3.0  # engines heartbeat every second (HEARTBEAT_INTERVAL_S of the client)
+
+
 @dataclass(frozen=True)
 class ServiceTimers:
     idle_ttl_s: float = 3600.0  # branches idle this long are ended
-    node_timeout_s: float = 30.0  # nodes silent this long are dropped
-    sweep_interval_s: float = 1.0
+    node_timeout_s: float = DEFAULT_NODE_TIMEOUT_S  # nodes silent this long are dropped
+    sweep_interval_s: float = 0.5
     store_check_interval_s: float = 0.5
 
 
@@ -244,6 +248,8 @@ class DirectoryService(pb_grpc.DirectoryServicer):
             return await work
         except InvalidRequestError as e:
             code, reason = grpc.StatusCode.INVALID_ARGUMENT, str(e)
+        except QuotaExceededError as e:
+            code, reason = grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)
         except _Abort as e:
             code, reason = e.code, e.reason
         finally:
@@ -257,6 +263,13 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         if not self.dir.has_node(node):
             raise _Abort(grpc.StatusCode.NOT_FOUND, f"unknown node {node!r}: it has not registered (resync)")
         return node
+
+    def _check_branch_cap(self, branch: str) -> None:
+        cap = self.limits.max_branches
+        if branch not in self.dir.branches and len(self.dir.branches) >= cap:
+            raise QuotaExceededError(
+                f"the directory holds {cap} live branches, its cap: end branches (or raise --max-branches)"
+            )
 
     def _known_branch(self, name: str) -> str:
         branch = branch_id(name)
@@ -275,6 +288,7 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         branch = branch_id(request.branch) if request.branch else None
         if branch is not None:
             self._require_store()
+            self._check_branch_cap(branch)
         res = self.dir.resolve(hashes, branch, self.wall())
         if branch is not None:
             self._defer(res.changes)  # written with the next Place (or any write): no round trip here
@@ -382,9 +396,14 @@ class DirectoryService(pb_grpc.DirectoryServicer):
             t0 = time.perf_counter()
             try:
                 ack = await self.apply_batch(batch)
-            except InvalidRequestError as e:
-                self.metrics.requests.labels("PublishEvents", "INVALID_ARGUMENT").inc()
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            except (InvalidRequestError, QuotaExceededError) as e:
+                code = (
+                    grpc.StatusCode.INVALID_ARGUMENT
+                    if isinstance(e, InvalidRequestError)
+                    else grpc.StatusCode.RESOURCE_EXHAUSTED
+                )
+                self.metrics.requests.labels("PublishEvents", code.name).inc()
+                await context.abort(code, str(e))
                 return
             self.metrics.latency.labels("PublishEvents").observe(time.perf_counter() - t0)
             yield ack

@@ -34,6 +34,7 @@ class HeldBlock:
 
 
 _MATCH_CACHE_SIZE = 1 << 16
+_COMPACT_MIN_PEAK = 1 << 16  # smaller tables are not worth rebuilding
 _GPU, _HOST = int(Tier.GPU), int(Tier.HOST)
 _ALL_TIERS = _GPU | _HOST
 
@@ -52,6 +53,7 @@ class PrefixIndex:
         # slots that may hold a block without a host copy; every other slot's held blocks all have one
         self._not_all_host: set[int] = set()
         self._matches: dict[tuple[int, int, int], PrefixMatch] = {}  # see _match
+        self._peak = 0  # most blocks indexed since the last compaction (see _compact)
 
     # -- nodes -------------------------------------------------------------------------------
     def nodes(self) -> list[str]:
@@ -76,7 +78,22 @@ class PrefixIndex:
         del self._name_of[slot]
         del self._last_access[slot]
         self._free_slots.append(slot)
+        self._compact()
         return held
+
+    def _compact(self) -> None:
+        """Give memory back after a big purge: a dict keeps its table size when entries are deleted,
+        so once the index holds under a quarter of its peak the tables are rebuilt at their live size
+        (same content and order; the copy costs time in proportion to what is left)."""
+        size = len(self._parent)
+        if size > self._peak:
+            self._peak = size
+        elif self._peak >= _COMPACT_MIN_PEAK and 4 * size < self._peak:
+            self._parent = dict(self._parent)
+            self._gpu = dict(self._gpu)
+            self._host = dict(self._host)
+            self._last_access = {slot: dict(la) for slot, la in self._last_access.items()}
+            self._peak = size
 
     def _slot(self, node: str) -> int:
         try:
@@ -133,7 +150,8 @@ class PrefixIndex:
         slot = self._slot_of[node]
         bit = 1 << slot
         la = self._last_access[slot]
-        setdefault = self._parent.setdefault
+        parents = self._parent
+        setdefault = parents.setdefault
         gpu = self._gpu if t & _GPU else None
         host = self._host if t & _HOST else None
         if host is None:
@@ -150,6 +168,8 @@ class PrefixIndex:
                     host[h] = host_get(h, 0) | bit
                 la[h] = now
                 prev = h
+            if len(parents) > self._peak:
+                self._peak = len(parents)
             return
         for h in hashes:
             if setdefault(h, prev) != prev:
@@ -160,6 +180,8 @@ class PrefixIndex:
                 host[h] = host.get(h, 0) | bit
             la[h] = now
             prev = h
+        if len(parents) > self._peak:
+            self._peak = len(parents)
 
     def apply_removed(self, node: str, hashes: Iterable[int], tier: Tier) -> list[int]:
         """``node`` dropped ``hashes`` from ``tier``; returns the hashes it no longer holds in any tier.
@@ -206,6 +228,8 @@ class PrefixIndex:
             if not ((g | s) & bit):
                 del la[h]
                 gone.append(h)
+        if gone:
+            self._compact()
         return host_lost, gone
 
     def replace_node(self, node: str, blocks: Iterable[HeldBlock], now: float) -> list[int]:
@@ -235,6 +259,7 @@ class PrefixIndex:
                 self._not_all_host.add(slot)
             la[h] = now
             before.discard(h)
+        self._compact()
         return sorted(host_before), sorted(before)
 
     def touch(self, node: str, hashes: Iterable[int], now: float) -> None:
@@ -260,6 +285,10 @@ class PrefixIndex:
 
     def holds_all(self, node: str, hashes: Iterable[int]) -> bool:
         return all(map(self._last_access[self._slot(node)].__contains__, hashes))
+
+    def count_held(self, node: str, hashes: Iterable[int]) -> int:
+        """How many of ``hashes`` ``node`` holds."""
+        return sum(map(self._last_access[self._slot(node)].__contains__, hashes))
 
     def last_access(self, node: str, block: int) -> float | None:
         return self._last_access[self._slot(node)].get(block)

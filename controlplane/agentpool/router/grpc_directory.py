@@ -19,11 +19,21 @@ class GrpcDirectoryView:
         target: str | DirectoryClient,
         token: str | None = None,
         root_certificates: bytes | None = None,
+        client_cert: bytes | None = None,
+        client_key: bytes | None = None,
     ) -> None:
+        """``token``: the directory's bearer token (required unless it runs ``--insecure``);
+        ``client_cert``/``client_key``: a client certificate for a directory that requires mTLS."""
         self.client = (
             target
             if isinstance(target, DirectoryClient)
-            else DirectoryClient(target, token=token, root_certificates=root_certificates)
+            else DirectoryClient(
+                target,
+                token=token,
+                root_certificates=root_certificates,
+                client_cert=client_cert,
+                client_key=client_key,
+            )
         )
 
     async def close(self) -> None:

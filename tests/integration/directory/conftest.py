@@ -41,6 +41,7 @@ def config_for(namespace: str, **kw: object) -> DirectoryConfig:
         "sweep_interval_s": 0.05,
         "store_check_interval_s": 0.05,
     }
+    base["insecure"] = "auth_token" not in kw  # the authentication tests set a token
     base.update(kw)
     return DirectoryConfig.model_validate(base)
 

@@ -45,14 +45,29 @@ async def count_snapshot(client: DirectoryClient, node: str) -> dict[int, int]:
     return first.counts
 
 
-async def start_directory_process(namespace: str) -> tuple[asyncio.subprocess.Process, str]:
+TOKEN = "test-token-0123456789abcdef"
+
+
+def token_file() -> Path:
+    """The token as a mounted Secret would hold it (with a trailing newline)."""
+    path = Path(tempfile.mkdtemp(prefix="agentpool-dir-token-")) / "token"
+    path.write_text(TOKEN + "\n")
+    return path
+
+
+async def start_directory_process(
+    namespace: str, *extra: str, port: int = 0
+) -> tuple[asyncio.subprocess.Process, str]:
+    """``python -m agentpool.directory`` as users start it: a token file, Redis, a port."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(ROOT / r) for r in ("controlplane",)))
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "agentpool.directory",
+        "--auth-token-file",
+        str(token_file()),
         "--port",
-        "0",
+        str(port),
         "--redis-url",
         REDIS_URL,
         "--namespace",
@@ -61,6 +76,7 @@ async def start_directory_process(namespace: str) -> tuple[asyncio.subprocess.Pr
         "4",
         "--node-timeout-s",
         "60",
+        *extra,
         stdout=asyncio.subprocess.PIPE,
         env=env,
     )
@@ -91,7 +107,7 @@ async def test_directory_process_restart_keeps_branches_and_counts(namespace: st
     proc, addr = await start_directory_process(namespace)
     p1, d1 = EngineDouble("p1", Phase.PREFILL), EngineDouble("d1", Phase.DECODE)
     try:
-        async with DirectoryClient(addr) as client:
+        async with DirectoryClient(addr, token=TOKEN) as client:
             for e in (p1, d1):
                 e.connect(client)
                 await e.resync()
@@ -103,7 +119,7 @@ async def test_directory_process_restart_keeps_branches_and_counts(namespace: st
         await proc.wait()
 
         proc, addr = await start_directory_process(namespace)
-        async with DirectoryClient(addr) as client:
+        async with DirectoryClient(addr, token=TOKEN) as client:
             health = await client.health()
             assert (health.serving, health.branches, health.nodes, health.blocks) == (True, 2, 2, 0)
             assert {n: await count_snapshot(client, n) for n in ("p1", "d1")} == counts

@@ -2,23 +2,32 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import shutil
+import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import aiohttp
 import grpc
 import pytest
+import redis.asyncio as aioredis
 from conftest import config_for
+from pydantic import SecretStr
 
-import agentpool.directory.server as server_module
+import agentpool.directory.auth as auth_module
 from agentpool.directory.client import DirectoryClient, DirectoryRpcError, NodePublisher
 from agentpool.directory.ingest import resync_block_limit
-from agentpool.directory.server import DirectoryServer
+from agentpool.directory.server import DirectoryConfig, DirectoryServer
 from agentpool.kv import ROOT_HASH, HeldBlock, Phase, Tier
 from agentpool.v1 import directory_pb2 as pb
 
 pytestmark = pytest.mark.integration
+
+REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
+TOKEN = "test-token-0123456789abcdef"
 
 
 async def test_token_auth_rejects_missing_and_wrong_tokens(namespace: str) -> None:
@@ -100,7 +109,7 @@ async def test_token_is_compared_in_constant_time(namespace: str, monkeypatch: p
         seen.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr(server_module.hmac, "compare_digest", spy)
+    monkeypatch.setattr(auth_module.hmac, "compare_digest", spy)
     srv = DirectoryServer(config_for(namespace, auth_token="s3cret"))
     await srv.start()
     try:
@@ -135,3 +144,208 @@ async def test_resync_limit_follows_the_max_message_size(namespace: str) -> None
             assert (await c.health()).blocks == limit
     finally:
         await srv.stop()
+
+
+def _ca_and_certs(tmp: Path) -> dict[str, Path]:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate, both signed by the CA."""
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+    out = {name: tmp / name for name in ("ca.crt", "ca.key", "srv.crt", "srv.key", "cli.crt", "cli.key")}
+    run(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        str(out["ca.key"]),
+        "-out",
+        str(out["ca.crt"]),
+        "-days",
+        "1",
+        "-subj",
+        "/CN=agentpool-test-ca",
+    )
+    for who, cn, ext in (("srv", "localhost", "subjectAltName=IP:127.0.0.1"), ("cli", "engine-1", "")):
+        csr = tmp / f"{who}.csr"
+        run(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(out[f"{who}.key"]),
+            "-out",
+            str(csr),
+            "-subj",
+            f"/CN={cn}",
+        )
+        extfile = tmp / f"{who}.ext"
+        extfile.write_text(ext + "\n")
+        run(
+            "x509",
+            "-req",
+            "-in",
+            str(csr),
+            "-CA",
+            str(out["ca.crt"]),
+            "-CAkey",
+            str(out["ca.key"]),
+            "-CAcreateserial",
+            "-out",
+            str(out[f"{who}.crt"]),
+            "-days",
+            "1",
+            "-extfile",
+            str(extfile),
+        )
+    return out
+
+
+async def test_mutual_tls_requires_a_client_certificate(namespace: str, tmp_path: Path) -> None:
+    f = _ca_and_certs(tmp_path)
+    srv = DirectoryServer(
+        config_for(
+            namespace,
+            auth_token="s3cret",
+            tls_cert_file=f["srv.crt"],
+            tls_key_file=f["srv.key"],
+            tls_client_ca_file=f["ca.crt"],
+        )
+    )
+    await srv.start()
+    try:
+        ca = f["ca.crt"].read_bytes()
+        async with DirectoryClient(srv.address, token="s3cret", root_certificates=ca, timeout_s=2) as c:
+            with pytest.raises(DirectoryRpcError) as err:  # no client certificate: the handshake fails
+                await c.health()
+            assert err.value.code is grpc.StatusCode.UNAVAILABLE
+        cert, key = f["cli.crt"].read_bytes(), f["cli.key"].read_bytes()
+        async with DirectoryClient(
+            srv.address, token="s3cret", root_certificates=ca, client_cert=cert, client_key=key
+        ) as c:
+            assert (await c.health()).serving
+        async with DirectoryClient(
+            srv.address, token="nope", root_certificates=ca, client_cert=cert, client_key=key
+        ) as c:
+            with pytest.raises(DirectoryRpcError) as err:  # mTLS does not replace the token
+                await c.health()
+            assert err.value.code is grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        await srv.stop()
+
+
+def test_config_is_secure_by_default(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="needs a bearer token"):
+        DirectoryConfig()
+    with pytest.raises(ValueError, match="redis_url carries a password"):
+        DirectoryConfig(insecure=True, redis_url="redis://:hunter2@127.0.0.1:6379/0")
+    with pytest.raises(ValueError, match="mTLS"):
+        DirectoryConfig(insecure=True, tls_client_ca_file=tmp_path / "ca.crt")
+    assert DirectoryConfig(auth_token=SecretStr("x" * 16)).auth_token is not None
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agentpool.directory", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+
+
+def test_command_line_refuses_unsafe_starts(tmp_path: Path) -> None:
+    """Run as users run it: no token file, a short token, a password in the URL are refused with a
+    clear message (exit status 2) before anything listens."""
+    r = _cli("--port", "0")
+    assert r.returncode == 2 and "--auth-token-file is required" in r.stderr
+    r = _cli("--insecure", "--port", "0", "--redis-url", "redis://:hunter2@127.0.0.1:6379/0")
+    assert r.returncode == 2 and "--redis-url must not carry a password" in r.stderr
+    assert "hunter2" not in r.stderr.replace("redis://:hunter2@", "")  # not echoed beyond the usage
+    short = tmp_path / "token"
+    short.write_text("short\n")
+    r = _cli("--auth-token-file", str(short), "--port", "0")
+    assert r.returncode == 2 and "fewer than 16" in r.stderr
+    r = _cli("--auth-token-file", str(tmp_path / "missing"), "--port", "0")
+    assert r.returncode == 2 and "cannot read the directory token file" in r.stderr
+
+
+async def test_redis_password_from_a_file(tmp_path: Path) -> None:
+    """A private redis-server with requirepass: the directory started from its command line with
+    --redis-password-file serves; without the password it cannot load its state and exits."""
+    port = _free_port()
+    redis = await asyncio.create_subprocess_exec(
+        REDIS_SERVER,
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--requirepass",
+        "pw-0123456789",
+        "--dir",
+        str(tmp_path),
+        stdout=asyncio.subprocess.DEVNULL,
+    )
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    pw = tmp_path / "redis-password"
+    pw.write_text("pw-0123456789\n")
+    url = f"redis://127.0.0.1:{port}/0"
+    base = ["--auth-token-file", str(token), "--port", "0", "--redis-url", url]
+    try:
+        await _wait_redis(port, "pw-0123456789")
+        no_pw = await asyncio.to_thread(_cli, *base)
+        assert no_pw.returncode == 1 and "cannot load the agent state" in no_pw.stderr, no_pw.stderr
+        assert "Traceback" not in no_pw.stderr
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "agentpool.directory",
+            *base,
+            "--redis-password-file",
+            str(pw),
+            stdout=asyncio.subprocess.PIPE,
+        )
+        try:
+            assert proc.stdout is not None
+            line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
+            assert line.startswith("directory listening on "), line
+            async with DirectoryClient(line.split()[-1], token=TOKEN) as c:
+                await c.switch_phase("p1", Phase.PREFILL)
+                assert (await c.health()).store_ok
+            r = aioredis.Redis(port=port, password="pw-0123456789")
+            assert await r.hget("agentpool:dir:nodes", "p1") == b"prefill"
+            await r.aclose()
+        finally:
+            proc.terminate()
+            await proc.wait()
+    finally:
+        redis.kill()
+        await redis.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _wait_redis(port: int, password: str) -> None:
+    r = aioredis.Redis(port=port, password=password)
+    try:
+        for _ in range(100):
+            try:
+                if await r.ping():
+                    return
+            except (OSError, aioredis.ConnectionError):
+                await asyncio.sleep(0.05)
+        raise AssertionError("redis did not start")
+    finally:
+        await r.aclose()

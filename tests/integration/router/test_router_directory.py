@@ -31,7 +31,12 @@ async def directory() -> AsyncIterator[DirectoryServer]:
     namespace = f"agentpool-router-test:{uuid.uuid4().hex}"
     srv = DirectoryServer(
         DirectoryConfig(
-            port=0, redis_url=REDIS_URL, namespace=namespace, page_size=PAGE, sweep_interval_s=0.05
+            port=0,
+            redis_url=REDIS_URL,
+            namespace=namespace,
+            page_size=PAGE,
+            sweep_interval_s=0.05,
+            insecure=True,
         )
     )
     await srv.start()

@@ -1,0 +1,124 @@
+"""Authentication of the directory: a bearer token on every RPC, TLS and mutual TLS.
+
+The token is read from a file (a Kubernetes Secret mounted as a file); clients send it as gRPC metadata
+``authorization: Bearer <token>`` and the server compares it in constant time on every call, streams
+included. TLS: the server's certificate and key (PEM files); with a client CA file the server also
+requires and verifies client certificates (mTLS).
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import grpc
+
+MIN_TOKEN_CHARS = 16
+
+
+class ConfigurationError(ValueError):
+    """A secret or certificate file is missing, empty or unusable; a setting would leak a secret."""
+
+
+def read_secret_file(path: Path, what: str, min_chars: int = 1) -> str:
+    """The stripped content of ``path``; a clear error when it is missing, unreadable, empty or short."""
+    try:
+        value = path.read_text().strip()
+    except OSError as e:
+        raise ConfigurationError(f"cannot read the {what} file {path}: {e.strerror or e}") from None
+    if not value:
+        raise ConfigurationError(f"the {what} file {path} is empty")
+    if len(value) < min_chars:
+        raise ConfigurationError(f"the {what} in {path} has {len(value)} characters, fewer than {min_chars}")
+    return value
+
+
+def read_token_file(path: Path, min_chars: int = 1) -> str:
+    """A directory bearer token from ``path`` (the server asks for :data:`MIN_TOKEN_CHARS` at least)."""
+    return read_secret_file(path, "directory token", min_chars)
+
+
+def url_has_password(url: str) -> bool:
+    """``redis://user:secret@host`` (or ``redis://:secret@host``): a password in a URL."""
+    try:
+        return urlsplit(url).password is not None
+    except ValueError:
+        return False
+
+
+def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+class TokenAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+    """Rejects calls without ``authorization: Bearer <token>`` with UNAUTHENTICATED."""
+
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}".encode()
+
+        async def deny(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+
+        async def deny_stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+            yield None
+
+        self._deny_unary = grpc.unary_unary_rpc_method_handler(deny)
+        self._deny_stream = grpc.stream_stream_rpc_method_handler(deny_stream)
+        self._deny_unary_stream = grpc.unary_stream_rpc_method_handler(deny_stream)
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        given: str | bytes | None = None
+        for key, value in handler_call_details.invocation_metadata or ():
+            if key == "authorization":
+                given = value
+        if isinstance(given, str):
+            given = given.encode()
+        if isinstance(given, bytes) and hmac.compare_digest(given, self._expected):  # constant time
+            return await continuation(handler_call_details)
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        if handler.request_streaming:
+            return self._deny_stream
+        if handler.response_streaming:
+            return self._deny_unary_stream
+        return self._deny_unary
+
+
+def server_credentials(cert: Path, key: Path, client_ca: Path | None) -> grpc.ServerCredentials:
+    """TLS with the server's certificate chain and key; with ``client_ca`` client certificates signed
+    by it are required (mTLS)."""
+    pair = [(_read_pem(key, "TLS key"), _read_pem(cert, "TLS certificate"))]
+    if client_ca is None:
+        return grpc.ssl_server_credentials(pair)
+    return grpc.ssl_server_credentials(
+        pair, root_certificates=_read_pem(client_ca, "client CA"), require_client_auth=True
+    )
+
+
+def channel_credentials(
+    ca: bytes | None, client_cert: bytes | None = None, client_key: bytes | None = None
+) -> grpc.ChannelCredentials:
+    if (client_cert is None) != (client_key is None):
+        raise ConfigurationError("a client certificate needs its key, and a key its certificate")
+    return grpc.ssl_channel_credentials(
+        root_certificates=ca, private_key=client_key, certificate_chain=client_cert
+    )
+
+
+def _read_pem(path: Path, what: str) -> bytes:
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ConfigurationError(f"cannot read the {what} file {path}: {e.strerror or e}") from None
+    if b"-----BEGIN" not in data:
+        raise ConfigurationError(f"the {what} file {path} is not PEM")
+    return data

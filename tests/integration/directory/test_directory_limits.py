@@ -1,0 +1,105 @@
+"""Bad resync orders, per-client caps and memory after a purge, through the real gRPC service."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from conftest import config_for
+
+from agentpool.directory.client import DirectoryClient, DirectoryRpcError, NodePublisher, stored_event
+from agentpool.directory.server import DirectoryServer
+from agentpool.kv import ROOT_HASH, HeldBlock, Phase, Tier
+from agentpool.v1 import directory_pb2 as pb
+
+pytestmark = pytest.mark.integration
+
+GH = Tier.GPU | Tier.HOST
+
+
+def chain(n: int, start: int = 1) -> list[HeldBlock]:
+    hs = [start + i for i in range(n)]
+    return [HeldBlock(h, hs[i - 1] if i else ROOT_HASH, GH) for i, h in enumerate(hs)]
+
+
+@pytest.mark.parametrize(
+    ("blocks", "reason"),
+    [
+        ([HeldBlock(5, 5, GH)], "is its own parent"),
+        ([HeldBlock(1, ROOT_HASH, GH), HeldBlock(1, ROOT_HASH, GH)], "is listed twice"),
+        ([HeldBlock(2, 1, GH), HeldBlock(1, ROOT_HASH, GH)], "comes before its parent"),
+        ([HeldBlock(1, 3, GH), HeldBlock(2, 1, GH), HeldBlock(3, 2, GH)], "comes before its parent"),  # cycle
+        ([HeldBlock(0, ROOT_HASH, GH)], "root hash"),
+    ],
+)
+async def test_bad_resync_orders_get_invalid_argument(
+    client: DirectoryClient, blocks: list[HeldBlock], reason: str
+) -> None:
+    with pytest.raises(DirectoryRpcError) as err:
+        await NodePublisher(client.open_events(), "p1", Phase.PREFILL).resync(blocks)
+    assert err.value.code is grpc.StatusCode.INVALID_ARGUMENT
+    assert reason in err.value.reason
+    assert (await client.health()).blocks == 0  # nothing of it applied
+    ack = await NodePublisher(client.open_events(), "p1", Phase.PREFILL).resync(chain(3))
+    assert not ack.resync_requested and (await client.health()).blocks == 3
+
+
+@pytest.mark.parametrize(
+    ("parent", "hashes", "reason"),
+    [(7, [7, 8], "is its own parent"), (ROOT_HASH, [1, 2, 1], "listed twice")],
+)
+async def test_stored_chains_with_a_cycle_get_invalid_argument(
+    client: DirectoryClient, parent: int, hashes: list[int], reason: str
+) -> None:
+    pub = NodePublisher(client.open_events(), "p1", Phase.PREFILL)
+    await pub.resync([])
+    with pytest.raises(DirectoryRpcError) as err:
+        await pub.events([stored_event(parent, hashes, Tier.GPU)])
+    assert err.value.code is grpc.StatusCode.INVALID_ARGUMENT and reason in err.value.reason
+
+
+async def test_one_engine_cannot_store_more_than_its_cap(namespace: str) -> None:
+    srv = DirectoryServer(config_for(namespace, max_blocks_per_node=10))
+    await srv.start()
+    try:
+        async with DirectoryClient(srv.address) as c:
+            with pytest.raises(DirectoryRpcError) as err:
+                await NodePublisher(c.open_events(), "p1", Phase.PREFILL).resync(chain(11))
+            assert err.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "more than the cap of 10 per node" in err.value.reason
+            pub = NodePublisher(c.open_events(), "p1", Phase.PREFILL)
+            await pub.resync(chain(8))
+            ack = await pub.stored(8, [9, 10], Tier.GPU)  # exactly the cap
+            assert not ack.resync_requested
+            ack = await pub.stored(ROOT_HASH, [1, 2, 3], Tier.HOST)  # held already: no new block
+            assert not ack.resync_requested
+            with pytest.raises(DirectoryRpcError) as err:
+                await pub.stored(10, [11], Tier.GPU)
+            assert err.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "would hold 11 blocks" in err.value.reason
+            assert (await c.health()).blocks == 10
+            other = NodePublisher(c.open_events(), "p2", Phase.PREFILL)  # the cap is per node
+            assert not (await other.resync(chain(10, start=100))).resync_requested
+    finally:
+        await srv.stop()
+
+
+async def test_branch_cap(namespace: str) -> None:
+    srv = DirectoryServer(config_for(namespace, max_branches=2))
+    await srv.start()
+    try:
+        async with DirectoryClient(srv.address) as c:
+            await c.resolve([1], "a")
+            await c.resolve([1], "b")
+            with pytest.raises(DirectoryRpcError) as err:
+                await c.resolve([1], "c")
+            assert err.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED and "cap" in err.value.reason
+            await c.resolve([1, 2], "a")  # known branches go on
+            assert (await c.resolve([1])).branch is None  # so do lookups without a branch
+    finally:
+        await srv.stop()
+
+
+async def test_malformed_batch_kinds_are_refused(client: DirectoryClient) -> None:
+    with pytest.raises(DirectoryRpcError) as err:
+        await client.open_events().send(pb.KvEventBatch(node="p1", seq=1, events=[pb.KvEvent()]))
+    assert err.value.code is grpc.StatusCode.INVALID_ARGUMENT

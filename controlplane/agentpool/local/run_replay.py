@@ -1,0 +1,152 @@
+"""Run a live replay end to end: the progress line while it runs, then the reports.
+
+Shared by ``agentpool replay`` (against any router) and ``agentpool demo`` (against the local pool,
+whose engines' roles give the split).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from agentpool.local.live_report import (
+    PrefixTokens,
+    Progress,
+    SplitSource,
+    SplitTimeline,
+    live_result,
+    scrape_prefix_tokens,
+)
+from agentpool.local.replay import LiveReplay, ReplaySettings
+from agentpool.models import TtftSlo
+from agentpool.sim.metrics import Metrics
+from agentpool.sim.report import markdown_report, write_json, write_plots
+from agentpool.sim.trace import Conversation
+
+
+@dataclass(frozen=True, slots=True)
+class Slo:
+    ttft_base_s: float = 2.0
+    ttft_per_token_s: float = 1e-4
+    tpot_s: float = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayOutput:
+    directory: Path | None
+    plots: bool = True
+    title: str = "agentpool replay"
+    command: str = "agentpool replay"
+
+
+async def model_of(session: aiohttp.ClientSession, url: str) -> str:
+    """The model the router serves (``GET /v1/models``)."""
+    async with session.get(url.rstrip("/") + "/v1/models", timeout=aiohttp.ClientTimeout(total=10)) as r:
+        if r.status != 200:
+            raise ValueError(f"{url}/v1/models answered {r.status}")
+        data = await r.json()
+    models = [m.get("id") for m in data.get("data", []) if isinstance(m, dict)]
+    if not models or not isinstance(models[0], str):
+        raise ValueError(f"{url}/v1/models lists no model")
+    return models[0]
+
+
+async def replay(
+    settings: ReplaySettings,
+    conversations: Sequence[Conversation],
+    slo: Slo = Slo(),
+    split_source: SplitSource | None = None,
+    progress: Progress | None = None,
+    name: str = "live",
+) -> dict[str, Any]:
+    """Replay against ``settings.url``; returns the result dict (``live_result``)."""
+    metrics = Metrics(
+        TtftSlo(slo.ttft_base_s, slo.ttft_per_token_s), slo.tpot_s, settings.warmup_s, settings.duration_s
+    )
+    run = LiveReplay(settings, conversations, metrics)
+    splits = SplitTimeline(split_source)
+    progress = progress or Progress()
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        start_hits = await scrape_prefix_tokens(session, settings.url)
+        window: dict[str, PrefixTokens | None] = {"start": start_hits, "end": None, "now": None}
+        scraping: asyncio.Task[None] | None = None
+
+        async def scrape() -> None:
+            now = await scrape_prefix_tokens(session, settings.url)
+            window["now"] = now
+            if run.now() < settings.warmup_s:
+                window["start"] = now
+            elif run.now() < run.end_s:
+                window["end"] = now
+
+        def tick() -> None:
+            nonlocal scraping
+            split = splits.sample(run.now())
+            if scraping is None or scraping.done():
+                scraping = asyncio.create_task(scrape())
+            now, base = window["now"], start_hits
+            hits = now - base if now is not None and base is not None else None
+            progress.show(progress.line(run, hits, split))
+
+        wall = time.monotonic()
+        try:
+            await run.run(session, on_tick=tick)
+        finally:
+            progress.finish()
+            if scraping is not None:
+                await asyncio.gather(scraping, return_exceptions=True)
+        end = window["end"] or await scrape_prefix_tokens(session, settings.url)
+        begin = window["start"]
+        hits = end - begin if end is not None and begin is not None else None
+        splits.sample(run.now())
+        return live_result(name, run, hits, splits, time.monotonic() - wall)
+
+
+def write_reports(
+    out: ReplayOutput, settings: ReplaySettings, results: Sequence[dict[str, Any]], extra: dict[str, Any]
+) -> str:
+    """Markdown (printed and written), JSON and PNG plots, as ``agentpool simulate`` writes them."""
+    scenario = {**asdict(settings), **extra}
+    md = markdown_report(out.title, out.command, scenario, results)
+    lines = [md]
+    for r in results:
+        s = r["summary"]
+        if "sent" in s:
+            lines.append(
+                f"{r['system']}: {s['sent']} requests sent, {s['completed']} completed, {s['failed']} failed "
+                f"({s['failed_after_first_token']} after their first token), {s['retries']} retries "
+                f"after 429/503; hit rate from {s['hit_rate_source']}."
+            )
+            if r.get("errors"):
+                lines.append("errors: " + "; ".join(r["errors"]))
+    text = "\n".join(lines) + "\n"
+    if out.directory is not None:
+        out.directory.mkdir(parents=True, exist_ok=True)
+        (out.directory / "report.md").write_text(text, encoding="utf-8")
+        write_json(
+            out.directory / "results.json",
+            {"command": out.command, "scenario": scenario, "results": _finite(results)},
+        )
+        if out.plots:
+            write_plots(out.directory, results, settings.warmup_s + settings.duration_s)
+    return text
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN: not-measured values become null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value

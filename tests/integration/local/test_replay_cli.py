@@ -1,0 +1,118 @@
+"""`agentpool replay` from its command line against a router started from its own, over stand-in engines."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import socket
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from local_trace import write_small_trace
+from router_engine_standin import StandIn
+
+pytestmark = pytest.mark.integration
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+async def router(tmp_path: Path) -> AsyncIterator[tuple[str, list[StandIn]]]:
+    engines = [await StandIn(f"e{i}", prefill_s=0.01, token_s=0.002, tokens=6).start() for i in range(2)]
+    config = tmp_path / "router.json"
+    nodes = [{"id": e.node_id, "url": e.url, "role": "both"} for e in engines]
+    config.write_text(json.dumps({"model": "replay-model", "policy": "least-loaded", "nodes": nodes}))
+    token = tmp_path / "report-token"
+    token.write_text(secrets.token_hex(16))
+    token.chmod(0o600)
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agentpool.router", "--config", str(config), "--host", "127.0.0.1",
+        "--port", str(port), "--report-token-file", str(token),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(200):
+                assert proc.returncode is None, "router exited"
+                try:
+                    async with session.get(url + "/v1/models") as r:
+                        if r.status == 200:
+                            break
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(0.1)
+        yield url, engines
+    finally:
+        proc.terminate()
+        await proc.wait()
+        for e in engines:
+            await e.kill()
+
+
+async def run_replay(url: str, tmp_path: Path, *extra: str) -> tuple[int, dict[str, Any], str]:
+    trace = write_small_trace(tmp_path / "trace.jsonl")
+    out = tmp_path / "out"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agentpool.cli", "replay", "--url", url, "--trace", str(trace),
+        "--agents", "3", "--duration", "6", "--time-scale", "10", "--drain", "30", "--shared-prefix", "128",
+        "--out", str(out), *extra,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    stdout, _ = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode is not None
+    return proc.returncode, json.loads((out / "results.json").read_text()), stdout.decode()
+
+
+async def test_replay_drives_the_trace_through_the_router_and_reports(
+    router: tuple[str, list[StandIn]], tmp_path: Path
+) -> None:
+    url, engines = router
+    code, results, text = await run_replay(url, tmp_path)
+    assert code == 0, text
+    summary = results["results"][0]["summary"]
+    assert summary["sent"] >= 10
+    assert summary["failed"] == 0 and summary["completed"] == summary["sent"]
+    assert summary["requests"] > 0 and summary["throughput_rps"] > 0
+    assert summary["ttft_s"]["p50"] > 0
+    assert 0 < summary["ideal_hit_rate"] < 1  # later turns extend earlier ones
+    received = [r for e in engines for r in e.received]
+    assert len(received) >= summary["sent"]
+    assert all(r.body["stream"] is True for r in received)
+    # every prompt is the trace's length plus one chat marker per message (+1 generation prompt)
+    lengths = sorted(len(r.prompt_token_ids) for r in received)
+    assert lengths[0] >= 200
+    for name in ("report.md", "split_over_time.png", "ttft_cdf.png", "throughput.png"):
+        assert (tmp_path / "out" / name).is_file()
+    assert "| live |" in text and "failed" in text
+
+
+async def test_replay_without_branch_headers(router: tuple[str, list[StandIn]], tmp_path: Path) -> None:
+    url, _ = router
+    code, results, text = await run_replay(url, tmp_path, "--no-branch-headers", "--no-plots", "--quiet")
+    assert code == 0, text
+    summary = results["results"][0]["summary"]
+    assert summary["failed"] == 0 and summary["sent"] >= 10
+    assert summary["branches_ended_at_stop"] == 0
+    assert not (tmp_path / "out" / "ttft_cdf.png").exists()
+
+
+async def test_replay_says_when_the_router_is_not_there(tmp_path: Path) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agentpool.cli", "replay", "--url", f"http://127.0.0.1:{free_port()}",
+        "--out", str(tmp_path / "o"), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    stdout, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode != 0
+    assert b"cannot reach the router" in stdout
+    assert b"Traceback" not in stdout

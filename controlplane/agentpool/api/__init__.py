@@ -5,12 +5,14 @@ strings such as `250ms`, `2s`, `10m`, `1h30m` (see :mod:`agentpool.api.values`).
 converts to the plain values the planner and router take (:mod:`agentpool.api.settings`).
 """
 
+from agentpool.api.auth import AuthSpec, SecretKeySelector
 from agentpool.api.base import ApiModel, CrossFieldRule
 from agentpool.api.control import (
     POLICY_NAMES,
     CacheAwareKnobs,
     CopyPriceSpec,
     DynamoKnobs,
+    ExistingRedisSpec,
     FetchSpec,
     KvPoolSpec,
     LinearKnobs,
@@ -75,12 +77,14 @@ __all__ = [
     "AgentServingPoolSpec",
     "AgentServingPoolStatus",
     "ApiModel",
+    "AuthSpec",
     "CacheAwareKnobs",
     "Condition",
     "CopyPriceSpec",
     "CrossFieldRule",
     "DynamoKnobs",
     "EngineSpec",
+    "ExistingRedisSpec",
     "ExpertsSpec",
     "FetchSettings",
     "FetchSpec",
@@ -101,6 +105,7 @@ __all__ = [
     "RouterSettings",
     "RouterSpec",
     "SchedulingSpec",
+    "SecretKeySelector",
     "SloSpec",
     "SmetricKnobs",
     "SplitStatus",

@@ -12,6 +12,7 @@ from typing import Literal, get_args
 from pydantic import Field
 from pydantic.alias_generators import to_camel
 
+from agentpool.api.auth import SECRET_KEY_PATTERN, SECRET_NAME_PATTERN
 from agentpool.api.base import ApiModel, CrossFieldRule
 from agentpool.api.settings import FetchSettings, PlannerSettings, RouterSettings
 from agentpool.api.values import Duration, PositiveDuration, duration_seconds
@@ -252,18 +253,30 @@ class ManagedRedisSpec(ApiModel):
     """Container image of the managed Redis."""
 
 
+class ExistingRedisSpec(ApiModel):
+    """An existing Redis, named through a Secret so that neither its address nor its password
+    appears in the pool."""
+
+    secret_name: str = Field(min_length=1, max_length=253, pattern=SECRET_NAME_PATTERN)
+    """Secret in the pool's namespace holding the Redis URL and, optionally, its password."""
+    url_key: str = Field(default="url", min_length=1, max_length=253, pattern=SECRET_KEY_PATTERN)
+    """Key of the URL, `redis://host:6379/0` or `rediss://` for TLS, without a password."""
+    password_key: str | None = Field(default=None, min_length=1, max_length=253, pattern=SECRET_KEY_PATTERN)
+    """Key of the password; leave out for a Redis without one."""
+
+
 class RedisSpec(ApiModel):
     """Where the directory keeps branch state: a managed Redis or an existing one (exactly one)."""
 
-    url: str | None = Field(default=None, pattern=r"^rediss?://[^\s]+$", max_length=2048)
-    """URL of an existing Redis, `redis://host:6379/0` or `rediss://` for TLS."""
     managed: ManagedRedisSpec | None = None
-    """Let the operator run a Redis for this pool."""
+    """Let the operator run a Redis for this pool (password generated into `<pool>-redis`)."""
+    existing: ExistingRedisSpec | None = None
+    """Use an existing Redis, named through a Secret."""
 
     rules = (
         CrossFieldRule(
-            cel="has(self.url) != has(self.managed)",
-            message="set exactly one of spec.redis.url and spec.redis.managed",
-            holds=lambda m: (m.url is None) != (m.managed is None),
+            cel="has(self.managed) != has(self.existing)",
+            message="set exactly one of spec.redis.managed and spec.redis.existing",
+            holds=lambda m: (m.managed is None) != (m.existing is None),
         ),
     )

@@ -157,15 +157,15 @@ BAD = [
     ),
     cel(
         "both a Redis URL and a managed Redis",
-        changed(SIM, {"spec.redis": {"url": "redis://redis:6379/0", "managed": {}}}),
+        changed(SIM, {"spec.redis": {"existing": {"secretName": "redis"}, "managed": {}}}),
         "spec.redis",
-        "set exactly one of spec.redis.url and spec.redis.managed",
+        "set exactly one of spec.redis.managed and spec.redis.existing",
     ),
     cel(
         "neither a Redis URL nor a managed Redis",
         changed(SIM, {"spec.redis": {}}),
         "spec.redis",
-        "set exactly one of spec.redis.url and spec.redis.managed",
+        "set exactly one of spec.redis.managed and spec.redis.existing",
     ),
     cel(
         "smetric knobs under another policy",
@@ -348,11 +348,25 @@ BAD = [
         POSITIVE,
     ),
     Bad(
-        "Redis URL with another scheme",
-        changed(SIM, {"spec.redis": {"url": "http://redis:6379"}}),
+        "a Redis URL in the pool itself",
+        changed(SIM, {"spec.redis": {"url": "redis://:secret@redis:6379"}}),
         "spec.redis.url",
+        "Extra inputs are not permitted",
+        'unknown field "spec.redis.url"',
+    ),
+    Bad(
+        "Redis Secret name that is not a Kubernetes name",
+        changed(SIM, {"spec.redis": {"existing": {"secretName": "My Redis"}}}),
+        "spec.redis.existing.secretName",
         "String should match pattern",
-        "'http://redis:6379' does not match",
+        "'My Redis' does not match",
+    ),
+    Bad(
+        "report token without a key",
+        changed(SIM, {"spec.auth": {"reportToken": {"name": "tokens"}}}),
+        "spec.auth.reportToken.key",
+        "Field required",
+        "'key' is a required property",
     ),
     Bad(
         "unknown eviction policy",
@@ -539,7 +553,18 @@ GOOD = {
     "dynamo with knobs": changed(SIM, {"spec.router": {"policy": "dynamo", "dynamo": {"hostCredit": 0.5}}}),
     "linear with knobs": changed(SIM, {"spec.router": {"policy": "linear", "linear": {"lambda": 0.25}}}),
     "baseline policies without knobs": changed(SIM, {"spec.router.policy": "lmetric"}),
-    "external Redis": changed(SIM, {"spec.redis": {"url": "rediss://:secret@redis.cache:6380/2"}}),
+    "existing Redis": changed(
+        SIM, {"spec.redis": {"existing": {"secretName": "redis-cache", "passwordKey": "password"}}}
+    ),
+    "existing tokens": changed(
+        SIM,
+        {
+            "spec.auth": {
+                "reportToken": {"name": "engine-tokens", "key": "report"},
+                "directoryToken": {"name": "dir.tokens", "key": "token"},
+            }
+        },
+    ),
     "host KV size in bytes": changed(SIM, {"spec.engine.hostKvSize": 1073741824}),
     "zero host KV": changed(SIM, {"spec.engine.hostKvSize": "0"}),
     "a 400 ns TPOT": changed(SIM, {"spec.slo.tpot": "0.0004ms"}),

@@ -117,7 +117,7 @@ def test_defaults_of_a_minimal_pool() -> None:
     assert spec.mode == "disaggregated"
     assert spec.kv_pool.page_size == 64
     assert spec.kv_pool.eviction_policy == "branch-count"
-    assert spec.redis.managed is not None and spec.redis.url is None
+    assert spec.redis.managed is not None and spec.redis.existing is None
     assert spec.model.client_name == "Qwen/Qwen3-Coder-30B-A3B-Instruct"
 
 

@@ -1,0 +1,142 @@
+"""The engine StatefulSet (one pod per node) and its headless Service (pure).
+
+- Desired role: the pod annotation `agentpool.io/role`, which the planner writes. The engine reads
+  it through the API (its account may get/watch its own pod by name) or from the downward-API file
+  `/etc/agentpool/podinfo/role`, which the kubelet refreshes when the annotation changes. The pod
+  template never carries the annotation, so a reconcile cannot revert the planner.
+- Host KV pool: `/dev/shm` is a memory-backed emptyDir of `hostKvSize`, and unless the spec sets
+  `limits.memory` the container requests and is limited to `hostKvSize` plus the backend's overhead.
+- GPUs: `nvidia.com/gpu` = `gpusPerNode` in requests and limits; the `sim` backend asks for none.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentpool.api import AgentServingPoolSpec
+from agentpool.operator.builders.pods import (
+    config_mount,
+    config_volume,
+    http_probe,
+    mount,
+    secret_file_volume,
+    service,
+)
+from agentpool.operator.builders.secrets import directory_token, report_token
+from agentpool.operator.builders.settings import (
+    CONFIG_DIR,
+    DIRECTORY_TOKEN_DIR,
+    ENGINE_CONFIG_KEY,
+    ENGINE_MEMORY_OVERHEAD,
+    PODINFO_DIR,
+    REPORT_TOKEN_DIR,
+    ROLE_FILE,
+)
+from agentpool.operator.names import ENGINE, ENGINE_PORT, ROLE_ANNOTATION, PoolRef
+from agentpool.operator.quantity import mebibytes
+
+GPU_RESOURCE = "nvidia.com/gpu"
+DRAIN_GRACE_S = 300
+"""Seconds a terminating engine gets to finish its running requests (its queue goes back to the
+router at once)."""
+
+
+def engine_memory_bytes(spec: AgentServingPoolSpec) -> int:
+    """Memory an engine gets when the spec does not say: its host KV pool plus the overhead."""
+    return spec.engine.host_kv_bytes + ENGINE_MEMORY_OVERHEAD[spec.engine.backend]
+
+
+def engine_resources(spec: AgentServingPoolSpec) -> dict[str, Any]:
+    given = spec.engine.scheduling.resources
+    requests: dict[str, Any] = {k: str(v) for k, v in (given.requests or {}).items()}
+    limits: dict[str, Any] = {k: str(v) for k, v in (given.limits or {}).items()}
+    if "memory" not in limits:
+        memory = mebibytes(engine_memory_bytes(spec))
+        limits["memory"] = memory
+        requests.setdefault("memory", memory)
+    if spec.engine.gpus_per_node > 0:
+        requests[GPU_RESOURCE] = str(spec.engine.gpus_per_node)
+        limits[GPU_RESOURCE] = str(spec.engine.gpus_per_node)
+    return {"requests": requests, "limits": limits}
+
+
+def _volumes(pool: PoolRef, spec: AgentServingPoolSpec) -> list[dict[str, Any]]:
+    shm: dict[str, Any] = {"medium": "Memory"}
+    if spec.engine.host_kv_bytes > 0:
+        shm["sizeLimit"] = mebibytes(spec.engine.host_kv_bytes + 2**30)
+    return [
+        config_volume(pool, [ENGINE_CONFIG_KEY]),
+        {
+            "name": "podinfo",
+            "downwardAPI": {
+                "items": [
+                    {
+                        "path": ROLE_FILE,
+                        "fieldRef": {"fieldPath": f"metadata.annotations['{ROLE_ANNOTATION}']"},
+                    }
+                ]
+            },
+        },
+        secret_file_volume("report-token", report_token(pool, spec)),
+        secret_file_volume("directory-token", directory_token(pool, spec)),
+        {"name": "dshm", "emptyDir": shm},
+    ]
+
+
+def engine_container(pool: PoolRef, spec: AgentServingPoolSpec) -> dict[str, Any]:
+    startup_failures = 360 if spec.engine.backend == "sglang" else 60  # loading a model takes minutes
+    return {
+        "name": ENGINE,
+        "image": spec.engine.image,
+        "command": ["python", "-m", "agentpool.engine", "--config", f"{CONFIG_DIR}/{ENGINE_CONFIG_KEY}"],
+        "env": [
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        ],
+        "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
+        "resources": engine_resources(spec),
+        "startupProbe": http_probe("/health", "http", period_s=5, failures=startup_failures),
+        "readinessProbe": http_probe("/ready", "http", period_s=2),
+        "livenessProbe": http_probe("/health", "http", period_s=10, failures=6),
+        "volumeMounts": [
+            config_mount(),
+            mount("podinfo", PODINFO_DIR),
+            mount("report-token", REPORT_TOKEN_DIR),
+            mount("directory-token", DIRECTORY_TOKEN_DIR),
+            {"name": "dshm", "mountPath": "/dev/shm"},
+        ],
+    }
+
+
+def engine_stateful_set(pool: PoolRef, spec: AgentServingPoolSpec) -> dict[str, Any]:
+    scheduling = spec.engine.scheduling
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": pool.child(ENGINE),
+        "terminationGracePeriodSeconds": DRAIN_GRACE_S,
+        "containers": [engine_container(pool, spec)],
+        "volumes": _volumes(pool, spec),
+    }
+    if scheduling.node_selector:
+        pod_spec["nodeSelector"] = dict(scheduling.node_selector)
+    if scheduling.tolerations:
+        pod_spec["tolerations"] = [t.to_wire() for t in scheduling.tolerations]
+    if scheduling.affinity is not None:
+        pod_spec["affinity"] = scheduling.affinity
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": pool.metadata(pool.child(ENGINE), ENGINE),
+        "spec": {
+            "replicas": spec.nodes,
+            "serviceName": pool.child(ENGINE),
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": pool.selector(ENGINE)},
+            "updateStrategy": {"type": "RollingUpdate"},
+            "template": {"metadata": {"labels": pool.labels_for(ENGINE)}, "spec": pod_spec},
+        },
+    }
+
+
+def engine_service(pool: PoolRef) -> dict[str, Any]:
+    """Headless: every engine has a stable DNS name `<pod>.<pool>-engine.<ns>.svc`."""
+    return service(pool, ENGINE, [("http", ENGINE_PORT)], headless=True)

@@ -1,0 +1,373 @@
+"""The pure builders: a table of pools -> the key fields of every child they make."""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agentpool.api import AgentServingPool, AgentServingPoolSpec
+from agentpool.operator.builders import BuildSettings, InvalidPoolError, children
+from agentpool.operator.builders.secrets import generated_secret, generated_secret_keys, new_secret_values
+from agentpool.operator.names import PoolRef
+from agentpool.planner.settings_file import build_config
+from agentpool.router.config import parse_config
+
+ROOT = Path(__file__).resolve().parents[3]
+SIM = yaml.safe_load((ROOT / "examples" / "pool-sim.yaml").read_text())
+SGLANG = yaml.safe_load((ROOT / "examples" / "pool-sglang.yaml").read_text())
+SETTINGS = BuildSettings(control_plane_image="registry.test/agentpool:1")
+
+
+def edited(manifest: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    out = copy.deepcopy(manifest)
+    out["spec"].update(spec)
+    return out
+
+
+def colocated(manifest: dict[str, Any]) -> dict[str, Any]:
+    out = edited(manifest, mode="colocated", planner={"enabled": False})
+    del out["spec"]["initialSplit"]
+    return out
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    manifest: dict[str, Any]
+    gpus: int
+    roles: list[str]
+    memory_limit: str
+    shm_limit: str | None
+    planner: bool
+    managed_redis: bool = True
+    secret_names: dict[str, str] = field(default_factory=dict)
+    """volume -> Secret name, where it is not the generated one."""
+
+
+def _engine_memory_default(manifest: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(manifest)
+    del out["spec"]["engine"]["scheduling"]["resources"]["limits"]
+    del out["spec"]["engine"]["scheduling"]["resources"]["requests"]["memory"]
+    return out
+
+
+CASES = [
+    Case("sim example", SIM, 0, ["prefill"] * 3 + ["decode"] * 3, "4Gi", "3072Mi", planner=True),
+    Case("sglang example", SGLANG, 4, ["prefill"] * 4 + ["decode"] * 5, "900Gi", "525312Mi", planner=True),
+    Case(
+        "sglang, memory from the KV pool",
+        _engine_memory_default(SGLANG),
+        4,
+        ["prefill"] * 4 + ["decode"] * 5,
+        f"{(512 + 16) * 1024}Mi",
+        "525312Mi",
+        planner=True,
+    ),
+    Case("colocated sim", colocated(SIM), 0, ["both"] * 6, "4Gi", "3072Mi", planner=False),
+    Case(
+        "existing Redis and tokens",
+        edited(
+            SIM,
+            redis={"existing": {"secretName": "cache", "passwordKey": "pw"}},
+            auth={
+                "reportToken": {"name": "tokens", "key": "report"},
+                "directoryToken": {"name": "tokens", "key": "dir"},
+            },
+        ),
+        0,
+        ["prefill"] * 3 + ["decode"] * 3,
+        "4Gi",
+        "3072Mi",
+        planner=True,
+        managed_redis=False,
+        secret_names={"report-token": "tokens", "directory-token": "tokens", "redis-password": "cache"},
+    ),
+    Case(
+        "no host KV",
+        edited(SIM, engine={**SIM["spec"]["engine"], "hostKvSize": 0}),
+        0,
+        ["prefill"] * 3 + ["decode"] * 3,
+        "4Gi",
+        None,
+        planner=True,
+    ),
+]
+
+
+def build(
+    manifest: dict[str, Any], generation: int = 1
+) -> tuple[PoolRef, AgentServingPoolSpec, list[dict[str, Any]]]:
+    pool = AgentServingPool.model_validate(manifest)
+    ref = PoolRef(manifest["metadata"]["name"], "team-a", "0000-uid", {"team": "search"})
+    return ref, pool.spec, children(ref, pool.spec, generation, SETTINGS)
+
+
+def by_kind(objs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in objs if o["kind"] == kind}
+
+
+def containers(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in obj["spec"]["template"]["spec"]["containers"]}
+
+
+def volumes(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {v["name"]: v for v in obj["spec"]["template"]["spec"]["volumes"]}
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_every_child_is_owned_and_labelled(case: Case) -> None:
+    ref, _, objs = build(case.manifest)
+    for obj in objs:
+        meta = obj["metadata"]
+        assert meta["namespace"] == "team-a"
+        assert meta["ownerReferences"] == [
+            {
+                "apiVersion": "agentpool.io/v1alpha1",
+                "kind": "AgentServingPool",
+                "name": ref.name,
+                "uid": "0000-uid",
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+        assert meta["labels"]["agentpool.io/pool"] == ref.name
+        assert meta["labels"]["team"] == "search"
+        assert meta["name"].startswith(ref.name + "-")
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_every_child_is_a_valid_kubernetes_object(case: Case) -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    _, _, objs = build(case.manifest)
+    for obj in objs:
+        kubernetes_validate.validate(obj, "1.28", strict=True)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_engine_pods(case: Case) -> None:
+    ref, spec, objs = build(case.manifest)
+    sts = by_kind(objs, "StatefulSet")[f"{ref.name}-engine"]
+    assert sts["spec"]["replicas"] == spec.nodes
+    assert sts["spec"]["serviceName"] == f"{ref.name}-engine"
+    engine = containers(sts)["engine"]
+    resources = engine["resources"]
+    if case.gpus:
+        assert resources["limits"]["nvidia.com/gpu"] == str(case.gpus)
+        assert resources["requests"]["nvidia.com/gpu"] == str(case.gpus)
+    else:
+        assert "nvidia.com/gpu" not in resources["limits"] and "nvidia.com/gpu" not in resources["requests"]
+    assert resources["limits"]["memory"] == case.memory_limit
+    vols = volumes(sts)
+    assert vols["dshm"]["emptyDir"].get("sizeLimit") == case.shm_limit
+    assert vols["dshm"]["emptyDir"]["medium"] == "Memory"
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in engine["volumeMounts"]
+    role_item = vols["podinfo"]["downwardAPI"]["items"][0]
+    assert role_item["fieldRef"]["fieldPath"] == "metadata.annotations['agentpool.io/role']"
+    # the template never sets a role: the planner owns the pods' annotations
+    assert "annotations" not in sts["spec"]["template"]["metadata"]
+    assert {p["containerPort"] for p in engine["ports"]} == {8080}
+    assert engine["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert engine["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert sts["spec"]["template"]["spec"]["serviceAccountName"] == f"{ref.name}-engine"
+    headless = by_kind(objs, "Service")[f"{ref.name}-engine"]
+    assert headless["spec"]["clusterIP"] == "None"
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_initial_roles_reach_the_router(case: Case) -> None:
+    ref, _, objs = build(case.manifest)
+    cm = by_kind(objs, "ConfigMap")[f"{ref.name}-config"]
+    config = parse_config(cm["data"]["router.json"], "json")  # the router's own parser
+    assert [n.role.value for n in config.nodes] == case.roles
+    assert [n.id for n in config.nodes] == [f"{ref.name}-engine-{i}" for i in range(len(case.roles))]
+    assert config.nodes[0].url == f"http://{ref.name}-engine-0.{ref.name}-engine.team-a.svc:8080"
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_planner_beside_the_router(case: Case) -> None:
+    ref, spec, objs = build(case.manifest)
+    router = by_kind(objs, "Deployment")[f"{ref.name}-router"]
+    pod = router["spec"]["template"]["spec"]
+    cs = containers(router)
+    assert pod["automountServiceAccountToken"] is False
+    assert not any(
+        m["mountPath"].startswith("/var/run/secrets/kubernetes.io") for m in cs["router"]["volumeMounts"]
+    )
+    cm = by_kind(objs, "ConfigMap")[f"{ref.name}-config"]
+    if not case.planner:
+        assert set(cs) == {"router"}
+        assert "planner.json" not in cm["data"]
+        return
+    planner = cs["planner"]
+    assert {
+        "name": "planner-api",
+        "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+        "readOnly": True,
+    } in planner["volumeMounts"]
+    command = planner["command"]
+    lease_end = command.index("--")
+    assert command[:3] == ["python", "-m", "agentpool.operator.lease"]
+    assert f"--name={ref.name}-planner" in command[:lease_end]
+    assert command[lease_end + 1 : lease_end + 4] == ["python", "-m", "agentpool.planner"]
+    assert "--pool-uid=0000-uid" in command
+    assert f"--selector=agentpool.io/pool={ref.name},app.kubernetes.io/component=engine" in command
+    # the planner reads its settings through its own loader
+    config = build_config(json.loads(cm["data"]["planner.json"]), {})
+    assert config.initial_prefill == spec.initial_prefill
+    assert config.window_s == spec.planner.settings().window_s
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_redis_and_credentials(case: Case) -> None:
+    ref, _, objs = build(case.manifest)
+    names = {(o["kind"], o["metadata"]["name"]) for o in objs}
+    assert (("StatefulSet", f"{ref.name}-redis") in names) == case.managed_redis
+    assert (("Service", f"{ref.name}-redis") in names) == case.managed_redis
+    directory = by_kind(objs, "Deployment")[f"{ref.name}-directory"]
+    d = containers(directory)["directory"]
+    if case.managed_redis:
+        assert f"--redis-url=redis://{ref.name}-redis.team-a.svc:6379/0" in d["args"]
+        redis = by_kind(objs, "StatefulSet")[f"{ref.name}-redis"]
+        assert containers(redis)["redis"]["command"] == ["redis-server", "/etc/redis/redis.conf"]
+    else:
+        assert "--redis-url=$(AGENTPOOL_REDIS_URL)" in d["args"]
+        assert d["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "cache", "key": "url"}
+    assert "--redis-password-file=/var/run/agentpool/redis/password" in d["args"]
+    generated = {"report-token": f"{ref.name}-auth", "directory-token": f"{ref.name}-auth"}
+    if case.managed_redis:
+        generated["redis-password"] = f"{ref.name}-redis"
+    expected = {**generated, **case.secret_names}
+    for obj in objs:
+        if obj["kind"] in ("Deployment", "StatefulSet"):
+            for name, vol in volumes(obj).items():
+                if name in expected:
+                    assert vol["secret"]["secretName"] == expected[name], (obj["metadata"]["name"], name)
+
+
+def test_no_credential_in_a_config_map_or_command_line() -> None:
+    ref, spec, objs = build(SIM)
+    secrets = {
+        name: new_secret_values(keys, lambda: "S3CRET-" + "x" * 20)
+        for name, keys in generated_secret_keys(ref, spec).items()
+    }
+    assert set(secrets) == {"sim-auth", "sim-redis"}
+    assert "requirepass S3CRET-" in secrets["sim-redis"]["redis.conf"]
+    text = json.dumps(objs)
+    assert "S3CRET" not in text
+    router = json.loads(by_kind(objs, "ConfigMap")["sim-config"]["data"]["router.json"])
+    assert router.get("reportToken") is None  # engines' token: a mounted file, never the config
+    secret = generated_secret(ref, "sim-auth", "auth", secrets["sim-auth"])
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == "0000-uid"
+
+
+def test_named_secrets_are_not_generated() -> None:
+    manifest = CASES[4].manifest
+    ref, spec, _ = build(manifest)
+    assert generated_secret_keys(ref, spec) == {}
+    ref, spec, _ = build(edited(SIM, auth={"reportToken": {"name": "t", "key": "k"}}))
+    assert generated_secret_keys(ref, spec) == {
+        "sim-auth": ("directory-token",),
+        "sim-redis": ("password", "redis.conf"),
+    }
+
+
+def test_least_privilege() -> None:
+    _, _, objs = build(SIM)
+    roles = by_kind(objs, "Role")
+    assert set(roles) == {"sim-engine", "sim-planner"}
+    engine_pods = [f"sim-engine-{i}" for i in range(6)]
+    # engines: read their own pods only, by name; no write verb anywhere
+    assert roles["sim-engine"]["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["pods"],
+            "verbs": ["get", "list", "watch"],
+            "resourceNames": engine_pods,
+        }
+    ]
+    writes = {"create", "update", "patch", "delete", "deletecollection"}
+    pod_writers = [
+        (name, rule)
+        for name, role in roles.items()
+        for rule in role["rules"]
+        if "pods" in rule["resources"] and writes & set(rule["verbs"])
+    ]
+    assert pod_writers == [
+        (
+            "sim-planner",
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"], "resourceNames": engine_pods},
+        )
+    ]
+    for rule in roles["sim-planner"]["rules"]:
+        assert (
+            "*" not in rule["verbs"] and "delete" not in rule["verbs"] and "secrets" not in rule["resources"]
+        )
+    accounts = by_kind(objs, "ServiceAccount")
+    assert accounts["sim-directory"]["automountServiceAccountToken"] is False
+    assert accounts["sim-redis"]["automountServiceAccountToken"] is False
+    bindings = by_kind(objs, "RoleBinding")
+    assert {b["roleRef"]["name"]: b["subjects"][0]["name"] for b in bindings.values()} == {
+        "sim-engine": "sim-engine",
+        "sim-planner": "sim-planner",
+    }
+
+
+def test_an_slo_or_policy_edit_changes_only_the_config_map() -> None:
+    _, _, before = build(SIM, generation=1)
+    edit = edited(SIM, slo={"ttft": {"base": "3s"}, "tpot": "40ms"}, router={"policy": "smetric"})
+    edit["spec"]["planner"] = {**SIM["spec"]["planner"], "cooldown": "5m"}
+    _, _, after = build(edit, generation=2)
+    changed = [a["kind"] for a, b in zip(after, before, strict=True) if a != b]
+    assert changed == ["ConfigMap"]
+    cm = by_kind(after, "ConfigMap")["sim-config"]
+    assert cm["metadata"]["annotations"]["agentpool.io/generation"] == "2"
+    assert parse_config(cm["data"]["router.json"], "json").policy == "smetric"
+    assert json.loads(cm["data"]["planner.json"])["cooldown_s"] == 300.0
+
+
+def test_a_scale_changes_engines_and_who_may_be_patched() -> None:
+    _, _, before = build(SIM)
+    _, _, after = build(edited(SIM, nodes=8))
+    changed = sorted(
+        {(a["kind"], a["metadata"]["name"]) for a, b in zip(after, before, strict=True) if a != b}
+    )
+    assert changed == [
+        ("ConfigMap", "sim-config"),
+        ("Role", "sim-engine"),
+        ("Role", "sim-planner"),
+        ("StatefulSet", "sim-engine"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("manifest", "name", "message"),
+    [
+        (SIM, "p" * 46, "metadata.name is 46 characters"),
+        (
+            edited(SIM, engine={**SIM["spec"]["engine"], "hostKvSize": "8Gi"}),
+            "sim",
+            "limits.memory (4Gi) is smaller than spec.engine.hostKvSize (8Gi)",
+        ),
+        (
+            edited(
+                SIM,
+                engine={
+                    **SIM["spec"]["engine"],
+                    "scheduling": {"resources": {"requests": {"memory": "5Gi"}, "limits": {"memory": "4Gi"}}},
+                },
+            ),
+            "sim",
+            "requests.memory (5Gi) exceeds its limit (4Gi)",
+        ),
+    ],
+)
+def test_deeper_validation(manifest: dict[str, Any], name: str, message: str) -> None:
+    pool = AgentServingPool.model_validate(manifest)
+    with pytest.raises(InvalidPoolError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        children(PoolRef(name, "ns", "uid"), pool.spec, 1, SETTINGS)

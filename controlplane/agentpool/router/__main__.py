@@ -32,7 +32,7 @@ from agentpool.kv import Directory
 from agentpool.router.auth import TOKEN_FILE_ENV, AuthConfigError, ReportAuth
 from agentpool.router.config import ConfigError, ConfigFile
 from agentpool.router.directory_view import DirectoryView, InProcessDirectoryView
-from agentpool.router.server import build_app
+from agentpool.router.server import app_runner
 from agentpool.router.service import RouterService
 
 log = logging.getLogger("agentpool.router")
@@ -108,7 +108,7 @@ async def serve(args: argparse.Namespace, auth: ReportAuth) -> None:
     config = await asyncio.to_thread(config_file.load)
     view = directory_view(args.directory, config.page_size, args.directory_token_file, args.directory_ca_file)
     service = RouterService(config, view, config_file=config_file, report_auth=auth)
-    runner = web.AppRunner(build_app(service), access_log=None, shutdown_timeout=5.0)
+    runner = app_runner(service)
     await runner.setup()
     try:
         site = web.TCPSite(runner, args.host, args.port)

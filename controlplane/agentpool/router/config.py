@@ -66,6 +66,17 @@ class TimeoutConfig(_Strict):
     directory_s: float = Field(2.0, gt=0, alias="directory")
     # how long a prefilled request waits for a decode node with KV room before it fails (503)
     decode_wait_s: float = Field(30.0, gt=0, alias="decodeWait")
+    # how long a client may take to send a request body; slower (or partial) bodies get 408, closed
+    body_s: float = Field(30.0, gt=0, alias="body")
+
+
+class LimitsConfig(_Strict):
+    """Caps on what one request may ask; over a cap is the client's fault (400/413)."""
+
+    max_json_depth: int = Field(64, ge=4, le=10_000, alias="maxJsonDepth")
+    max_messages: int = Field(10_000, ge=1, alias="maxMessages")
+    max_output_tokens: int = Field(1 << 20, ge=1, alias="maxOutputTokens")
+    max_prompt_tokens: int = Field(1 << 21, ge=1, alias="maxPromptTokens")
 
 
 class RouterConfig(_Strict):
@@ -85,6 +96,7 @@ class RouterConfig(_Strict):
     default_output_tokens: int = Field(256, ge=0, alias="defaultOutputTokens")
     retry_after_s: int = Field(1, ge=1, alias="retryAfter")
     timeouts: TimeoutConfig = TimeoutConfig()
+    limits: LimitsConfig = LimitsConfig()
     node_model: NodeModelConfig = Field(default_factory=NodeModelConfig, alias="nodeModel")
     nodes: list[NodeConfig] = Field(default_factory=list)
 

@@ -7,6 +7,7 @@ from collections.abc import AsyncGenerator
 
 import aiohttp
 from pydantic import ValidationError
+from pydantic_core import PydanticSerializationError
 
 from agentpool.router.engine_protocol import EngineEvent, GenerateRequest
 
@@ -18,6 +19,15 @@ _JSON = {"content-type": "application/json"}
 
 class EngineFailure(Exception):
     """The engine could not be reached, failed, timed out or broke the protocol."""
+
+
+class EngineRejected(Exception):
+    """The engine refused the request for its content (HTTP 400/413/422, or an ``error`` event with a
+    4xx ``status``), or the request could not be encoded: the request's fault, not the engine's."""
+
+
+# engine answers that blame the request, not the engine
+REJECTED_STATUSES = frozenset((400, 413, 422))
 
 
 class EngineBusy(Exception):
@@ -57,9 +67,13 @@ class EngineClient:
         if self._session is None:
             raise RuntimeError("EngineClient.start() was not called")
         try:
+            data = request.model_dump_json().encode()
+        except (PydanticSerializationError, UnicodeEncodeError) as e:
+            raise EngineRejected(f"the request cannot be encoded for the engine: {e}") from e
+        try:
             async with self._session.post(
                 self._url(url),
-                data=request.model_dump_json().encode(),
+                data=data,
                 headers=_JSON,
                 timeout=aiohttp.ClientTimeout(total=None, connect=self.connect_s, sock_read=None),
             ) as resp:
@@ -67,6 +81,8 @@ class EngineClient:
                     raise EngineBusy(f"{url} answered {resp.status}")
                 if resp.status != 200:
                     text = (await resp.content.read(500)).decode(errors="replace")
+                    if resp.status in REJECTED_STATUSES:
+                        raise EngineRejected(f"{url} rejected the request ({resp.status}): {text}")
                     raise EngineFailure(f"{url} answered {resp.status}: {text}")
                 lines = _Lines(resp.content)
                 wait = self.first_event_s

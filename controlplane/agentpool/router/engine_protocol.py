@@ -73,6 +73,8 @@ class EngineEvent(BaseModel):
     usage: Usage | None = None
     reason: str = ""
     message: str = ""
+    # with ``error``: 4xx when the request's content is at fault (the engine is fine), else absent/5xx
+    status: int | None = Field(None, ge=400, le=599)
 
 
 class QueuedItem(BaseModel):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from typing import Literal
 from agentpool.models import Work
 from agentpool.router.config import RouterConfig
 from agentpool.router.directory_view import DirectoryError, DirectoryView
-from agentpool.router.engine_client import EngineBusy, EngineClient, EngineFailure
+from agentpool.router.engine_client import EngineBusy, EngineClient, EngineFailure, EngineRejected
 from agentpool.router.engine_protocol import EngineEvent, GenerateRequest, KvSource, Phase, Usage
 from agentpool.router.metrics import RouterMetrics
 from agentpool.router.nodes import NodeTable
@@ -45,6 +46,7 @@ from agentpool.router.policy.contract import serves_prefill
 from agentpool.router.work_log import WorkLog
 
 Endpoint = Literal["chat", "completion"]
+log = logging.getLogger(__name__)
 
 
 class FlowError(Exception):
@@ -69,6 +71,10 @@ class RequestFailed(FlowError):
 
 class StreamBroken(FlowError):
     """An engine failed after the client got the first token."""
+
+
+class BadRequest(FlowError):
+    """An engine refused the request for its content: the client's fault (400); no engine is blamed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,18 +171,20 @@ class Dispatcher:
                     raise RequestFailed(f"{failures} engines failed, last: {last_error}; {e}") from e
                 raise
             node = decision.node_id
-            self._count_prefix(prep.view, decision)
-            if prep.branch is not None:
-                await self._place(prep.branch, node)
             work = Work(
                 t_uc=float(prep.view.prompt_tokens - decision.cached_tokens),
                 t_c=float(decision.cached_tokens),
                 t_out=float(prep.view.expected_output_tokens),
             )
-            self.work_log.routed(prep.request_id, work)
+            # Take the node's queue slot in the same step as choose(), before any await: otherwise
+            # concurrent requests all choose the node while its count is still low (the queue limit).
             seq = self.nodes.dispatch_prefill(node, prep.request_id, work, self._kv_tokens(prep))
+            self._count_prefix(prep.view, decision)
+            self.work_log.routed(prep.request_id, work)
             colocated = self.nodes.get(node).role is Role.BOTH
             try:
+                if prep.branch is not None:
+                    await self._place(prep.branch, node)
                 if colocated:
                     stream = self._colocated(prep, decision, seq)
                 else:
@@ -195,7 +203,22 @@ class Dispatcher:
                 self.metrics.retries.labels("requeue").inc()
                 if requeues > cfg.max_requeues:
                     raise NoCapacity(f"re-routed {requeues} times: {e}") from e
+            except EngineRejected as e:
+                self.metrics.engine_failures.labels("request").inc()
+                log.warning("request %s: %s refused it for its content: %s", prep.request_id, node, e)
+                if first_token:
+                    raise StreamBroken(str(e)) from e
+                raise BadRequest(str(e)) from e
             except EngineFailure as e:
+                self.metrics.engine_failures.labels("engine").inc()
+                down_s = self.nodes.down_cooldown_s
+                log.warning(
+                    "request %s: engine %s failed (%s); sending it nothing for %g s",
+                    prep.request_id,
+                    node,
+                    e,
+                    down_s,
+                )
                 if first_token:
                     raise StreamBroken(str(e)) from e
                 failures += 1
@@ -252,6 +275,8 @@ class Dispatcher:
                     if ev.type == "requeue":
                         raise _Requeue(f"{node}: {ev.reason or 'requeued'}")
                     if ev.type == "error":
+                        if ev.status is not None and ev.status < 500:
+                            raise EngineRejected(f"{node}: {ev.message or 'request refused'}")
                         raise EngineFailure(f"{node}: {ev.message or 'engine error'}")
                     yield ev
         except EngineBusy as e:

@@ -1,7 +1,10 @@
 """OpenAI-compatible request bodies, response bodies and error bodies (pydantic, at the HTTP edge).
 
 Unknown top-level fields are rejected (OpenAI answers 400 "Unrecognized request argument"); message
-objects accept the fields the Chat Completions API defines. Response helpers build the JSON bodies
+objects accept the fields the Chat Completions API defines. Types are strict (``"stream": "yes"`` and
+``"max_tokens": true`` are errors, not coerced). :func:`parse_json` is the one JSON reader of request
+bodies: strict UTF-8 (no lone surrogates, which no engine could take), no NaN or infinite numbers
+(``1e309``), integers within 64 bits, nesting within a cap. Response helpers build the JSON bodies
 and the SSE chunks.
 """
 
@@ -11,19 +14,54 @@ import json
 import time
 from typing import Any, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from agentpool.router.engine_protocol import Usage
 
-MAX_MESSAGES = 100_000
+_I64 = 1 << 63
+
+
+class BadJson(ValueError):
+    """A request body that is not JSON the router accepts; the message says why."""
+
+
+def parse_json(raw: bytes, max_depth: int) -> dict[str, Any]:
+    """The JSON object in ``raw``, or :class:`BadJson` (see the module docstring for the rules)."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise BadJson(f"request body is not valid JSON: {e}") from e
+    if not isinstance(body, dict):
+        raise BadJson("request body must be a JSON object")
+    check_nesting(body, max_depth)
+    return body
+
+
+def check_nesting(value: dict[str, Any] | list[Any], max_depth: int) -> None:
+    """Raise :class:`BadJson` when ``value`` nests deeper than ``max_depth`` or holds a float-sized int.
+
+    orjson reads integers of 2**64 and more as floats: a float where an integer is wanted fails the
+    strict models; integers in [2**63, 2**64) are caught here. Only containers are walked.
+    """
+    stack: list[tuple[dict[str, Any] | list[Any], int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > max_depth:
+            raise BadJson(f"request body nests deeper than {max_depth} levels")
+        for item in node.values() if isinstance(node, dict) else node:
+            if isinstance(item, dict | list):
+                stack.append((item, depth + 1))
+            elif isinstance(item, int) and item >= _I64:
+                raise BadJson(f"integer {item} is out of the 64-bit range")
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
@@ -47,7 +85,7 @@ class _Sampling(_Body):
     top_p: float | None = Field(None, ge=0, le=1)
     n: int = Field(1, ge=1, le=1)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-_I64, lt=_I64)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
@@ -56,7 +94,7 @@ class _Sampling(_Body):
 
 
 class ChatCompletionRequest(_Sampling):
-    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
+    messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[dict[str, Any]] | None = None

@@ -12,8 +12,8 @@ carries ``Retry-After``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -27,6 +27,7 @@ from agentpool.kv import InvalidBranchIdError, check_branch_id
 from agentpool.router.directory_view import DirectoryError
 from agentpool.router.engine_protocol import LoadReport, Usage
 from agentpool.router.flow import (
+    BadRequest,
     Chunk,
     Finish,
     FlowError,
@@ -37,6 +38,7 @@ from agentpool.router.flow import (
     StreamBroken,
 )
 from agentpool.router.openai_api import (
+    BadJson,
     ChatCompletionRequest,
     CompletionRequest,
     chat_chunk,
@@ -44,6 +46,7 @@ from agentpool.router.openai_api import (
     completion_chunk,
     completion_response,
     error_body,
+    parse_json,
     sse,
     usage_chunk,
     validation_error_body,
@@ -69,14 +72,23 @@ class ApiError(Exception):
         self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
 
         self.headers: dict[str, str] = {}
+        self.close = False
 
     def with_headers(self, headers: dict[str, str]) -> ApiError:
         self.headers.update(headers)
         return self
 
+    def closing(self) -> ApiError:
+        """Close the connection after the answer (the rest of the request cannot be trusted)."""
+        self.close = True
+        return self
+
     def response(self, headers: dict[str, str] | None = None) -> web.Response:
         body = error_body(self.message, self.type, self.code, self.param)
-        return web.json_response(body, status=self.status, headers={**self.headers, **(headers or {})})
+        resp = web.json_response(body, status=self.status, headers={**self.headers, **(headers or {})})
+        if self.close:
+            resp.force_close()
+        return resp
 
 
 def flow_error(e: FlowError, retry_after: int) -> web.Response:
@@ -87,6 +99,8 @@ def flow_error(e: FlowError, retry_after: int) -> web.Response:
         return ApiError(503, str(e), "server_error", "no_capacity").response(
             {"Retry-After": str(retry_after)}
         )
+    if isinstance(e, BadRequest):
+        return ApiError(400, str(e), "invalid_request_error", "rejected_by_engine").response()
     if isinstance(e, RequestFailed):
         return ApiError(502, str(e), "server_error", "engine_failed").response()
     return ApiError(502, str(e), "server_error", "engine_failed").response()
@@ -115,17 +129,22 @@ async def errors_middleware(
 # ---- parsing ------------------------------------------------------------------------------------
 
 
-async def read_json(request: web.Request) -> dict[str, Any]:
-    raw = await request.read()
+async def read_json(request: web.Request, service: RouterService) -> dict[str, Any]:
+    """The body as a JSON object, read within the body timeout (a slow or partial body: 408, closed)."""
+    cfg = service.config
     try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        async with asyncio.timeout(cfg.timeouts.body_s):
+            raw = await request.read()
+    except TimeoutError as e:
         raise ApiError(
-            400, f"request body is not valid JSON: {e}", "invalid_request_error", "invalid_json"
-        ) from e
-    if not isinstance(body, dict):
-        raise ApiError(400, "request body must be a JSON object", "invalid_request_error", "invalid_json")
-    return body
+            408, f"the request body did not arrive within {cfg.timeouts.body_s:g} s", "invalid_request_error"
+        ).closing() from e
+    except ConnectionResetError as e:  # the client hung up with the body partly sent: nobody to answer
+        raise ApiError(400, "the request body was cut off", "invalid_request_error").closing() from e
+    try:
+        return parse_json(raw, cfg.limits.max_json_depth)
+    except BadJson as e:
+        raise ApiError(400, str(e), "invalid_request_error", "invalid_json") from e
 
 
 def parse_body(cls: type[M], body: dict[str, Any]) -> M:
@@ -167,12 +186,18 @@ def branch_headers(request: web.Request) -> tuple[str | None, str | None, bool]:
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE_KEY]
-    body = await read_json(request)
+    body = await read_json(request, service)
     req = parse_body(ChatCompletionRequest, body)
     branch, parent, end = branch_headers(request)
     check_model(service, req.model)
+    limits = service.config.limits
+    if len(req.messages) > limits.max_messages:
+        raise ApiError(
+            400, f"more than {limits.max_messages} messages", "invalid_request_error", "too_many_messages"
+        )
+    check_output_limit(service, req.output_limit())
     messages = [m.model_dump(exclude_none=True) for m in req.messages]
-    encoded = await encode(service.encode_chat(messages))
+    encoded = await encode(service, service.encode_chat(messages))
     prep = await service.prepare("chat", body, encoded, req.output_limit(), branch, parent)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return await answer(request, service, prep, req.stream, include_usage, req.model, end)
@@ -180,11 +205,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE_KEY]
-    body = await read_json(request)
+    body = await read_json(request, service)
     req = parse_body(CompletionRequest, body)
     branch, parent, end = branch_headers(request)
     check_model(service, req.model)
-    encoded = await encode(service.encode_completion(req.prompt_text()))
+    check_output_limit(service, req.output_limit())
+    encoded = await encode(service, service.encode_completion(req.prompt_text()))
     prep = await service.prepare("completion", body, encoded, req.output_limit(), branch, parent)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return await answer(request, service, prep, req.stream, include_usage, req.model, end)
@@ -197,13 +223,29 @@ def check_model(service: RouterService, model: str) -> None:
         )
 
 
-async def encode(pending: Awaitable[Encoded]) -> Encoded:
+def check_output_limit(service: RouterService, limit: int | None) -> None:
+    cap = service.config.limits.max_output_tokens
+    if limit is not None and limit > cap:
+        raise ApiError(
+            400, f"max_tokens may be at most {cap}", "invalid_request_error", "invalid_value", "max_tokens"
+        )
+
+
+async def encode(service: RouterService, pending: Awaitable[Encoded]) -> Encoded:
     try:
         encoded = await pending
     except TokenizerError as e:
         raise ApiError(400, str(e), "invalid_request_error", "invalid_prompt") from e
     if not encoded.token_ids:
         raise ApiError(400, "the prompt has no tokens", "invalid_request_error", "invalid_prompt")
+    cap = service.config.limits.max_prompt_tokens
+    if len(encoded.token_ids) > cap:
+        raise ApiError(
+            400,
+            f"the prompt has {len(encoded.token_ids)} tokens, more than the {cap} allowed",
+            "invalid_request_error",
+            "context_length_exceeded",
+        )
     return encoded
 
 
@@ -367,7 +409,7 @@ async def report(request: web.Request) -> web.Response:
             "authentication_error",
             "invalid_token",
         ).with_headers({"WWW-Authenticate": "Bearer"})
-    rep = parse_body(LoadReport, await read_json(request))
+    rep = parse_body(LoadReport, await read_json(request, service))
     if rep.node_id not in service.nodes:
         raise ApiError(404, f"unknown node {rep.node_id!r}", "invalid_request_error", "unknown_node")
     service.apply_report(rep)
@@ -396,3 +438,12 @@ def build_app(service: RouterService) -> web.Application:
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
     return app
+
+
+def app_runner(service: RouterService, shutdown_timeout: float = 5.0) -> web.AppRunner:
+    """The router's app in a runner: no access log, and no lingering: a connection whose request
+    body was not read to its end (too large, too slow, partial) is closed after the answer instead
+    of being drained for 10 s."""
+    return web.AppRunner(
+        build_app(service), access_log=None, shutdown_timeout=shutdown_timeout, lingering_time=0.0
+    )

@@ -27,6 +27,13 @@ class StandIn:
     tokens: int = 4
     fail_after_tokens: int | None = None
     draining: bool = False
+    # requests whose body contains this text are refused for their content (HTTP 400, or an
+    # ``error`` event with status 400 when ``reject_in_stream``), as a real engine refuses bad input
+    reject_marker: str | None = None
+    reject_in_stream: bool = False
+    # the most requests at once that have arrived and not yet started to decode (or been handed off)
+    waiting: int = 0
+    max_waiting: int = 0
     received: list[GenerateRequest] = field(default_factory=list)
     completed: list[str] = field(default_factory=list)
     requeued: list[str] = field(default_factory=list)
@@ -68,22 +75,39 @@ class StandIn:
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         req = GenerateRequest.model_validate(await request.json())
         self.received.append(req)
+        rejected = self.reject_marker is not None and self.reject_marker in json.dumps(req.body)
+        if rejected and not self.reject_in_stream:
+            return web.json_response({"error": "bad request content"}, status=400)
         resp = web.StreamResponse(headers={"content-type": "application/x-ndjson"})
         await resp.prepare(request)
 
         async def send(event: dict[str, Any]) -> None:
             await resp.write((json.dumps(event) + "\n").encode())
 
-        if req.phase == "decode":
-            await self._decode(req, send)
-        else:
-            async with self._busy:
-                if self.draining:
-                    self.requeued.append(req.request_id)
-                    await send({"type": "requeue", "reason": f"{self.node_id} is draining"})
-                    return resp
-                await send({"type": "started"})
-                await asyncio.sleep(self.prefill_s)
+        if rejected:
+            await send({"type": "error", "message": "bad request content", "status": 400})
+            return resp
+        if req.phase != "decode":
+            self.waiting += 1
+            self.max_waiting = max(self.max_waiting, self.waiting)
+            try:
+                return await self._prefill(req, resp, send)
+            finally:
+                self.waiting -= 1
+        await self._decode(req, send)
+        return resp
+
+    async def _prefill(self, req: GenerateRequest, resp: web.StreamResponse, send: Any) -> web.StreamResponse:
+
+        async with self._busy:
+            if self.draining:
+                self.requeued.append(req.request_id)
+                await send({"type": "requeue", "reason": f"{self.node_id} is draining"})
+                return resp
+            await send({"type": "started"})
+            await asyncio.sleep(self.prefill_s)
+        self.waiting -= 1
+        try:
             if req.phase == "prefill":
                 transfer = f"{self.node_id}-{req.request_id}"
                 self.transfers[transfer] = len(req.prompt_token_ids)
@@ -91,6 +115,8 @@ class StandIn:
                 self.completed.append(req.request_id)
             else:
                 await self._tokens(req, send, 0)
+        finally:
+            self.waiting += 1  # the caller takes it off again
         return resp
 
     async def _decode(self, req: GenerateRequest, send: Any) -> None:

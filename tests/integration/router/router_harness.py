@@ -17,7 +17,7 @@ from agentpool.kv import Directory
 from agentpool.router.auth import ReportAuth
 from agentpool.router.config import ConfigFile, RouterConfig
 from agentpool.router.directory_view import DirectoryView, InProcessDirectoryView
-from agentpool.router.server import build_app
+from agentpool.router.server import app_runner
 from agentpool.router.service import RouterService
 
 
@@ -61,7 +61,7 @@ async def start_router(
     service = RouterService(
         config, view, report_auth=auth, config_file=config_file, reload_interval_s=reload_interval_s
     )
-    runner = web.AppRunner(build_app(service), shutdown_timeout=0.1)
+    runner = app_runner(service, shutdown_timeout=0.1)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

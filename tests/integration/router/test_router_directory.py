@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -139,3 +140,34 @@ async def test_router_reaches_a_token_protected_directory(tmp_path: Path) -> Non
         await allowed.close()  # type: ignore[attr-defined]
     finally:
         await srv.stop()
+
+
+async def test_the_queue_limit_holds_under_concurrency_with_the_grpc_directory(
+    directory: DirectoryServer,
+) -> None:
+    """choose() and taking the queue slot are one step: the branch's Place RPC (an await) comes after.
+
+    Before, 40 concurrent branch requests all chose the node while its count was 0, then awaited
+    Place, then dispatched: the node got all 40 against a limit of 4.
+    """
+    a = await StandIn("a", tokens=1, prefill_s=0.05).start()
+    view = GrpcDirectoryView(DirectoryClient(directory.address))
+    config = router_config([("a", a.url, "both")], pageSize=PAGE, maxQueuePerNode=4, maxRequeues=0)
+    router = await start_router(config, view)
+    try:
+        async with aiohttp.ClientSession() as http:
+
+            async def one(i: int) -> int:
+                hdr = {"x-agentpool-branch": f"agent-{i}"}
+                body = chat_body(f"question {i}", max_tokens=1)
+                async with http.post(f"{router.url}/v1/chat/completions", json=body, headers=hdr) as resp:
+                    await resp.read()
+                    return resp.status
+
+            statuses = await asyncio.gather(*(one(i) for i in range(40)))
+        assert a.max_waiting <= 4, (a.max_waiting, statuses)
+        assert statuses.count(200) >= 4 and statuses.count(429) > 0, statuses
+        assert set(statuses) <= {200, 429}, statuses
+    finally:
+        await router.stop()
+        await a.kill()

@@ -11,6 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from agentpool.kv import Directory
+from agentpool.router.auth import ReportAuth
 from agentpool.router.config import RouterConfig
 from agentpool.router.directory_view import InProcessDirectoryView
 from agentpool.router.engine_protocol import GenerateRequest
@@ -89,7 +90,7 @@ def router_config(nodes: list[tuple[str, str, str]], **kw: Any) -> RouterConfig:
 
 async def start_router(config: RouterConfig) -> Router:
     view = InProcessDirectoryView(Directory(config.page_size), time.monotonic)
-    service = RouterService(config, view)
+    service = RouterService(config, view, report_auth=ReportAuth.unauthenticated())
     return Router(service, await serve(build_app(service)))
 
 

@@ -1,0 +1,286 @@
+"""The local pool: an `AgentServingPool` manifest turned into processes on one machine.
+
+:func:`load_manifest` validates the manifest with the API models (one-line errors naming the
+field). :func:`plan` turns it into the process specs the :class:`~agentpool.local.supervisor.Supervisor`
+runs, in start order: Redis (unless one is given), the directory (gRPC), the engines (``sim``
+backend, HTTP + NIXL host pools), the router and the planner. Secrets (the directory's token,
+the engines' report token, Redis' password) are generated into files (0600) in the pool's work
+directory (0700); no secret is on a command line. Roles flow as in a cluster: the desired role
+of each engine is a file in ``roles/`` (the local stand-in for the pod annotation); the planner
+writes it and the engine reads it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import secrets
+import socket
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from agentpool.api import AgentServingPool
+from agentpool.local.supervisor import HttpReady, ProcessSpec, TcpReady
+from agentpool.router.config import NodeConfig, config_from_settings, render_config
+
+
+class ManifestError(ValueError):
+    """The manifest cannot be read or is not a valid AgentServingPool (one line, names the field)."""
+
+
+class PortInUse(ValueError):
+    """A port the pool needs is taken."""
+
+
+def load_manifest(path: Path) -> AgentServingPool:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ManifestError(f"{path}: cannot read: {e.strerror or e}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ManifestError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
+    if not isinstance(raw, dict):
+        raise ManifestError(f"{path}: expected an AgentServingPool object, got {type(raw).__name__}")
+    try:
+        pool = AgentServingPool.model_validate(raw)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
+        raise ManifestError(f"{path}: {where}: {first['msg'].removeprefix('Value error, ')}{more}") from None
+    if pool.spec.engine.backend != "sim":
+        raise ManifestError(
+            f"{path}: spec.engine.backend: the local pool runs the sim backend, "
+            f"not {pool.spec.engine.backend!r}"
+        )
+    return pool
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def engine_available() -> bool:
+    """Whether the engine agent (``python -m agentpool.engine``) is installed."""
+    return importlib.util.find_spec("agentpool.engine.__main__") is not None
+
+
+@dataclass(frozen=True, slots=True)
+class LocalOptions:
+    host: str = "127.0.0.1"
+    router_port: int = 8000
+    redis_url: str | None = None  # None: start a redis-server
+    redis_password_file: Path | None = None
+    time_scale: float = 1.0  # the sim engines' model seconds per wall second
+    host_kv_bytes: int | None = None  # None: the manifest's hostKvSize
+    engines: bool = True  # False: the control plane only (no engine processes)
+    planner: bool = True
+
+
+@dataclass(slots=True)
+class PoolPlan:
+    """Everything ``up`` starts, and where it listens."""
+
+    name: str
+    workdir: Path
+    specs: list[ProcessSpec] = field(default_factory=list)
+    endpoints: dict[str, str] = field(default_factory=dict)
+    engine_urls: dict[str, str] = field(default_factory=dict)
+    roles_dir: Path = Path()
+    router_url: str = ""
+    directory_target: str = ""
+    model: str = ""
+
+    def ports(self) -> list[tuple[str, int]]:
+        out = []
+        for s in self.specs:
+            if isinstance(s.ready, TcpReady):
+                out.append((s.name, s.ready.port))
+            elif isinstance(s.ready, HttpReady):
+                out.append((s.name, int(s.ready.url.split(":")[2].split("/")[0])))
+        return out
+
+
+def write_secret(path: Path, value: str) -> Path:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(value + "\n")
+    return path
+
+
+def initial_roles(pool: AgentServingPool) -> list[str]:
+    spec = pool.spec
+    if spec.mode == "colocated":
+        return ["both"] * spec.nodes
+    return ["prefill"] * spec.initial_prefill + ["decode"] * spec.initial_decode
+
+
+def plan(pool: AgentServingPool, options: LocalOptions, workdir: Path) -> PoolPlan:
+    """The processes of ``pool`` on this machine; writes their config and secret files in ``workdir``."""
+    spec = pool.spec
+    name = str(pool.metadata.get("name") or "pool")
+    host = options.host
+    py = sys.executable
+    logs = workdir / "logs"
+    out = PoolPlan(name=name, workdir=workdir, roles_dir=workdir / "roles", model=spec.model.client_name)
+    out.roles_dir.mkdir(parents=True, exist_ok=True)
+
+    # Redis
+    redis_url = options.redis_url
+    password_file = options.redis_password_file
+    if redis_url is None:
+        redis_port = free_port(host)
+        password = secrets.token_urlsafe(24)
+        password_file = write_secret(workdir / "redis-password", password)
+        conf = (
+            f'bind {host}\nport {redis_port}\nrequirepass {password}\nsave ""\nappendonly no\n'
+            f"dir {workdir}\nprotected-mode yes\n"
+        )
+        out.specs.append(
+            ProcessSpec(
+                "redis", ["redis-server", "-"], TcpReady(host, redis_port), logs / "redis.log", conf.encode()
+            )
+        )
+        redis_url = f"redis://{host}:{redis_port}/0"
+    out.endpoints["redis"] = redis_url
+
+    # directory
+    dir_port = free_port(host)
+    dir_token = write_secret(workdir / "directory-token", secrets.token_urlsafe(32))
+    dir_argv = [
+        py,
+        "-m",
+        "agentpool.directory",
+        "--host",
+        host,
+        "--port",
+        str(dir_port),
+        "--redis-url",
+        redis_url,
+        "--namespace",
+        f"agentpool:local:{name}:{secrets.token_hex(4)}",
+        "--page-size",
+        str(spec.kv_pool.page_size),
+        "--auth-token-file",
+        str(dir_token),
+        "--node-timeout-s",
+        "5",
+    ]
+    if password_file is not None:
+        dir_argv += ["--redis-password-file", str(password_file)]
+    out.specs.append(ProcessSpec("directory", dir_argv, TcpReady(host, dir_port), logs / "directory.log"))
+    out.directory_target = f"{host}:{dir_port}"
+    out.endpoints["directory"] = f"grpc://{out.directory_target}"
+
+    # engines (listed in the router's config, which the router re-reads on change)
+    report_token = write_secret(workdir / "report-token", secrets.token_urlsafe(32))
+    router_url = f"http://{host}:{options.router_port}"
+    roles = initial_roles(pool)
+    nodes: list[NodeConfig] = []
+    engine_ports = {f"engine-{i}": free_port(host) for i in range(spec.nodes)} if options.engines else {}
+    out.engine_urls = {n: f"http://{host}:{p}" for n, p in engine_ports.items()}
+    for i, (node, port) in enumerate(engine_ports.items()):
+        role_file = out.roles_dir / node
+        role_file.write_text(roles[i] + "\n")
+        cfg = engine_config(pool, options, node, port, role_file, router_url, report_token, out, dir_token)
+        cfg_file = workdir / f"{node}.json"
+        cfg_file.write_text(json.dumps(cfg, indent=1))
+        out.specs.append(
+            ProcessSpec(
+                node,
+                [py, "-m", "agentpool.engine", "--config", str(cfg_file)],
+                HttpReady(f"{out.engine_urls[node]}/health"),
+                logs / f"{node}.log",
+                essential=False,
+            )
+        )
+        nodes.append(NodeConfig.model_validate({"id": node, "url": out.engine_urls[node], "role": roles[i]}))
+        out.endpoints[node] = out.engine_urls[node]
+
+    # router
+    router_cfg = config_from_settings(
+        spec.router.settings(),
+        spec.slo.ttft_slo(),
+        model=spec.model.client_name,
+        nodes=nodes,
+        page_size=spec.kv_pool.page_size,
+    )
+    router_file = workdir / "router.json"
+    router_file.write_text(render_config(router_cfg))
+    out.specs.append(
+        ProcessSpec(
+            "router",
+            [
+                py,
+                "-m",
+                "agentpool.router",
+                "--config",
+                str(router_file),
+                "--host",
+                host,
+                "--port",
+                str(options.router_port),
+                "--directory",
+                out.directory_target,
+                "--directory-token-file",
+                str(dir_token),
+                "--report-token-file",
+                str(report_token),
+            ],
+            HttpReady(f"{router_url}/health"),
+            logs / "router.log",
+        )
+    )
+    out.router_url = router_url
+    out.endpoints["router (OpenAI API)"] = f"{router_url}/v1"
+    return out
+
+
+def engine_config(
+    pool: AgentServingPool,
+    options: LocalOptions,
+    node: str,
+    port: int,
+    role_file: Path,
+    router_url: str,
+    report_token: Path,
+    out: PoolPlan,
+    dir_token: Path,
+) -> dict[str, Any]:
+    """The engine agent's config file (``python -m agentpool.engine --config``) for one node."""
+    spec = pool.spec
+    peers = {n: u for n, u in out.engine_urls.items() if n != node}
+    return {
+        "nodeId": node,
+        "host": options.host,
+        "port": port,
+        "backend": "sim",
+        "role": role_file.read_text().strip(),
+        "roleFile": str(role_file),
+        "routers": [{"url": router_url, "tokenFile": str(report_token)}],
+        "directory": {"target": out.directory_target, "tokenFile": str(dir_token)},
+        "peers": peers,
+        "pageSize": spec.kv_pool.page_size,
+        "hostKvBytes": options.host_kv_bytes or spec.engine.host_kv_bytes,
+        "sim": {"timeScale": options.time_scale},
+    }

@@ -1,0 +1,120 @@
+"""`agentpool up` from its command line: starts real processes, stops them all, fails cleanly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agentpool.local.supervisor import ProcessSpec, StartError, Supervisor, TcpReady
+
+pytestmark = pytest.mark.integration
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "pool-sim.yaml"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Pids of processes whose command line contains ``text`` (the pool's work directory)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def up(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "agentpool.cli", "up", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def test_up_starts_the_control_plane_and_sigterm_leaves_nothing(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    port = free_port()
+    proc = up("-f", str(EXAMPLE), "--port", str(port), "--no-engines", "--workdir", str(work))
+    assert proc.stdout is not None
+    lines = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        assert line, "agentpool up exited: " + "".join(lines)
+        lines.append(line)
+        if "Ctrl-C stops everything" in line:
+            break
+    text = "".join(lines)
+    assert f"http://127.0.0.1:{port}/v1" in text and "grpc://127.0.0.1:" in text and "redis://" in text
+    children = processes_mentioning(str(work))
+    assert len(children) >= 2  # directory and router name files in the work directory
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert "no process left running" in out
+    assert processes_mentioning(str(work)) == []
+
+
+def test_port_in_use_is_a_clear_error_and_nothing_starts(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        work = tmp_path / "work"
+        proc = up("-f", str(EXAMPLE), "--port", str(port), "--no-engines", "--workdir", str(work))
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert f"port {port} on 127.0.0.1 is in use" in out
+    assert "Traceback" not in out
+    assert processes_mentioning(str(work)) == []
+
+
+def test_bad_manifest_from_the_command_line(tmp_path: Path) -> None:
+    bad = tmp_path / "pool.yaml"
+    bad.write_text(EXAMPLE.read_text().replace("  nodes: 6\n", "  nodes: -1\n"))
+    proc = up("-f", str(bad), "--no-engines")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert out.count("\n") == 1 and "spec.nodes" in out, out
+
+
+async def test_a_failed_start_stops_what_was_started(tmp_path: Path) -> None:
+    port = free_port()
+    sleeper = ProcessSpec(
+        "sleeper", [sys.executable, "-c", "import time; time.sleep(600)"], None, tmp_path / "a.log"
+    )
+    server = ProcessSpec(
+        "server",
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        TcpReady("127.0.0.1", port),
+        tmp_path / "b.log",
+    )
+    broken = ProcessSpec(
+        "broken",
+        [sys.executable, "-c", "print('cannot start: no config'); raise SystemExit(3)"],
+        TcpReady("127.0.0.1", free_port()),
+        tmp_path / "c.log",
+    )
+    async with Supervisor(grace_s=5) as sup:
+        with pytest.raises(StartError, match=r"(?s)broken exited with code 3.*cannot start: no config"):
+            await sup.start_all([sleeper, server, broken])
+        assert sup.running == []
+    for spec in (sleeper, server):
+        assert processes_mentioning(" ".join(spec.argv[1:])) == []

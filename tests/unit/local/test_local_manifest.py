@@ -1,0 +1,69 @@
+"""`agentpool up` validates the manifest with the API models: one-line errors naming the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agentpool.local.pool import LocalOptions, ManifestError, initial_roles, load_manifest, plan
+from agentpool.local.supervisor import HttpReady
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "pool-sim.yaml"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "pool.yaml"
+    p.write_text(text)
+    return p
+
+
+def example_with(old: str, new: str) -> str:
+    text = EXAMPLE.read_text()
+    assert old in text
+    return text.replace(old, new)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "field"),
+    [
+        ("  nodes: 6\n", "  nodes: 0\n", "spec.nodes"),
+        ("  nodes: 6\n", "", "spec.nodes"),
+        ("    policy: evolving", "    policy: fastest", "spec.router.policy"),
+        ("    window: 2m", "    window: soon", "spec.planner.window"),
+        ("    prefill: 3", "    prefill: 9", "spec.initialSplit.prefill"),
+        ("    backend: sim", "    backend: sglang", "spec.engine"),
+        ("kind: AgentServingPool", "kind: Pod", "kind"),
+    ],
+)
+def test_bad_manifest_is_one_line_naming_the_field(tmp_path: Path, old: str, new: str, field: str) -> None:
+    with pytest.raises(ManifestError) as e:
+        load_manifest(write(tmp_path, example_with(old, new)))
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert field in msg.split(": ", 1)[1], msg
+
+
+def test_unreadable_and_non_yaml_manifests(tmp_path: Path) -> None:
+    with pytest.raises(ManifestError, match="cannot read"):
+        load_manifest(tmp_path / "missing.yaml")
+    with pytest.raises(ManifestError, match="not valid YAML"):
+        load_manifest(write(tmp_path, "spec: [unclosed\n"))
+    with pytest.raises(ManifestError, match="expected an AgentServingPool object"):
+        load_manifest(write(tmp_path, "- a list\n"))
+
+
+def test_plan_of_the_example(tmp_path: Path) -> None:
+    pool = load_manifest(EXAMPLE)
+    assert initial_roles(pool) == ["prefill"] * 3 + ["decode"] * 3
+    p = plan(pool, LocalOptions(router_port=18000), tmp_path)
+    names = [s.name for s in p.specs]
+    assert names == ["redis", "directory", *(f"engine-{i}" for i in range(6)), "router"]
+    for secret in ("redis-password", "directory-token", "report-token"):
+        assert (tmp_path / secret).stat().st_mode & 0o777 == 0o600
+        value = (tmp_path / secret).read_text().strip()
+        assert all(value not in " ".join(s.argv) for s in p.specs)  # never on a command line
+    assert [(p.roles_dir / f"engine-{i}").read_text().strip() for i in range(6)] == initial_roles(pool)
+    router = p.specs[-1]
+    assert isinstance(router.ready, HttpReady) and ":18000/" in router.ready.url
+    assert len({port for _, port in p.ports()}) == len(p.specs)

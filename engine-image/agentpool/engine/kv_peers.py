@@ -60,6 +60,7 @@ class KvExporter:
     clock: Callable[[], float] = time.monotonic
     leases: dict[str, Lease] = field(default_factory=dict)
     unknown_lookups: int = 0
+    on_unknown: Callable[[], None] | None = None
 
     def lease(self, hashes: Sequence[int], ttl_s: float, lease_id: str | None = None) -> dict[str, Any]:
         self.expire()
@@ -76,6 +77,8 @@ class KvExporter:
         lease = self.leases.get(lease_id)
         if lease is None:
             self.unknown_lookups += 1
+            if self.on_unknown is not None:
+                self.on_unknown()
             raise UnknownTransferError(f"no lease or transfer {lease_id!r} on this node")
         return {
             "lease": lease.lease_id,
@@ -125,6 +128,7 @@ class KvExporter:
 class FetchResult:
     blocks: list[int]  # hashes now held locally from the peer (in chain order)
     held_before: int  # blocks of the lease this node already held
+    evicted: list[int]  # host blocks evicted to make room
     bytes: int
     seconds: float
 
@@ -208,7 +212,7 @@ class PeerFetcher:
             task = asyncio.get_running_loop().create_task(self._release(peer_url, lid))
             self._releases.add(task)
             task.add_done_callback(self._releases.discard)
-        return FetchResult(hashes, len(hashes) - len(want), moved, time.perf_counter() - t0)
+        return FetchResult(hashes, len(hashes) - len(want), res.evicted, moved, time.perf_counter() - t0)
 
     async def _release(self, peer_url: str, lease_id: str) -> None:
         try:

@@ -1,0 +1,194 @@
+"""Wiring of one engine agent process: host pool, NIXL, directory link, backend, reports, switch, HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from agentpool.directory.client import DirectoryClient
+from agentpool.engine.config import EngineConfig, read_token
+from agentpool.engine.directory_link import DirectoryLink
+from agentpool.engine.hostpool import HostPool
+from agentpool.engine.kv_peers import KvExporter, PeerFetcher
+from agentpool.engine.kvstate import KvLedger, NoSink
+from agentpool.engine.metrics import EngineMetrics
+from agentpool.engine.nixl_transport import NixlTransport
+from agentpool.engine.reports import Reporter, ReportTarget
+from agentpool.engine.roles import KubeRoleWatch, RoleFileWatch, Switcher
+from agentpool.engine.server import build_app
+from agentpool.engine.simbackend import SimBackend
+from agentpool.kv import Phase, Tier
+from agentpool.node import GpuCache, Role
+from agentpool.router.engine_protocol import LoadReport, QueuedItem
+from agentpool.router.policy import Role as RouterRole
+
+log = logging.getLogger(__name__)
+
+
+class EngineApp:
+    def __init__(self, cfg: EngineConfig) -> None:
+        if cfg.backend != "sim":
+            raise NotImplementedError(
+                "the engine process runs the sim backend; the sglang backend's parts are in "
+                "agentpool.engine.sglang"
+            )
+        self.cfg = cfg
+        self.metrics = EngineMetrics()
+        self.pool = HostPool(cfg.host_slots, cfg.block_bytes)
+        self.transport = NixlTransport(cfg.node_id, self.pool.buffer, cfg.block_bytes)
+        self.exporter = KvExporter(self.pool, self.transport, on_unknown=self.metrics.unknown_transfers.inc)
+        self.url = ""
+        self.started = False
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self.directory: DirectoryClient | None = None
+        self.link: DirectoryLink | None = None
+        self.kube: KubeRoleWatch | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    async def start(self) -> None:
+        cfg = self.cfg
+        await self.transport.start()
+        self._session = aiohttp.ClientSession()
+        fetcher = PeerFetcher(
+            self.pool, self.transport, self._session, verify=cfg.fetch.verify, timeout_s=cfg.fetch.timeout_s
+        )
+        gpu = GpuCache(max(1, cfg.sim.gpu_kv_tokens // cfg.page_size))
+        self.ledger = KvLedger(gpu, self.pool, NoSink())
+        if cfg.directory is not None:
+            self.directory = DirectoryClient(cfg.directory.target, token=read_token(cfg.directory.token_file))
+        self.backend = SimBackend(
+            cfg, self.ledger, self.pool, self.exporter, fetcher, self.metrics, self.directory
+        )
+        if self.directory is not None and cfg.directory is not None:
+            self.link = DirectoryLink(
+                cfg.node_id,
+                self.directory,
+                lambda: Phase(self.backend.role.value),
+                self.ledger.held_blocks,
+                self.pool.set_counts,
+                heartbeat_s=cfg.directory.heartbeat_s,
+                reconnect_s=cfg.directory.reconnect_s,
+            )
+            self.ledger.sink = self.link
+        targets = [ReportTarget(r.url, read_token(r.token_file)) for r in cfg.routers]
+        self.reporter = Reporter(
+            targets, self._session, self.build_report, self.metrics, cfg.report_interval_s
+        )
+        self.switcher = Switcher(self.backend, self.metrics, self.reporter.kick, self._switched)
+        for r in Role:
+            self.metrics.role.labels(r.value).set(1 if r == cfg.role else 0)
+        coros: list[Any] = [self.backend.run(), self.reporter.run(), self.switcher.run(), self._gauges()]
+        if self.link is not None:
+            coros.append(self.link.run())
+        if cfg.role_file is not None:
+            coros.append(RoleFileWatch(cfg.role_file, self.switcher.set_desired, cfg.role_poll_s).run())
+        if cfg.kube is not None:
+            k = cfg.kube
+            self.kube = KubeRoleWatch(k.namespace, k.pod, self.switcher.set_desired, k.kubeconfig)
+            coros.append(self.kube.run())
+        self._tasks = [asyncio.create_task(c) for c in coros]
+        for t in self._tasks:
+            t.add_done_callback(self._task_done)
+        self._runner = web.AppRunner(build_app(self), shutdown_timeout=1.0, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, cfg.host, cfg.port)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://{cfg.host}:{port}"
+        self.started = True
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("engine task failed: %r", task.exception(), exc_info=task.exception())
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+        if self.directory is not None:
+            await self.directory.close()
+        await self.transport.close()
+
+    async def _switched(self, role: Role) -> None:
+        if self.link is not None:
+            await self.link.switch_phase(Phase(role.value))
+        if self.kube is not None and self.cfg.kube is not None and self.cfg.kube.write_observed_role:
+            await self.kube.write_observed(role)
+
+    async def _gauges(self) -> None:
+        while True:
+            self.metrics.kv_blocks.labels(Tier.GPU.name.lower()).set(len(self.ledger.gpu))
+            self.metrics.kv_blocks.labels(Tier.HOST.name.lower()).set(len(self.pool))
+            if self.link is not None:
+                self.metrics.directory_resyncs.inc(self.link.resyncs - self._resyncs_seen)
+                self._resyncs_seen = self.link.resyncs
+            await asyncio.sleep(1.0)
+
+    _resyncs_seen = 0
+
+    # -- views --------------------------------------------------------------------------------
+    def build_report(self) -> LoadReport:
+        b = self.backend
+        load = b.load()
+        return LoadReport(
+            node_id=self.cfg.node_id,
+            role=RouterRole(load.role.value),
+            desired_role=None if self.switcher.pending is None else RouterRole(self.switcher.pending.value),
+            last_dispatch_seq=b.last_dispatch_seq,
+            remaining_batch_s=b.wall(load.remaining_batch_s),
+            queue=[
+                QueuedItem(request_id=b.request_id_of(q.rid), t_uc=q.uncached_tokens, t_c=q.cached_tokens)
+                for q in load.queue
+            ][:100_000],
+            running_decode=load.running + load.joining,
+            kv_room_tokens=load.kv_room_tokens,
+            kv_used_tokens=load.kv_used_tokens,
+            accepting=not b.draining,
+            t_acc=self.cfg.sim.t_acc if self._take_decoded() else None,
+            iterations=b.take_iterations(),
+        )
+
+    def _take_decoded(self) -> bool:
+        d, self.backend.decoded_since_report = self.backend.decoded_since_report, False
+        return d
+
+    def not_ready_reason(self) -> str:
+        if not self.started:
+            return "starting"
+        if self.switcher.switching:
+            return "switching role"
+        return ""
+
+    def state(self) -> dict[str, Any]:
+        b = self.backend
+        load = b.load()
+        return {
+            "node_id": self.cfg.node_id,
+            "role": b.role.value,
+            "desired_role": None if self.switcher.desired is None else self.switcher.desired.value,
+            "draining": b.draining,
+            "queue": len(load.queue),
+            "running": load.running,
+            "jobs": len(b.jobs),
+            "gpu_blocks": len(self.ledger.gpu),
+            "host_blocks": len(self.pool),
+            "host_pinned": len(self.pool.pins),
+            "leases": len(self.exporter.leases),
+            "switches": self.switcher.history,
+            "directory_connected": None if self.link is None else self.link.connected,
+            "reports_sent": self.reporter.sent,
+            "report_error": self.reporter.last_error,
+        }

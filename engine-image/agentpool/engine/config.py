@@ -1,0 +1,174 @@
+"""The engine agent's configuration file (YAML or JSON), validated with pydantic at the edge.
+
+```yaml
+nodeId: node-0                 # the name routers and the directory know this node by (the pod name)
+host: 0.0.0.0
+port: 8080                     # 0: a free port (printed as "engine listening on http://HOST:PORT")
+backend: sim                   # sim | sglang
+role: both                     # the role served at start: prefill | decode | both
+roleFile: /etc/agentpool/role  # desired role as a file (downward-API volume or a plain file)
+kube: {namespace: ns, pod: node-0}  # desired role from the pod's agentpool.io/role annotation
+routers: [{url: "http://router:8000", tokenFile: /secrets/report-token}]
+directory: {target: "directory:50061", tokenFile: /secrets/directory-token}
+peers: {node-1: "http://node-1:8080"}         # node id -> engine URL, for fetches from host pools
+peerUrlTemplate: "http://{node}.engines:8080"  # for peers not listed
+pageSize: 64
+hostKvBytes: 1073741824        # host KV pool size
+blockBytes: 65536              # bytes per KV block (a page of pageSize tokens)
+sim: {timeScale: 1.0, ...}     # the sim backend's node model (below)
+```
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+from agentpool.models import DecodeModel, PrefillModel
+from agentpool.node import Role
+
+
+class ConfigError(ValueError):
+    """The engine configuration is invalid or unreadable."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True)
+
+
+class RouterTarget(_Model):
+    url: str = Field(pattern=r"^https?://[^\s]+$")
+    token_file: Path | None = None
+    """File holding the bearer token the router wants on load reports (a mounted Secret)."""
+
+
+class DirectoryTarget(_Model):
+    target: str = Field(min_length=3, pattern=r"^[^\s]+:\d+$")
+    token_file: Path | None = None
+    heartbeat_s: float = Field(2.0, gt=0)
+    reconnect_s: float = Field(0.5, gt=0)
+
+
+class KubeSource(_Model):
+    namespace: str = Field(min_length=1, max_length=253)
+    pod: str = Field(min_length=1, max_length=253)
+    kubeconfig: Path | None = None
+    """Unset: in-cluster service account."""
+    write_observed_role: bool = True
+    """Annotate the pod with ``agentpool.io/observed-role`` after each switch (needs ``patch`` on it)."""
+
+
+class SimSettings(_Model):
+    """The ``sim`` backend: the node model's coefficients (Eq. 1, Eq. 2), batching and memory."""
+
+    time_scale: float = Field(1.0, gt=0, le=1e6)
+    """Model seconds per wall second: 10 runs the modelled GPU ten times faster than real time."""
+    c0: float = Field(0.008, ge=0)
+    c1: float = Field(2.5e-5, ge=0)
+    c2: float = Field(1.5e-10, ge=0)
+    c3: float = Field(1e-7, ge=0)
+    d0: float = Field(0.005, ge=0)
+    d1: float = Field(0.004, ge=0)
+    d2: float = Field(6e-5, ge=0)
+    experts_active: int = Field(8, ge=0)
+    experts_total: int = Field(128, ge=0)
+    t_fwd: float = Field(1.0, gt=0)
+    t_acc: float = Field(1.0, gt=0, le=64)
+    chunk_tokens: int = Field(8192, gt=0)
+    gpu_kv_tokens: int = Field(700_000, gt=0)
+    default_max_tokens: int = Field(16, gt=0)
+    max_tokens_limit: int = Field(1 << 16, gt=0)
+
+    def prefill_model(self) -> PrefillModel:
+        return PrefillModel(self.c0, self.c1, self.c2, self.c3)
+
+    def decode_model(self) -> DecodeModel:
+        return DecodeModel(self.d0, self.d1, self.d2, self.experts_active, self.experts_total, self.t_fwd)
+
+
+class FetchSettings(_Model):
+    timeout_s: float = Field(5.0, gt=0)
+    min_blocks: int = Field(1, ge=1)
+    """Fetch a prefix from a peer only when it holds at least this many blocks more than this node."""
+    lease_ttl_s: float = Field(30.0, gt=0, le=600)
+    handover_ttl_s: float = Field(120.0, gt=0, le=3600)
+    """How long a prefilled request's KV waits for its decode node."""
+    verify: bool = True
+    """Check fetched bytes against their block hashes (the ``sim`` backend's bytes)."""
+
+
+class EngineConfig(_Model):
+    node_id: str = Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    backend: Literal["sim", "sglang"] = "sim"
+    role: Role = Role.BOTH
+    role_file: Path | None = None
+    role_poll_s: float = Field(0.2, gt=0)
+    kube: KubeSource | None = None
+    routers: list[RouterTarget] = Field(default_factory=list, max_length=64)
+    report_interval_s: float = Field(0.5, gt=0)
+    directory: DirectoryTarget | None = None
+    peers: dict[str, str] = Field(default_factory=dict)
+    peer_url_template: str | None = Field(None, pattern=r"^https?://.*\{node\}")
+    page_size: int = Field(64, gt=0, le=4096)
+    host_kv_bytes: int = Field(64 << 20, gt=0)
+    block_bytes: int = Field(64 << 10, gt=0)
+    max_body_bytes: int = Field(16 << 20, gt=0)
+    max_queue: int = Field(1024, gt=0)
+    """Requests queued beyond this are handed back (``requeue``) instead of admitted."""
+    sim: SimSettings = SimSettings()
+    fetch: FetchSettings = FetchSettings()
+    sglang_url: str | None = None
+    """The ``sglang`` backend: the upstream server this agent drives."""
+
+    @model_validator(mode="after")
+    def _check(self) -> EngineConfig:
+        if self.block_bytes % 8:
+            raise ValueError("blockBytes must be a multiple of 8")
+        if self.host_kv_bytes < self.block_bytes:
+            raise ValueError("hostKvBytes must hold at least one block (blockBytes)")
+        return self
+
+    @property
+    def host_slots(self) -> int:
+        return self.host_kv_bytes // self.block_bytes
+
+    def peer_url(self, node: str) -> str | None:
+        if node in self.peers:
+            return self.peers[node].rstrip("/")
+        if self.peer_url_template is not None:
+            return self.peer_url_template.format(node=node).rstrip("/")
+        return None
+
+
+def load_config(path: Path) -> EngineConfig:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read {path}: {e}") from e
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as e:
+        raise ConfigError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {e}") from e
+    try:
+        return EngineConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(f"{path}: {e}") from e
+
+
+def read_token(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        token = path.read_text().strip()
+    except OSError as e:
+        raise ConfigError(f"cannot read the token file {path}: {e}") from e
+    if not token:
+        raise ConfigError(f"the token file {path} is empty")
+    return token

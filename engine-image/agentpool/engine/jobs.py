@@ -1,0 +1,63 @@
+"""One generate request inside the engine: its node-model record and the event stream back to the router."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentpool.node import Request
+
+
+class JobState(enum.StrEnum):
+    QUEUED = "queued"  # waiting for its prefill (maybe for a fetch)
+    PREFILL = "prefill"
+    HANDOVER = "handover"  # decode side: reading the prefill node's KV
+    DECODE = "decode"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Job:
+    request_id: str
+    phase: str  # both | prefill | decode
+    req: Request
+    hashes: list[int]
+    state: JobState = JobState.QUEUED
+    tokens_sent: int = 0
+    fetching: bool = False
+    fetched_tokens: int = 0
+    cached_at_start: int = -1  # tokens of the prompt held locally when the prefill started
+    events: asyncio.Queue[dict[str, Any] | None] = field(default_factory=asyncio.Queue)
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    @property
+    def output_tokens(self) -> int:
+        return self.req.output_tokens
+
+    def emit(self, event: dict[str, Any]) -> None:
+        if self.state is not JobState.FINISHED:
+            self.events.put_nowait(event)
+
+    def finish(self, event: dict[str, Any] | None = None) -> None:
+        if self.state is JobState.FINISHED:
+            return
+        if event is not None:
+            self.events.put_nowait(event)
+        self.state = JobState.FINISHED
+        self.events.put_nowait(None)
+        current = asyncio.current_task()
+        for t in self.tasks:
+            if t is not current:
+                t.cancel()
+
+    def spawn(self, coro: Any) -> None:
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+
+def token_text(i: int) -> str:
+    """The sim backend's output: deterministic words, one per token."""
+    return f"t{i} "

@@ -1,0 +1,91 @@
+"""Load reports to every router (``POST {router}/agentpool/v1/report``), with the iteration records.
+
+Every ``interval_s`` (and at once after :meth:`Reporter.kick`, e.g. when a drain starts) the engine
+sends one :class:`LoadReport` to each router, with the bearer token the router wants. The iterations
+run since the last report go to every router (each passes them on to the planner, which drops the
+copies). A router that refuses a report (4xx) or cannot be reached is logged and counted; the next
+report carries the state anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+
+from agentpool.engine.metrics import EngineMetrics
+from agentpool.router.engine_protocol import LoadReport
+
+log = logging.getLogger(__name__)
+REPORT_PATH = "/agentpool/v1/report"
+
+
+@dataclass(frozen=True, slots=True)
+class ReportTarget:
+    url: str
+    token: str | None
+
+
+class Reporter:
+    def __init__(
+        self,
+        targets: list[ReportTarget],
+        session: aiohttp.ClientSession,
+        build: Callable[[], LoadReport],
+        metrics: EngineMetrics,
+        interval_s: float = 0.5,
+        timeout_s: float = 2.0,
+    ) -> None:
+        self.targets = targets
+        self.session = session
+        self.build = build
+        self.metrics = metrics
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.sent = 0
+        self.last_error: str | None = None
+        self._kick = asyncio.Event()
+
+    def kick(self) -> None:
+        self._kick.set()
+
+    async def run(self) -> None:
+        if not self.targets:
+            return
+        while True:
+            self._kick.clear()
+            await self.send_once()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), self.interval_s)
+
+    async def send_once(self) -> None:
+        body = self.build().model_dump_json(exclude_none=True).encode()
+        await asyncio.gather(*(self._post(t, body) for t in self.targets))
+        self.sent += 1
+
+    async def _post(self, target: ReportTarget, body: bytes) -> None:
+        headers = {"content-type": "application/json"}
+        if target.token:
+            headers["authorization"] = f"Bearer {target.token}"
+        try:
+            async with self.session.post(
+                target.url.rstrip("/") + REPORT_PATH,
+                data=body,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+            ) as r:
+                if r.status == 200:
+                    self.metrics.reports.labels("ok").inc()
+                    return
+                text = (await r.text())[:300]
+                self.metrics.reports.labels("rejected").inc()
+                self.last_error = f"{target.url}: HTTP {r.status}: {text}"
+                log.warning("router refused the load report: %s", self.last_error)
+        except (aiohttp.ClientError, TimeoutError) as e:
+            self.metrics.reports.labels("failed").inc()
+            self.last_error = f"{target.url}: {type(e).__name__}: {e}"
+            log.info("load report not delivered: %s", self.last_error)

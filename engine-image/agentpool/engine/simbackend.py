@@ -1,0 +1,403 @@
+"""The ``sim`` backend: the node model (:mod:`agentpool.node`) driven in real time, with real KV blocks.
+
+Time: ``now = (monotonic - t0) * time_scale`` model seconds; the driver loop sleeps until the node's
+next event (or a new request) and calls :meth:`Node.advance`. Iteration times come from Eq. 1/2 with
+the configured coefficients; everything reported to routers and the planner is in wall seconds.
+
+KV: a prefill writes its blocks through to the GPU tier (the model's LRU) and the host pool (real
+bytes); a queued request whose prefix lies in a peer's host pool (the directory says where) waits in
+the queue while the blocks are READ with NIXL, and its prefill starts with them present; a failed
+fetch falls back to recomputing. P->D: the prefill node publishes the request's blocks under its
+transfer id, the decode node READs them before it starts decoding.
+
+Switch: :meth:`begin_drain` hands queued requests back (``requeue``), running ones finish,
+:attr:`drained` says when, :meth:`switch` serves the new role; the host pool and its index stay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any
+
+from agentpool.directory.client import DirectoryClient, DirectoryRpcError
+from agentpool.engine.config import EngineConfig
+from agentpool.engine.errors import BadRequestError, FetchError
+from agentpool.engine.hostpool import HostPool
+from agentpool.engine.jobs import Job, JobState, token_text
+from agentpool.engine.kv_peers import KvExporter, PeerFetcher
+from agentpool.engine.kvstate import KvLedger
+from agentpool.engine.metrics import EngineMetrics
+from agentpool.kv import block_hashes
+from agentpool.node import Iteration, Node, NodeLoad, NodeStatus, Request, Role
+from agentpool.router.engine_protocol import GenerateRequest
+from agentpool.wire.iterations import (
+    MAX_ITERATIONS_PER_REPORT,
+    WireDecodeIteration,
+    WireIteration,
+    WirePrefillItem,
+    WirePrefillIteration,
+)
+
+log = logging.getLogger(__name__)
+
+_MIN_TOKEN_INTERVAL_S = 0.005  # stream at most 200 token events per second and request
+_ACCEPTS = {
+    Role.PREFILL: {"prefill", "both"},
+    Role.DECODE: {"decode"},
+    Role.BOTH: {"both", "prefill", "decode"},
+}
+
+
+class SimBackend:
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        ledger: KvLedger,
+        pool: HostPool,
+        exporter: KvExporter,
+        fetcher: PeerFetcher,
+        metrics: EngineMetrics,
+        directory: DirectoryClient | None = None,
+    ) -> None:
+        s = cfg.sim
+        self.cfg = cfg
+        self.scale = s.time_scale
+        self.node = Node(
+            0,
+            cfg.node_id,
+            s.prefill_model(),
+            s.decode_model(),
+            role=cfg.role,
+            chunk_tokens=s.chunk_tokens,
+            t_acc=s.t_acc,
+            gpu_cache_blocks=ledger.gpu.capacity,
+            kv_capacity_tokens=s.gpu_kv_tokens,
+            on_iteration=self._on_iteration,
+        )
+        self.node.gpu = ledger.gpu
+        self.ledger = ledger
+        self.pool = pool
+        self.exporter = exporter
+        self.fetcher = fetcher
+        self.metrics = metrics
+        self.directory = directory
+        self.jobs: dict[int, Job] = {}
+        self.last_dispatch_seq = -1
+        self.iterations: deque[WireIteration] = deque(maxlen=MAX_ITERATIONS_PER_REPORT)
+        self.decoded_since_report = False
+        self._iter_seq = 0
+        self._rid = 0
+        self._t0 = time.monotonic()
+        self._epoch0 = time.time()
+        self._wake = asyncio.Event()
+        self._handovers = 0
+        self._drained = asyncio.Event()
+
+    # -- clock --------------------------------------------------------------------------------
+    def now(self) -> float:
+        return (time.monotonic() - self._t0) * self.scale
+
+    def wall(self, model_s: float) -> float:
+        return model_s / self.scale
+
+    # -- state --------------------------------------------------------------------------------
+    @property
+    def role(self) -> Role:
+        return self.node.role
+
+    @property
+    def draining(self) -> bool:
+        return self.node.status is not NodeStatus.SERVING
+
+    @property
+    def drained(self) -> bool:
+        return self.node.drained and self._handovers == 0
+
+    def load(self) -> NodeLoad:
+        return self.node.load(self.now())
+
+    def request_id_of(self, rid: int) -> str:
+        job = self.jobs.get(rid)
+        return job.request_id if job is not None else str(rid)
+
+    def take_iterations(self) -> list[WireIteration]:
+        out = list(self.iterations)
+        self.iterations.clear()
+        return out
+
+    def _on_iteration(self, it: Iteration) -> None:
+        seconds = self.wall(it.end - it.start)
+        at = self._epoch0 + self.wall(it.start)
+        if it.batch:
+            self.metrics.iteration_seconds.labels("prefill").observe(seconds)
+            if seconds > 0:
+                items = [
+                    WirePrefillItem(t_uc=int(b.t_uc), t_c=int(b.t_c), t_rst=int(b.t_rst)) for b in it.batch
+                ]
+                self.iterations.append(
+                    WirePrefillIteration(seq=self._iter_seq, at=at, seconds=seconds, batch=items)
+                )
+        else:
+            self.decoded_since_report = True
+            per_iter = self.wall(it.decode_s)
+            self.metrics.iteration_seconds.labels("decode").observe(per_iter)
+            if per_iter > 0:
+                self.iterations.append(
+                    WireDecodeIteration(seq=self._iter_seq, at=at, seconds=per_iter, running=it.running)
+                )
+        self._iter_seq += 1
+
+    # -- the driver loop ----------------------------------------------------------------------
+    async def run(self) -> None:
+        while True:
+            t = self.node.wake_time()
+            self._wake.clear()
+            delay = math.inf if t == math.inf else self.wall(t - self.now())
+            if delay > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), None if delay == math.inf else delay)
+            self._step()
+            await asyncio.sleep(0)  # let the streams run between steps
+
+    def _step(self) -> None:
+        now = self.now()
+        out = self.node.advance(now)
+        started, self.node.started = self.node.started, []
+        for r in started:
+            job = self.jobs.get(r.rid)
+            if job is not None:
+                job.state = JobState.PREFILL
+                job.cached_at_start = self.ledger.local_prefix(job.hashes) * self.cfg.page_size
+                job.emit(
+                    {
+                        "type": "started",
+                        "cached_tokens": r.cached_tokens,
+                        "fetched_tokens": job.fetched_tokens,
+                    }
+                )
+        for r in out.prefilled:
+            job = self.jobs.get(r.rid)
+            if job is not None:
+                self._prefilled(job, now)
+        for r in out.decoded:
+            job = self.jobs.pop(r.rid, None)
+            if job is not None:
+                self._finish_job(job)
+        self._check_drained()
+        load = self.node.load(now)
+        self.metrics.queue.set(len(load.queue))
+        self.metrics.batch.set(load.running)
+
+    def kick(self) -> None:
+        self._wake.set()
+
+    def _check_drained(self) -> None:
+        if self.draining and self.drained:
+            self._drained.set()
+
+    async def wait_drained(self) -> None:
+        self._check_drained()
+        await self._drained.wait()
+
+    # -- admission ----------------------------------------------------------------------------
+    def _max_tokens(self, body: dict[str, Any]) -> int:
+        raw = body.get("max_completion_tokens")
+        if raw is None:
+            raw = body.get("max_tokens")
+        if raw is None:
+            return self.cfg.sim.default_max_tokens
+        if not isinstance(raw, int) or isinstance(raw, bool) or raw < 1:
+            raise BadRequestError("max_tokens must be a positive integer")
+        return min(raw, self.cfg.sim.max_tokens_limit)
+
+    def admit(self, g: GenerateRequest) -> Job | None:
+        """Create the job for ``g``; ``None``: the engine does not take it now (hand it back)."""
+        if not g.prompt_token_ids and g.phase != "decode":
+            raise BadRequestError("prompt_token_ids is empty")
+        if any(not 0 <= t < 1 << 32 for t in g.prompt_token_ids):
+            raise BadRequestError("prompt_token_ids must be token ids in [0, 2**32)")
+        if g.phase == "decode" and g.kv_source is None:
+            raise BadRequestError("a decode request needs kv_source")
+        out = self._max_tokens(g.body)
+        self.last_dispatch_seq = max(self.last_dispatch_seq, g.dispatch_seq)
+        if self.draining or g.phase not in _ACCEPTS[self.node.role]:
+            return None
+        if g.phase != "decode" and len(self.node.queue) >= self.cfg.max_queue:
+            return None
+        hashes = block_hashes(g.prompt_token_ids, self.cfg.page_size)
+        self._rid += 1
+        now = self.now()
+        req = Request(self._rid, len(g.prompt_token_ids), out, hashes, [], "", now)
+        job = Job(g.request_id, g.phase, req, hashes)
+        self.jobs[req.rid] = job
+        if g.phase == "decode":
+            assert g.kv_source is not None
+            req.first_token_at = now
+            req.output_tokens = max(1, out)
+            self.node.reserve_decode(req)
+            self.node.handover_started(req, was_waiting=False)
+            self._handovers += 1
+            job.state = JobState.HANDOVER
+            job.spawn(self._handover(job, g.kv_source.url, g.kv_source.transfer_id))
+            return job
+        if g.phase == "prefill":
+            req.output_tokens = 1
+        gpu = self.ledger.gpu_prefix(hashes)
+        local = self.ledger.local_prefix(hashes)
+        req.cached_tokens = min(local * self.cfg.page_size, len(g.prompt_token_ids) - 1)
+        req.restore_tokens = max(0, (local - gpu) * self.cfg.page_size)
+        if self.directory is not None and len(hashes) - local >= self.cfg.fetch.min_blocks:
+            req.fetch_ready_at = math.inf  # waits in the queue until the lookup (and fetch) ends
+            job.fetching = True
+            job.spawn(self._fetch_prefix(job, local))
+        self.node.submit(req, now)
+        self.kick()
+        return job
+
+    # -- prefill side -------------------------------------------------------------------------
+    def _prefilled(self, job: Job, now: float) -> None:
+        self.ledger.computed(job.hashes, now)
+        first = token_text(0)
+        job.tokens_sent = 1
+        if job.phase == "prefill":
+            transfer = f"{self.cfg.node_id}.{job.req.rid}.{job.request_id}"[:200]
+            self.exporter.lease(job.hashes, self.cfg.fetch.handover_ttl_s, lease_id=transfer)
+            self.jobs.pop(job.req.rid, None)
+            self.metrics.requests.labels(job.phase, "prefilled").inc()
+            job.finish({"type": "prefilled", "text": first, "transfer_id": transfer})
+            return
+        job.emit({"type": "token", "text": first})
+        self._start_decode(job, now)
+
+    def _start_decode(self, job: Job, now: float) -> None:
+        job.state = JobState.DECODE
+        if job.req.decode_start < 0:
+            self.node.join_decode(job.req, now)
+        if self.node.decode_iter_s > 0 and job.output_tokens > 1:
+            job.spawn(self._stream_tokens(job))
+        self.kick()
+
+    async def _fetch_prefix(self, job: Job, local: int) -> None:
+        """Find the peer holding the longest host prefix beyond ours and READ it while queued."""
+        req, page = job.req, self.cfg.page_size
+        assert self.directory is not None
+        fetched = planned = 0
+        try:
+            res = await self.directory.resolve(job.hashes)
+            best, best_url = local, None
+            for node, prefix in res.nodes.items():
+                url = self.cfg.peer_url(node)
+                if node != self.cfg.node_id and url is not None and prefix.host_blocks > best:
+                    best, best_url = prefix.host_blocks, url
+            if best_url is not None and best - local >= self.cfg.fetch.min_blocks:
+                planned = best - local
+                r = await self.fetcher.fetch_prefix(best_url, job.hashes[:best], self.cfg.fetch.lease_ttl_s)
+                self.ledger.fetched(r.blocks, r.evicted)
+                fetched = (len(r.blocks) - r.held_before) * page
+                self.metrics.fetch_bytes.labels("prefix").inc(r.bytes)
+                self.metrics.fetch_seconds.labels("prefix").observe(r.seconds)
+        except FetchError as e:
+            self.metrics.fetch_failures.labels("prefix").inc()
+            self.metrics.recomputed_tokens.inc(planned * page)
+            log.warning("fetch for %s failed, recomputing: %s", job.request_id, e)
+        except DirectoryRpcError as e:
+            log.warning("directory lookup for %s failed, recomputing: %s", job.request_id, e)
+        finally:
+            job.fetching = False
+            if req.done_uc == 0 and job.state is JobState.QUEUED:
+                gpu = self.ledger.gpu_prefix(job.hashes)
+                local_now = self.ledger.local_prefix(job.hashes)
+                req.cached_tokens = min(local_now * page, req.input_tokens - 1)
+                req.restore_tokens = max(0, (local_now - gpu) * page)
+                req.fetch_tokens = fetched
+                job.fetched_tokens = fetched
+                req.fetch_ready_at = self.now()
+                self.kick()
+
+    # -- decode side --------------------------------------------------------------------------
+    async def _handover(self, job: Job, url: str, transfer: str) -> None:
+        req = job.req
+        try:
+            r = await self.fetcher.fetch_transfer(url.rstrip("/"), transfer)
+        except FetchError as e:
+            self._handovers -= 1
+            self.node.joining -= 1  # the node model has no "hand-over failed": undo handover_started
+            self.node.kv_used_tokens -= req.kv_tokens
+            self.jobs.pop(req.rid, None)
+            self.metrics.fetch_failures.labels("handover").inc()
+            self.metrics.requests.labels("decode", "error").inc()
+            job.finish({"type": "error", "message": f"KV hand-over from {url} failed: {e}"})
+            self.kick()
+            return
+        self._handovers -= 1
+        self.ledger.fetched(r.blocks, r.evicted)
+        self.ledger.computed(r.blocks, self.now())  # the decode node loads the KV into its GPU tier
+        self.metrics.fetch_bytes.labels("handover").inc(r.bytes)
+        self.metrics.fetch_seconds.labels("handover").observe(r.seconds)
+        job.tokens_sent = 1  # the prefill node produced the first token
+        self.node.handover_arrived(req, self.now())
+        job.state = JobState.DECODE
+        if self.node.decode_iter_s > 0 and job.output_tokens > 1:
+            job.spawn(self._stream_tokens(job))
+        self.kick()
+
+    async def _stream_tokens(self, job: Job) -> None:
+        """Token events while decoding: due tokens from the elapsed time and the batch's iteration time."""
+        start = self.now()
+        last = job.output_tokens - 1  # the last one goes with ``done``
+        while job.tokens_sent < last:
+            it = self.node.decode_iter_s
+            await asyncio.sleep(max(self.wall(it), _MIN_TOKEN_INTERVAL_S))
+            if it <= 0:
+                continue
+            due = min(last, 1 + int((self.now() - start) / it * self.node.t_acc))
+            while job.tokens_sent < due:
+                job.emit({"type": "token", "text": token_text(job.tokens_sent)})
+                job.tokens_sent += 1
+
+    def _finish_job(self, job: Job) -> None:
+        for i in range(job.tokens_sent, job.output_tokens):
+            job.emit({"type": "token", "text": token_text(i)})
+        usage = {"prompt_tokens": job.req.input_tokens, "completion_tokens": job.output_tokens}
+        self.metrics.requests.labels(job.phase, "done").inc()
+        job.finish({"type": "done", "finish_reason": "length", "usage": usage})
+
+    # -- hand back, cancel, switch ------------------------------------------------------------
+    def requeue(self, job: Job, reason: str) -> None:
+        self.jobs.pop(job.req.rid, None)
+        self.metrics.requeued.labels(reason).inc()
+        job.finish({"type": "requeue", "reason": reason})
+
+    def cancel(self, job: Job) -> None:
+        """The router hung up: drop the request if it has not started; running work finishes."""
+        if job.state is JobState.QUEUED and job.req in self.node.queue:
+            self.node.queue.remove(job.req)
+            self.jobs.pop(job.req.rid, None)
+            job.finish()
+            self.kick()
+
+    def begin_drain(self) -> None:
+        self._drained.clear()
+        for r in self.node.begin_drain():
+            job = self.jobs.get(r.rid)
+            if job is not None:
+                self.requeue(job, "draining")
+        self.kick()
+
+    async def switch(self, role: Role) -> None:
+        self.node.go_down(keep_kv=True)
+        self.node.finish_switch(role)
+        self.kick()
+
+    async def events(self, job: Job) -> AsyncIterator[dict[str, Any]]:
+        while True:
+            ev = await job.events.get()
+            if ev is None:
+                return
+            yield ev

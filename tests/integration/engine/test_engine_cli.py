@@ -1,0 +1,85 @@
+"""The engine agent started from its command line: streams, probes, metrics, and bad input -> 4xx."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+from engine_processes import engine_config, gen_body, generate, launch, start_engine, state
+
+pytestmark = pytest.mark.integration
+
+
+def test_help_names_the_config_flag() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "agentpool.engine", "--help"], capture_output=True, text=True, check=True
+    )
+    assert "--config" in out.stdout and "NIXL" in out.stdout
+
+
+async def test_a_bad_config_exits_2_with_the_reason(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("nodeId: a\nblockBytes: 12\n")
+    p = await launch("engine", "agentpool.engine", "--config", str(path))
+    assert await p.proc.wait() == 2
+    await p.stop()
+    assert "multiple of 8" in p.text() and "Traceback" not in p.text()
+
+
+async def test_generate_streams_events_and_bad_input_gets_4xx(tmp_path: Path) -> None:
+    eng = await start_engine(tmp_path, engine_config("solo", maxBodyBytes=4096, sim={"defaultMaxTokens": 3}))
+    try:
+        async with aiohttp.ClientSession() as http:
+            events = await generate(http, eng.url, gen_body("r1", list(range(10)), max_tokens=5))
+            assert [e["type"] for e in events] == ["started"] + ["token"] * 5 + ["done"]
+            assert "".join(e["text"] for e in events if e["type"] == "token") == "t0 t1 t2 t3 t4 "
+            assert events[-1]["usage"] == {"prompt_tokens": 10, "completion_tokens": 5}
+            # the same prompt again: its two full blocks are cached now
+            events = await generate(http, eng.url, gen_body("r2", list(range(10)), max_tokens=1))
+            assert events[0] == {"type": "started", "cached_tokens": 8, "fetched_tokens": 0}
+            st = await state(http, eng.url)
+            assert st["host_blocks"] == 2 and st["gpu_blocks"] == 2 and st["jobs"] == 0
+
+            bad_bodies: list[tuple[bytes | dict[str, object], int, str]] = [
+                (b"{not json", 400, "invalid generate request"),
+                ({"request_id": "x"}, 400, "dispatch_seq"),
+                (gen_body("x", [1, 2], dispatch_seq=-1), 400, "dispatch_seq"),
+                (gen_body("x", [1, 2], phase="sideways"), 400, "phase"),
+                (gen_body("x", [], phase="both"), 400, "empty"),
+                (gen_body("x", [1, 2], phase="decode"), 400, "kv_source"),
+                (gen_body("x", [1, 2], max_tokens=0), 400, "max_tokens"),
+                (gen_body("x", [1, 2], surprise=1), 400, "surprise"),
+                (gen_body("x", [-5, 2]), 400, "token"),
+                (gen_body("x", list(range(3000))), 413, ""),
+            ]
+            for body, status, text in bad_bodies:
+                kw = {"data": body} if isinstance(body, bytes) else {"json": body}
+                async with http.post(eng.url + "/agentpool/v1/generate", **kw) as r:
+                    got = await r.text()
+                    assert r.status == status, (body, r.status, got)
+                    assert text in got, (body, got)
+            async with http.get(eng.url + "/agentpool/v1/kv/lease/unknown-transfer") as r:
+                assert r.status == 404 and "unknown-transfer" in await r.text()
+            async with http.get(eng.url + "/health") as r:
+                assert r.status == 200
+            async with http.get(eng.url + "/ready") as r:
+                assert r.status == 200
+            async with http.get(eng.url + "/metrics") as r:
+                text = await r.text()
+            for name in (
+                'agentpool_engine_requests_total{outcome="done",phase="both"} 2.0',
+                'agentpool_engine_bad_requests_total{reason="invalid"}',
+                "agentpool_engine_unknown_transfers_total 1.0",
+                'agentpool_engine_iteration_seconds_count{phase="prefill"}',
+                "agentpool_engine_switch_seconds",
+                "agentpool_engine_fetch_bytes_total",
+                "agentpool_engine_queue_requests",
+            ):
+                assert name in text, name
+        assert await eng.stop() == 0
+        assert "Traceback" not in eng.text(), eng.text()
+    finally:
+        await eng.stop()

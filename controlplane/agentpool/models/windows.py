@@ -50,16 +50,24 @@ class WorkSlice:
     ``decode_occupancy`` is ``q̄_i``: the average number of requests over the whole cluster that
     the planner counts as decode demand (requests in flight by default, :class:`OccupancyCount`);
     the planner divides it by the number of decode nodes of a split (``B = q̄/|D|``).
+    ``start``/``end``: the slice's time span (s; :func:`slice_window` sets them), which the planner
+    needs to leave out the slices in the cooldown after a switch.
     """
 
     work: Work
     decode_occupancy: float
+    start: float | None = None
+    end: float | None = None
 
     def __post_init__(self) -> None:
         if self.work.t_uc <= 0 or self.work.t_out <= 0:
             raise ValueError(f"a slice needs positive average t_uc and t_out (no requests?): {self}")
         if not math.isfinite(self.decode_occupancy) or self.decode_occupancy < 0:
             raise ValueError(f"decode occupancy must be finite and >= 0, got {self.decode_occupancy}")
+        if (self.start is None) != (self.end is None):
+            raise ValueError(f"a slice has both a start and an end time or neither: {self}")
+        if self.start is not None and self.end is not None and not self.end > self.start:
+            raise ValueError(f"a slice ends after it starts: {self}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,10 +167,11 @@ def slice_window(
     if len(kinds) > 1:
         raise ValueError(f"occupancy samples count different things in one window: {sorted(kinds)}")
     slices: list[WorkSlice] = []
-    for ws, by_source in zip(works, samples, strict=True):
+    for i, (ws, by_source) in enumerate(zip(works, samples, strict=True)):
         if ws and by_source:
             q = sum(sum(qs) / len(qs) for qs in by_source.values())
-            slices.append(WorkSlice(work=mean_work(ws), decode_occupancy=q))
+            lo, hi = start + i * width, end if i == m - 1 else start + (i + 1) * width
+            slices.append(WorkSlice(work=mean_work(ws), decode_occupancy=q, start=lo, end=hi))
     return SlicedWindow(slices=tuple(slices), empty_slices=m - len(slices))
 
 

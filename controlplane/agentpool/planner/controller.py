@@ -20,11 +20,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from kubernetes.client.exceptions import ApiException
 
+from agentpool.directory.client import DirectoryRpcError
+from agentpool.kv import Phase
 from agentpool.models import (
     IterationRecord,
     MoeShape,
@@ -37,20 +41,52 @@ from agentpool.models import (
 )
 from agentpool.models.fitting import NodeFit, fit_nodes
 from agentpool.planner.config import PlannerConfig
-from agentpool.planner.core import Decision, Outcome, PlannerInput, PlannerNode, Role, initial_roles, plan
+from agentpool.planner.core import (
+    Decision,
+    LastSwitch,
+    Outcome,
+    PlannerInput,
+    PlannerNode,
+    Role,
+    initial_roles,
+    plan,
+)
 from agentpool.planner.inbox import PlannerInbox
-from agentpool.planner.kube import ObjectRef, PodRoles, PodRoleState
 from agentpool.planner.metrics import PlannerMetrics
+from agentpool.planner.roles import ObjectRef, PodRoleState, RoleBoard
 from agentpool.planner.state import PlannerState, StateStore
 
 log = logging.getLogger(__name__)
 
 COLOCATED = "both"
 MIN_WARMUP_RETRY_S = 10.0  # a warmup repeated after a failed fit lasts at least this long
+SWITCH_POLL_S = 2.0  # how often the roles are read while a switch is in flight
 
 
 class PlannerError(Exception):
     """The planner cannot proceed: the pool's state contradicts its configuration."""
+
+
+class PhaseSink(Protocol):
+    """Told when an engine serves a new phase: the KV directory (``SwitchPhase``: a D->P switch
+    resets the node's branch counts, Algorithm E.2 line 14). ``DirectoryClient`` is one."""
+
+    async def switch_phase(self, node: str, phase: Phase) -> Phase | None: ...
+
+
+class ModelSink(Protocol):
+    """Gets every node's current model (fit + this window's ``t_bar``/``f_n``): the routers."""
+
+    async def publish(self, models: Mapping[str, NodeModel], fitted_at: float) -> None: ...
+
+
+@dataclass(slots=True)
+class PendingSwitch:
+    """A switch (or the initial split) in flight: the engines that must serve a new role."""
+
+    applied_at: float
+    moves: dict[str, str]  # engine -> the role it was asked to serve
+    unannounced: dict[str, str] = field(default_factory=dict)  # switched; the directory not told yet
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +100,7 @@ class Evaluation:
 class PlannerController:
     def __init__(
         self,
-        pods: PodRoles,
+        pods: RoleBoard,
         inbox: PlannerInbox,
         config: Callable[[], PlannerConfig],
         pool: ObjectRef,
@@ -73,9 +109,14 @@ class PlannerController:
         clock: Callable[[], float] = time.time,
         on_evaluation: Callable[[Evaluation], None] | None = None,
         state: StateStore | None = None,
+        directory: PhaseSink | None = None,
+        models_out: ModelSink | None = None,
+        switch_poll_s: float = SWITCH_POLL_S,
     ):
         """``on_evaluation`` receives every window's evaluation (e.g. to put it in the pool's status);
-        ``state`` keeps the models and the last switch time across restarts."""
+        ``state`` keeps the models and the last switch time across restarts; ``directory`` is told
+        when an engine serves its new phase; ``models_out`` gets the models after the fit and after
+        every window."""
         self._pods = pods
         self._inbox = inbox
         self._config = config
@@ -85,9 +126,15 @@ class PlannerController:
         self._clock = clock
         self._on_evaluation = on_evaluation
         self._models: dict[str, NodeModel] = {}
-        self._last_switch_at: float | None = None
+        self._last_switch: LastSwitch | None = None
+        self._pending: PendingSwitch | None = None
         self._fitted_at = 0.0
         self._state = state
+        self.directory = directory
+        self.models_out = models_out
+        self._switch_poll_s = switch_poll_s
+        # (engine, phase) told to the directory, in order (the last 1000)
+        self.announced: deque[tuple[str, Phase]] = deque(maxlen=1000)
         self.fits_failed = 0
         self.fits: dict[str, NodeFit] = {}
         self.last: Evaluation | None = None
@@ -111,6 +158,7 @@ class PlannerController:
                 return
             await self.start_disaggregation()
             await self.save_state()
+        await self.publish_models()
         window_s = cfg.window_s
         while not stop.is_set():
             try:
@@ -118,7 +166,7 @@ class PlannerController:
             except (PlannerError, ValueError) as exc:
                 log.error("planner configuration unreadable, keeping %.0f s windows: %s", window_s, exc)
             start = self._clock()
-            if await _wait(stop, window_s):
+            if await self._wait_observing(stop, window_s):
                 return
             end = self._clock()
             try:
@@ -167,7 +215,13 @@ class PlannerController:
             return False
         self._models = models
         self._fitted_at = saved.fitted_at
-        self._last_switch_at = saved.last_switch_at
+        if saved.last_switch_at is not None:
+            self._last_switch = LastSwitch(
+                saved.last_switch_at,
+                None
+                if saved.last_switch_settled_at is None
+                else max(saved.last_switch_settled_at, saved.last_switch_at),
+            )
         unfitted = sorted(p.name for p in pods if p.name not in models)
         if unfitted:
             log.warning("pods without a saved model stay out of planning: %s", ", ".join(unfitted))
@@ -189,9 +243,21 @@ class PlannerController:
         """Save the models and the last switch time (no-op without a state store)."""
         if self._state is None or not self._models:
             return
+        sw = self._last_switch
         await self._state.save(
-            PlannerState.of(self._shape, self._models, self._fitted_at, self._last_switch_at)
+            PlannerState.of(
+                self._shape,
+                self._models,
+                self._fitted_at,
+                None if sw is None else sw.applied_at,
+                None if sw is None else sw.settled_at,
+            )
         )
+
+    async def publish_models(self) -> None:
+        """Send every fitted node's current model to the routers (no-op without a sink)."""
+        if self.models_out is not None and self._models:
+            await self.models_out.publish(dict(self._models), self._fitted_at)
 
     async def begin_warmup(self) -> None:
         """Set every unpinned pod to serve both phases (colocated) for the warmup."""
@@ -242,9 +308,14 @@ class PlannerController:
             roles = initial_roles([p.name for p in pods], pinned, cfg.initial_prefill, cfg.policy())
         except ValueError as exc:
             raise PlannerError(str(exc)) from exc
-        for pod in pods:
-            if not pod.pinned and pod.desired_role != roles[pod.name]:
-                await self._pods.set_role(pod.name, roles[pod.name].value)
+        moves = {
+            p.name: roles[p.name].value for p in pods if not p.pinned and p.desired_role != roles[p.name]
+        }
+        # Followed like a switch (the directory learns each engine's new phase), but not one of the
+        # planner's: no cooldown after it (the first window has no earlier split to compare).
+        self._pending = PendingSwitch(self._clock(), moves)
+        for name, role in moves.items():
+            await self._pods.set_role(name, role)
         prefill = tuple(sorted(n for n, r in roles.items() if r is Role.PREFILL))
         decode = tuple(sorted(n for n, r in roles.items() if r is Role.DECODE))
         await self._pods.record_event(
@@ -259,6 +330,8 @@ class PlannerController:
             log.info("planner disabled: window %.0f-%.0f not evaluated", start, end)
             return None
         pods = await self._pods.pods()
+        if self._pending is not None:
+            await self._observe(pods, end)
         nodes, excluded = self._planner_nodes(pods, start, end)
         sliced = slice_window(
             self._inbox.requests(start, end),
@@ -268,18 +341,19 @@ class PlannerController:
             cfg.slices,
             cfg.occupancy,
         )
-        since = None if self._last_switch_at is None else max(0.0, end - self._last_switch_at)
         decision = plan(
-            PlannerInput(nodes=nodes, slices=sliced.slices, seconds_since_switch=since), cfg.policy()
+            PlannerInput(nodes=nodes, slices=sliced.slices, now=end, last_switch=self._last_switch),
+            cfg.policy(),
         )
         if decision.outcome is Outcome.SWITCH:
             # Set first: if a patch fails half-way, the cooldown still holds and the next window
             # sees the patched pods draining before it evaluates again.
-            self._last_switch_at = end
-            for name in decision.to_prefill:
-                await self._pods.set_role(name, Role.PREFILL.value)
-            for name in decision.to_decode:
-                await self._pods.set_role(name, Role.DECODE.value)
+            self._last_switch = LastSwitch(end)
+            moves = {n: Role.PREFILL.value for n in decision.to_prefill}
+            moves |= {n: Role.DECODE.value for n in decision.to_decode}
+            self._pending = PendingSwitch(end, moves)
+            for name, role in moves.items():
+                await self._pods.set_role(name, role)
             await self.save_state()
         self._metrics.observe(decision)
         if decision.outcome is Outcome.SWITCH or decision.near_switch:
@@ -289,7 +363,86 @@ class PlannerController:
         self.last = Evaluation(decision=decision, excluded=tuple(excluded))
         if self._on_evaluation is not None:
             self._on_evaluation(self.last)
+        await self.publish_models()  # this window's t_bar and f_n
         return self.last
+
+    @property
+    def last_switch(self) -> LastSwitch | None:
+        return self._last_switch
+
+    @property
+    def pending_switch(self) -> PendingSwitch | None:
+        return self._pending
+
+    async def observe_switch(self, at: float | None = None) -> bool:
+        """Read the roles and settle the switch in flight as far as it went; True when none is left.
+
+        Each engine that serves its new role is announced to the directory (``SwitchPhase``);
+        when the last one does, the switch completed at ``at`` (default: now) and the cooldown
+        starts. An engine whose desired role is no longer the one the switch asked for (a patch
+        that failed, a user's change) is not waited for.
+        """
+        if self._pending is None:
+            return True
+        await self._observe(await self._pods.pods(), self._clock() if at is None else at)
+        return self._pending is None
+
+    async def _observe(self, pods: list[PodRoleState], at: float) -> None:
+        pending = self._pending
+        if pending is None:
+            return
+        by_name = {p.name: p for p in pods}
+        for name, role in list(pending.moves.items()):
+            pod = by_name.get(name)
+            if pod is None or pod.desired_role != role:
+                del pending.moves[name]  # gone, or asked for something else since: not waited for
+            elif pod.observed_role == role:
+                pending.unannounced[name] = pending.moves.pop(name)
+        await self._announce(pending)
+        if not pending.moves and not pending.unannounced:
+            self._pending = None
+            settled = max(at, pending.applied_at)
+            if self._last_switch is not None and self._last_switch.applied_at == pending.applied_at:
+                self._last_switch = LastSwitch(pending.applied_at, settled)
+                log.info("switch of %.0f completed at %.0f: cooldown starts", pending.applied_at, settled)
+                await self.save_state()
+
+    async def _announce(self, pending: PendingSwitch) -> None:
+        """Tell the directory each switched engine's phase; failures are retried at the next look."""
+        if self.directory is None:
+            pending.unannounced.clear()
+            return
+        for name, value in sorted(pending.unannounced.items()):
+            role = Phase(value)
+            try:
+                previous = await self.directory.switch_phase(name, role)
+            except DirectoryRpcError as exc:
+                log.warning("directory not told that %s serves %s (retried): %s", name, role.value, exc)
+                continue
+            del pending.unannounced[name]
+            self.announced.append((name, role))
+            log.info(
+                "directory: %s switched %s -> %s",
+                name,
+                "unknown" if previous is None else previous.value,
+                role.value,
+            )
+
+    async def _wait_observing(self, stop: asyncio.Event, seconds: float) -> bool:
+        """Sleep ``seconds`` or until ``stop`` (True), following a switch in flight meanwhile."""
+        deadline = self._clock() + seconds
+        while True:
+            left = deadline - self._clock()
+            if left <= 0:
+                return stop.is_set()
+            if self._pending is None:
+                return await _wait(stop, left)
+            if await _wait(stop, min(left, self._switch_poll_s)):
+                return True
+            try:
+                await self.observe_switch()
+            except ApiException as exc:
+                log.warning("roles not read while a switch is in flight: %s %s", exc.status, exc.reason)
 
     def _planner_nodes(
         self, pods: list[PodRoleState], start: float, end: float

@@ -1,13 +1,20 @@
 """Pure planner core (evolving-infra §5.2, Algorithm E.3 outer loop, lines 15-29): no I/O, no clock.
 
 Input: a :class:`PlannerInput` (nodes with their frozen models, current roles and states; the
-window's slices of average work ``w̄_i`` and decode occupancy ``q̄_i``; seconds since the last
-switch). Output: a :class:`Decision` that says which nodes change role and why, with the per-slice
-gains and standard error of every candidate, so it can be logged and put in status.
+window's slices of average work ``w̄_i`` and decode occupancy ``q̄_i`` with their times; the time of
+the evaluation and of the last switch). Output: a :class:`Decision` that says which nodes change
+role and why, with the per-slice gains and standard error of every candidate, so it can be logged
+and put in status.
 
 The algorithm:
 
-1. Skip the window while a node still drains from the last switch or within the cooldown.
+1. Skip the window while a node still drains from the last switch (line 16), or while less than
+   the cooldown has passed since the switch completed (the last moved node serves its new phase;
+   a switch whose drain outlasts the window therefore still holds the next decision).
+   "The planner skips the 120 s after each switch" (App. E.3): the slices that start before the
+   cooldown ended are left out of the gain test, so the transient right after a switch (queues
+   re-forming on the moved nodes) is not taken for the workload; a window right after a switch
+   thus has fewer than ``m`` slices.
 2. For every prefill count ``p`` other than the current one, within the min nodes per phase,
    form the candidate that changes the fewest nodes: ``|p - |P||`` unpinned nodes move. Which
    nodes move is fixed by a deterministic ranking (see :func:`_mover_order`).
@@ -19,6 +26,7 @@ The algorithm:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -78,15 +86,34 @@ class PlannerPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class LastSwitch:
+    """The pool's last switch: when the planner applied it, and when it completed (the last moved
+    node served its new phase; None while one still drains). Times in seconds, the planner's clock."""
+
+    applied_at: float
+    settled_at: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.settled_at is not None and self.settled_at < self.applied_at:
+            raise ValueError(f"a switch completes after it is applied: {self}")
+
+    def quiet_from(self, cooldown_s: float) -> float:
+        """When the cooldown ends: ``cooldown_s`` after the switch completed (or was applied)."""
+        return (self.applied_at if self.settled_at is None else self.settled_at) + cooldown_s
+
+
+@dataclass(frozen=True, slots=True)
 class PlannerInput:
     """Everything one evaluation needs, as a plain value.
 
-    ``seconds_since_switch`` is None when the pool has not switched since disaggregation started.
+    ``now``: the end of the window (s). ``last_switch``: None when the pool has not switched since
+    disaggregation started; otherwise the slices need their times (``WorkSlice.start``).
     """
 
     nodes: tuple[PlannerNode, ...]
     slices: tuple[WorkSlice, ...]
-    seconds_since_switch: float | None = None
+    now: float = 0.0
+    last_switch: LastSwitch | None = None
 
     def __post_init__(self) -> None:
         names = [n.name for n in self.nodes]
@@ -98,8 +125,13 @@ class PlannerInput:
                 raise ValueError(
                     f"node {n.name}: a model with zero time per request predicts infinite throughput"
                 )
-        if self.seconds_since_switch is not None and self.seconds_since_switch < 0:
-            raise ValueError(f"seconds_since_switch must be >= 0, got {self.seconds_since_switch}")
+        sw = self.last_switch
+        if sw is not None:
+            if self.now < sw.applied_at or (sw.settled_at is not None and self.now < sw.settled_at):
+                raise ValueError(f"the last switch {sw} is after the evaluation at {self.now}")
+            untimed = sum(1 for x in self.slices if x.start is None)
+            if untimed:
+                raise ValueError(f"{untimed} slices without times: the cooldown cannot be left out")
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +156,8 @@ class Decision:
     """The planner's answer for one window.
 
     ``prefill``/``decode`` are the split after the decision (the current one unless SWITCH);
-    ``to_prefill``/``to_decode`` the nodes whose desired role changes.
+    ``to_prefill``/``to_decode`` the nodes whose desired role changes; ``excluded_slices`` the
+    slices left out because they started within the cooldown after the last switch.
     """
 
     outcome: Outcome
@@ -136,6 +169,7 @@ class Decision:
     chosen: Candidate | None = None
     to_prefill: tuple[str, ...] = field(default=())
     to_decode: tuple[str, ...] = field(default=())
+    excluded_slices: int = 0
 
     @property
     def best(self) -> Candidate | None:
@@ -160,18 +194,32 @@ def plan(inp: PlannerInput, policy: PlannerPolicy) -> Decision:
     draining = sorted(n.name for n in inp.nodes if n.draining)
     if draining:
         return hold(Outcome.DRAINING, f"nodes still draining from the last switch: {', '.join(draining)}")
-    if inp.seconds_since_switch is not None and inp.seconds_since_switch < policy.cooldown_s:
-        return hold(
-            Outcome.COOLDOWN,
-            f"{inp.seconds_since_switch:.0f} s since the last switch, cooldown is {policy.cooldown_s:.0f} s",
-        )
-    m = len(inp.slices)
+    kept, excluded = inp.slices, 0
+    sw = inp.last_switch
+    if sw is not None:
+        quiet = sw.quiet_from(policy.cooldown_s)
+        if inp.now < quiet:
+            since = inp.now - (sw.applied_at if sw.settled_at is None else sw.settled_at)
+            return hold(
+                Outcome.COOLDOWN,
+                f"{since:.0f} s since the last switch completed, cooldown is {policy.cooldown_s:.0f} s",
+            )
+        kept = tuple(x for x in inp.slices if x.start is not None and x.start >= quiet)
+        excluded = len(inp.slices) - len(kept)
+    m = len(kept)
     if m < 2:
-        return hold(Outcome.TOO_FEW_SLICES, f"{m} slice(s) with requests; the gain test needs at least 2")
+        left_out = f" ({excluded} left out: within the cooldown after the last switch)" if excluded else ""
+        return dataclasses.replace(
+            hold(
+                Outcome.TOO_FEW_SLICES,
+                f"{m} slice(s) with requests{left_out}; the gain test needs at least 2",
+            ),
+            excluded_slices=excluded,
+        )
 
     by_role = {r: sorted((n for n in inp.nodes if n.role is r), key=lambda n: n.name) for r in Role}
     cur_p, cur_d = by_role[Role.PREFILL], by_role[Role.DECODE]
-    s = SliceArrays.of(inp.slices)
+    s = SliceArrays.of(kept)
     p_arrays, d_arrays = NodeArrays.of([n.model for n in cur_p]), NodeArrays.of([n.model for n in cur_d])
     p_rates = p_arrays.prefill_rates(s)  # (|P|, m)
     d_as_p_rates = d_arrays.prefill_rates(s)  # (|D|, m): decode nodes' prefill rates if moved
@@ -232,7 +280,9 @@ def plan(inp: PlannerInput, policy: PlannerPolicy) -> Decision:
             else f"best candidate {best.prefill_count}P has mean gain {best.mean_gain:.4g}/s, "
             f"not above {policy.significance:g} x standard error {best.std_error:.4g}/s"
         )
-        return Decision(Outcome.HOLD, why, prefill, decode, throughput, tuple(candidates))
+        return Decision(
+            Outcome.HOLD, why, prefill, decode, throughput, tuple(candidates), excluded_slices=excluded
+        )
     chosen = max(qualifying, key=_rank_key)
     new_p = tuple(sorted((set(prefill) - set(chosen.to_decode)) | set(chosen.to_prefill)))
     new_d = tuple(sorted((set(decode) - set(chosen.to_prefill)) | set(chosen.to_decode)))
@@ -249,6 +299,7 @@ def plan(inp: PlannerInput, policy: PlannerPolicy) -> Decision:
         chosen=chosen,
         to_prefill=chosen.to_prefill,
         to_decode=chosen.to_decode,
+        excluded_slices=excluded,
     )
 
 
@@ -317,6 +368,7 @@ def _mover_order(
 __all__ = [
     "Candidate",
     "Decision",
+    "LastSwitch",
     "Outcome",
     "PlannerInput",
     "PlannerNode",

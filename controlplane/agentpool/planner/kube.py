@@ -7,7 +7,8 @@ client would have to repeat. The planner makes one list and a few patches per wi
 apart), so a thread per call costs nothing that matters.
 
 The planner writes only ``metadata.annotations["agentpool.io/role"]`` on pods (a JSON merge
-patch that touches no other field) and creates core/v1 Events. It reads:
+patch that touches no other field) and creates core/v1 Events (the role seam, and what a local pool
+uses instead, is :mod:`agentpool.planner.roles`). It reads:
 
 - ``agentpool.io/role``: the desired role (``prefill``, ``decode``; ``both`` while colocated);
 - ``agentpool.io/role-pinned``: any value except ``"false"`` pins the pod; the planner never
@@ -21,55 +22,23 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import uuid
-from collections.abc import Mapping
-from dataclasses import dataclass
 
 from kubernetes import client as k8s
 
-ROLE_ANNOTATION = "agentpool.io/role"
-PINNED_ANNOTATION = "agentpool.io/role-pinned"
-OBSERVED_ROLE_ANNOTATION = "agentpool.io/observed-role"
+from agentpool.planner.roles import (
+    OBSERVED_ROLE_ANNOTATION,
+    PINNED_ANNOTATION,
+    ROLE_ANNOTATION,
+    ObjectRef,
+    PodRoleState,
+)
+
 MERGE_PATCH = "application/merge-patch+json"
 
 
-@dataclass(frozen=True, slots=True)
-class PodRoleState:
-    """What the planner reads from one engine pod."""
-
-    name: str
-    desired_role: str | None
-    observed_role: str | None
-    pinned: bool
-
-    @property
-    def draining(self) -> bool:
-        return self.observed_role != self.desired_role
-
-    @staticmethod
-    def of(name: str, annotations: Mapping[str, str] | None) -> PodRoleState:
-        notes = dict(annotations or {})
-        pinned_value = notes.get(PINNED_ANNOTATION)
-        return PodRoleState(
-            name=name,
-            desired_role=notes.get(ROLE_ANNOTATION),
-            observed_role=notes.get(OBSERVED_ROLE_ANNOTATION),
-            pinned=pinned_value is not None and pinned_value.strip().lower() != "false",
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class ObjectRef:
-    """The object an Event is about (the AgentServingPool, normally)."""
-
-    api_version: str
-    kind: str
-    name: str
-    namespace: str
-    uid: str | None = None
-
-
 class PodRoles:
-    """Reads engine pods' role annotations, patches desired roles, records Events."""
+    """The :class:`agentpool.planner.roles.RoleBoard` of a cluster: reads engine pods' role
+    annotations, patches desired roles, records Events."""
 
     def __init__(
         self, api: k8s.ApiClient, namespace: str, label_selector: str, component: str = "agentpool-planner"
@@ -130,3 +99,14 @@ class PodRoles:
             count=1,
         )
         await asyncio.to_thread(self._core.create_namespaced_event, namespace=about.namespace, body=event)
+
+
+__all__ = [
+    "MERGE_PATCH",
+    "OBSERVED_ROLE_ANNOTATION",
+    "PINNED_ANNOTATION",
+    "ROLE_ANNOTATION",
+    "ObjectRef",
+    "PodRoleState",
+    "PodRoles",
+]

@@ -7,9 +7,14 @@
   ``agentpool.io/pool=<pool>``); Events are about the ``AgentServingPool`` (its uid from
   ``--pool-uid``, else read from the API when readable).
 - Data: every ``--poll-interval-s`` each ``--router`` URL (repeat the flag, one per router pod)
-  is polled for work records and occupancy (:mod:`agentpool.planner.router_source`). Engines'
-  iteration records have no API yet: until they do, every warmup fits nothing and is repeated
-  (logged), and the pool stays colocated.
+  is polled for work records, occupancy and the engines' iteration records, which engines send
+  with their load reports (:mod:`agentpool.planner.router_source`). Until engines send iteration
+  records, every warmup fits nothing and is repeated (logged), and the pool stays colocated.
+- Models out: every ``--router`` gets each node's fitted model after the fit and after every
+  window (:mod:`agentpool.planner.router_models`), with the bearer token of
+  ``--router-token-file`` (the routers' ``reportToken``).
+- Directory: with ``--directory HOST:PORT`` (token: ``--directory-token-file``) the planner tells
+  the KV directory when an engine serves its new phase (``SwitchPhase``; D->P resets its counts).
 - Settings: ``--settings FILE`` and/or the flags (flags win); the file is re-read while running
   (:mod:`agentpool.planner.settings_file`).
 - State across restarts: ConfigMap ``--state-configmap`` (default ``<pool>-planner-state``;
@@ -36,11 +41,13 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from prometheus_client import CollectorRegistry, start_http_server
 
+from agentpool.directory.client import DirectoryClient
 from agentpool.models import MoeShape, OccupancyCount
 from agentpool.planner.controller import PlannerController, PlannerError
 from agentpool.planner.inbox import PlannerInbox
 from agentpool.planner.kube import ObjectRef, PodRoles
 from agentpool.planner.metrics import PlannerMetrics
+from agentpool.planner.router_models import ModelBroadcast
 from agentpool.planner.router_source import RouterWorkSource
 from agentpool.planner.settings_file import PlannerSettings
 from agentpool.planner.state import ConfigMapStateStore
@@ -69,6 +76,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--selector", default=None, help="engine pods (default agentpool.io/pool=<pool>)")
     p.add_argument("--router", action="append", required=True, help="a router's base URL (repeatable)")
     p.add_argument("--poll-interval-s", type=float, default=5.0)
+    p.add_argument(
+        "--router-token-file", type=Path, default=None, help="bearer token for pushing models to routers"
+    )
+    p.add_argument(
+        "--directory", default=None, help="KV directory HOST:PORT, told when an engine switches phase"
+    )
+    p.add_argument("--directory-token-file", type=Path, default=None, help="the directory's token")
     auth = p.add_mutually_exclusive_group()
     auth.add_argument("--in-cluster", action="store_true", help="use the pod's service account")
     auth.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: the usual lookup)")
@@ -95,6 +109,16 @@ def setting_flags(args: argparse.Namespace) -> dict[str, Any]:
     if args.occupancy is not None:
         flags["occupancy"] = OccupancyCount(args.occupancy)
     return flags
+
+
+def read_token(path: Path | None) -> str | None:
+    """A token from a file (a mounted Secret), stripped; None without a file; ValueError if empty."""
+    if path is None:
+        return None
+    token = path.read_text().strip()
+    if not token:
+        raise ValueError(f"token file {path} is empty")
+    return token
 
 
 def api_client(args: argparse.Namespace) -> k8s.ApiClient:
@@ -131,8 +155,10 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> int:
     try:
         settings = PlannerSettings(setting_flags(args), args.settings)
         shape = MoeShape(args.experts_active, args.experts_total)
+        router_token = await asyncio.to_thread(read_token, args.router_token_file)
+        directory_token = await asyncio.to_thread(read_token, args.directory_token_file)
         api = await asyncio.to_thread(api_client, args)
-    except (ValueError, ConfigException) as e:
+    except (ValueError, ConfigException, OSError) as e:
         log.error("planner not started: %s", e)
         return 1
     registry = CollectorRegistry()
@@ -151,8 +177,17 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> int:
             shape=shape,
             state=ConfigMapStateStore(api, args.namespace, state_name, pool) if state_name else None,
         )
-        async with aiohttp.ClientSession() as session:
-            source = RouterWorkSource(args.router, inbox, session, interval_s=args.poll_interval_s)
+        async with contextlib.AsyncExitStack() as stack:
+            session = await stack.enter_async_context(aiohttp.ClientSession())
+            broadcast = ModelBroadcast(args.router, session, token=router_token)
+            controller.models_out = broadcast
+            if args.directory:
+                controller.directory = await stack.enter_async_context(
+                    DirectoryClient(args.directory, token=directory_token)
+                )
+            source = RouterWorkSource(
+                args.router, inbox, session, interval_s=args.poll_interval_s, models=broadcast
+            )
             helpers = [asyncio.create_task(source.run(stop)), asyncio.create_task(settings.run(stop))]
             try:
                 await controller.run(stop)

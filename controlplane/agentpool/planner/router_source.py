@@ -27,6 +27,7 @@ from pydantic import ValidationError
 
 from agentpool.models import IterationRecord
 from agentpool.planner.inbox import PlannerInbox
+from agentpool.planner.router_models import ModelBroadcast
 from agentpool.wire.work import MAX_BATCH, WORK_PATH, WireNodeIteration, WorkBatch
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ class RouterCursor:
     dropped: int = 0
     records: int = 0
     models_version: int | None = None  # the fitted models' version the router last said it uses
+    failures_in_row: int = 0
 
 
 class IterationDeduper:
@@ -79,6 +81,7 @@ class RouterWorkSource:
         timeout_s: float = 5.0,
         limit: int = MAX_BATCH,
         max_pages: int = 20,
+        models: ModelBroadcast | None = None,
     ) -> None:
         if not urls:
             raise ValueError("no router to poll")
@@ -92,10 +95,16 @@ class RouterWorkSource:
         self._limit = limit
         self._max_pages = max_pages
         self.iterations = IterationDeduper()
+        self._models = models
 
     async def poll_once(self) -> int:
-        """Poll every router once (concurrently); returns how many entries reached the inbox."""
+        """Poll every router once (concurrently); returns how many entries reached the inbox.
+
+        With a model broadcast, a router that reports another model set than the current one
+        gets the current one again."""
         counts = await asyncio.gather(*(self._poll(r) for r in self.routers))
+        if self._models is not None:
+            await self._models.sync({r.url: r.models_version for r in self.routers if r.failures_in_row == 0})
         return sum(counts)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -112,6 +121,7 @@ class RouterWorkSource:
                 batch = await self._fetch(router)
             except (aiohttp.ClientError, TimeoutError, ValidationError) as e:
                 router.failures += 1
+                router.failures_in_row += 1
                 log.warning("work log of %s not read: %s", router.url, e)
                 return added
             added += self._take(router, batch)
@@ -141,6 +151,7 @@ class RouterWorkSource:
                 "router %s overwrote %d work-log entries before they were read", router.url, batch.dropped
             )
         router.cursor = batch.next
+        router.failures_in_row = 0
         router.models_version = batch.models_version
         self._inbox.add_requests(r.record() for r in batch.requests)
         self._inbox.add_occupancy(s.sample(router.url) for s in batch.occupancy)

@@ -26,8 +26,10 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agentpool.models import DecodeModel, MoeShape, NodeModel, PrefillModel
-from agentpool.planner.kube import MERGE_PATCH, ObjectRef
+from agentpool.models import MoeShape, NodeModel
+from agentpool.planner.kube import MERGE_PATCH
+from agentpool.planner.roles import ObjectRef
+from agentpool.wire.fits import WireNodeModel
 
 log = logging.getLogger(__name__)
 
@@ -44,52 +46,30 @@ class SavedShape(_Wire):
     t_fwd: float = Field(gt=0)
 
 
-class SavedNodeModel(_Wire):
-    c0: float
-    c1: float
-    c2: float
-    c3: float
-    d0: float
-    d1: float
-    d2: float
-    experts_active: int
-    experts_total: int
-    t_fwd: float
-    t_bar: float
-    f_restore: float
-
-    @staticmethod
-    def of(m: NodeModel) -> SavedNodeModel:
-        p, d = m.prefill, m.decode
-        return SavedNodeModel(
-            c0=p.c0, c1=p.c1, c2=p.c2, c3=p.c3, d0=d.d0, d1=d.d1, d2=d.d2,
-            experts_active=d.experts_active, experts_total=d.experts_total, t_fwd=d.t_fwd,
-            t_bar=m.t_bar, f_restore=m.f_restore,
-        )  # fmt: skip
-
-    def node_model(self) -> NodeModel:
-        return NodeModel(
-            prefill=PrefillModel(self.c0, self.c1, self.c2, self.c3),
-            decode=DecodeModel(
-                self.d0, self.d1, self.d2, self.experts_active, self.experts_total, self.t_fwd
-            ),
-            t_bar=self.t_bar,
-            f_restore=self.f_restore,
-        )
+SavedNodeModel = WireNodeModel  # one definition of a node's model on the wire and in the state
 
 
 class PlannerState(_Wire):
-    """``fitted_at`` and ``last_switch_at`` are wall-clock seconds (the planner's clock)."""
+    """``fitted_at``, ``last_switch_at`` (applied) and ``last_switch_settled_at`` (the last moved
+    node served its new phase; None while one drains) are wall-clock seconds (the planner's clock).
+    ``models_version``: the version of the last model set pushed to the routers."""
 
     version: Literal[1] = 1
     shape: SavedShape
     fitted_at: float
     last_switch_at: float | None = None
+    last_switch_settled_at: float | None = None
+    models_version: int = 0
     models: dict[str, SavedNodeModel]
 
     @staticmethod
     def of(
-        shape: MoeShape, models: dict[str, NodeModel], fitted_at: float, last_switch_at: float | None
+        shape: MoeShape,
+        models: dict[str, NodeModel],
+        fitted_at: float,
+        last_switch_at: float | None,
+        last_switch_settled_at: float | None = None,
+        models_version: int = 0,
     ) -> PlannerState:
         return PlannerState(
             shape=SavedShape(
@@ -97,6 +77,8 @@ class PlannerState(_Wire):
             ),
             fitted_at=fitted_at,
             last_switch_at=last_switch_at,
+            last_switch_settled_at=last_switch_settled_at,
+            models_version=models_version,
             models={name: SavedNodeModel.of(m) for name, m in sorted(models.items())},
         )
 

@@ -16,7 +16,7 @@ limit caps how many a node gets.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from agentpool.models import DecodeModel, NodeModel, PrefillModel, Work
@@ -68,11 +68,18 @@ class NodeEntry:
         return self.config.url
 
 
+class StaleFitsError(ValueError):
+    """A model set no newer than the one the router holds."""
+
+
 class NodeTable:
     def __init__(self, max_report_age_s: float = 5.0, down_cooldown_s: float = 2.0) -> None:
         self.max_report_age_s = max_report_age_s
         self.down_cooldown_s = down_cooldown_s
         self._nodes: dict[str, NodeEntry] = {}
+        self._prior: NodeModel | None = None  # the configured nodeModel
+        self._fitted: dict[str, NodeModel] = {}  # the planner's per-node fits (with t_bar, f_n)
+        self.fits_version: int | None = None
 
     def __len__(self) -> int:
         return len(self._nodes)
@@ -94,10 +101,11 @@ class NodeTable:
         """Apply the configured node list; returns the ids whose desired role changed (now draining)."""
         seen: set[str] = set()
         switched: list[str] = []
-        node_model = node_model_of(model)
+        prior = self._prior = node_model_of(model)
         for cfg in nodes:
             seen.add(cfg.id)
             entry = self._nodes.get(cfg.id)
+            node_model = self._fitted.get(cfg.id, prior)
             if entry is None:
                 self._nodes[cfg.id] = NodeEntry(config=cfg, role=cfg.role, model=node_model)
                 continue
@@ -110,6 +118,23 @@ class NodeTable:
         for gone in set(self._nodes) - seen:
             del self._nodes[gone]
         return switched
+
+    def apply_fits(self, version: int, models: Mapping[str, NodeModel]) -> list[str]:
+        """Use the planner's fitted models from now on (each node its own; a node without one keeps
+        the configured prior); returns the configured nodes they apply to. Raises
+        :class:`StaleFitsError` unless ``version`` is newer than the set in use."""
+        if self.fits_version is not None and version <= self.fits_version:
+            raise StaleFitsError(f"model set {version} is not newer than {self.fits_version}")
+        self._fitted = dict(models)
+        self.fits_version = version
+        for entry in self._nodes.values():
+            prior = self._prior if self._prior is not None else entry.model
+            entry.model = self._fitted.get(entry.node_id, prior)
+        return sorted(n for n in self._fitted if n in self._nodes)
+
+    def fitted(self, node_id: str) -> bool:
+        """Whether ``node_id`` uses a model the planner fitted (not the configured prior)."""
+        return node_id in self._fitted
 
     # -- reports -----------------------------------------------------------------------------
     def apply_report(self, report: LoadReport, now: float) -> None:

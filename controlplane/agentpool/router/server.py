@@ -26,6 +26,7 @@ from pydantic import BaseModel, ValidationError
 from agentpool.kv import InvalidBranchIdError, check_branch_id
 from agentpool.router.directory_view import DirectoryError
 from agentpool.router.engine_protocol import LoadReport, Usage
+from agentpool.router.fitted_models import mount as mount_fitted_models
 from agentpool.router.flow import (
     BadRequest,
     Chunk,
@@ -428,6 +429,7 @@ def build_app(service: RouterService) -> web.Application:
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/agentpool/v1/report", report)
     mount_work_log(app, service.dispatcher.work_log)
+    mount_fitted_models(app, service)
 
     async def on_startup(app: web.Application) -> None:
         await app[SERVICE_KEY].start()

@@ -1,7 +1,8 @@
 """Split planners the simulator runs: agentpool's (the pure planner core) and the baselines'.
 
-- ``evolving``: :func:`agentpool.planner.core.plan` every window (Eq. 5, Eq. 6 gain test, cooldown,
-  no switch while a node drains), on the window's slices of average work and decode occupancy, with
+- ``evolving``: :func:`agentpool.planner.core.plan` every window (Eq. 5, Eq. 6 gain test, cooldown
+  counted from when the last switch completed and the slices within it left out, no switch while a
+  node drains), on the window's slices of average work and decode occupancy, with
   each prefill node's ``t_bar`` and ``f_n`` remeasured from its iterations. Where its coefficients
   come from is ``PlannerSettings.fit``: ``preset`` (default) gives the planner and the router the
   preset's true coefficients; ``online`` fits Eq. 1 and Eq. 2 by the same NNLS as the live planner
@@ -54,7 +55,15 @@ from agentpool.models import (
 from agentpool.models.fitting import DecodeFit, PrefillFit, fit_decode, fit_prefill
 from agentpool.models.synthetic import noisy
 from agentpool.node import Iteration, Node, NodeStatus, Role
-from agentpool.planner.core import Outcome, PlannerInput, PlannerNode, PlannerPolicy, plan, split_throughput
+from agentpool.planner.core import (
+    LastSwitch,
+    Outcome,
+    PlannerInput,
+    PlannerNode,
+    PlannerPolicy,
+    plan,
+    split_throughput,
+)
 from agentpool.planner.core import Role as PlannerRole
 from agentpool.sim.simulator import Simulator
 from agentpool.sim.systems import PlannerKind
@@ -138,6 +147,17 @@ def _planner_nodes(sim: Simulator) -> tuple[PlannerNode, ...]:
     )
 
 
+def _last_switch(sim: Simulator) -> LastSwitch | None:
+    """The last switch: when it was decided and, once no node switches, when its last node was done."""
+    applied = sim.last_switch_at
+    if applied is None:
+        return None
+    if sim.switching:
+        return LastSwitch(applied)
+    done = [float(s["done_at"]) for s in sim.metrics.switches if float(s["decided_at"]) >= applied]
+    return LastSwitch(applied, max(done, default=applied))
+
+
 class OnlineFit:
     """Collects the nodes' iterations as noisy records until a fit of both phases succeeds."""
 
@@ -208,8 +228,7 @@ def _evolving(sim: Simulator, s: PlannerSettings) -> Tick:
                 return  # the live planner does not plan before its models are fitted either
         _remeasure(sim)
         slices = _window_slices(sim, now - s.window_s, now, s.slices)
-        since = None if sim.last_switch_at is None else now - sim.last_switch_at
-        decision = plan(PlannerInput(_planner_nodes(sim), slices, since), policy)
+        decision = plan(PlannerInput(_planner_nodes(sim), slices, now, _last_switch(sim)), policy)
         sim.metrics.planner_log.append(
             {"at": now, "outcome": decision.outcome.value, "reason": decision.reason}
         )

@@ -30,9 +30,16 @@ def test_slices_average_work_and_occupancy_and_leave_out_empty_slices() -> None:
     w = slice_window(requests, occupancy, start=0.0, end=30.0, m=3)
     assert w.empty_slices == 1  # slice [10, 20) has neither requests nor samples
     assert w.slices == (
-        WorkSlice(Work(t_uc=200, t_c=2000, t_out=20, t_acc=1.5), 15.0),
-        WorkSlice(Work(t_uc=50, t_out=5), 7.0),
+        WorkSlice(Work(t_uc=200, t_c=2000, t_out=20, t_acc=1.5), 15.0, start=0.0, end=10.0),
+        WorkSlice(Work(t_uc=50, t_out=5), 7.0, start=20.0, end=30.0),  # its time span kept
     )
+
+
+def test_a_slice_has_both_times_or_neither() -> None:
+    with pytest.raises(ValueError, match="both"):
+        WorkSlice(Work(t_uc=1, t_out=1), 1.0, start=0.0)
+    with pytest.raises(ValueError, match="ends after"):
+        WorkSlice(Work(t_uc=1, t_out=1), 1.0, start=5.0, end=5.0)
 
 
 def test_slice_with_requests_but_no_occupancy_sample_is_left_out() -> None:

@@ -14,8 +14,9 @@ from planner_scenarios import (
     oracle_throughput,
 )
 
-from agentpool.models import DecodeModel, NodeModel, PrefillModel, WorkSlice
+from agentpool.models import DecodeModel, NodeModel, PrefillModel, Work, WorkSlice
 from agentpool.planner.core import (
+    LastSwitch,
     Outcome,
     PlannerInput,
     PlannerNode,
@@ -115,13 +116,73 @@ def test_draining_node_skips_the_window() -> None:
     assert d.candidates == () and d.to_prefill == () and d.prefill == ("n0", "n1")
 
 
-def test_cooldown_after_a_switch() -> None:
-    slices = tuple(noisy_slices(OSWORLD, 10, 0.05, np.random.default_rng(1)))
-    policy = PlannerPolicy(cooldown_s=120)
-    inside = plan(PlannerInput(nodes=nodes(prefill=2), slices=slices, seconds_since_switch=119.9), policy)
-    assert inside.outcome is Outcome.COOLDOWN and inside.candidates == ()
-    after = plan(PlannerInput(nodes=nodes(prefill=2), slices=slices, seconds_since_switch=120.0), policy)
-    assert after.outcome is Outcome.SWITCH
+def timed(slices: list[WorkSlice], start: float, width: float = 60.0) -> tuple[WorkSlice, ...]:
+    """``slices`` laid end to end from ``start``, ``width`` seconds each."""
+    return tuple(
+        dataclasses.replace(x, start=start + i * width, end=start + (i + 1) * width)
+        for i, x in enumerate(slices)
+    )
+
+
+# (window end, switch applied, switch completed, outcome, slices left out of the gain test): a
+# 600 s window of 10 slices [600, 1200) on a sustained shift to OSWorld, cooldown 120 s.
+COOLDOWN_TABLE = [
+    # no switch yet: every slice counts
+    (1200.0, None, None, Outcome.SWITCH, 0),
+    # switched at the window start and done at once: the 2 slices within 120 s are left out
+    (1200.0, 600.0, 600.0, Outcome.SWITCH, 2),
+    # the drain took 30 s: the cooldown ends at 750, so slices starting before it go (3)
+    (1200.0, 600.0, 630.0, Outcome.SWITCH, 3),
+    # the drain took 520 s: at the window end only 80 s have passed since: the cooldown binds
+    (1200.0, 600.0, 1120.0, Outcome.COOLDOWN, 0),
+    # done 100 s before the end: 100 < 120 s
+    (1200.0, 1050.0, 1100.0, Outcome.COOLDOWN, 0),
+    # done 130 s before the end: 10 s of the last slice fall in the cooldown: < 2 slices left
+    (1200.0, 1000.0, 1070.0, Outcome.TOO_FEW_SLICES, 10),
+    # the last switch was long before the window: nothing is left out
+    (1200.0, 100.0, 110.0, Outcome.SWITCH, 0),
+]
+
+
+@pytest.mark.parametrize("end,applied,settled,outcome,left_out", COOLDOWN_TABLE)
+def test_cooldown_counts_from_the_completed_switch_and_its_slices_are_left_out(
+    end: float, applied: float | None, settled: float | None, outcome: Outcome, left_out: int
+) -> None:
+    slices = timed(noisy_slices(OSWORLD, 10, 0.05, np.random.default_rng(1)), start=end - 600)
+    last = None if applied is None else LastSwitch(applied, settled)
+    d = plan(PlannerInput(nodes=nodes(prefill=2), slices=slices, now=end, last_switch=last), POLICY)
+    assert d.outcome is outcome, d.reason
+    assert d.excluded_slices == left_out
+    if outcome is Outcome.SWITCH:
+        assert d.best is not None and len(d.best.gains) == 10 - left_out
+
+
+def test_the_transient_right_after_a_switch_does_not_decide_the_next_one() -> None:
+    """The pool just moved to 3P for a shift to OSWorld work (best 6P). Right after the switch two
+    slices see only short requests (those re-queued from the moved node finish first). Counted,
+    they swamp the gain test and the planner holds at 3P for another window; left out (App. E.3:
+    the planner skips the 120 s after each switch) the steady slices move it on to 6P."""
+    rng = np.random.default_rng(4)
+    transient = [WorkSlice(work=Work(t_uc=300, t_out=100), decode_occupancy=300) for _ in range(2)]
+    slices = timed(transient + noisy_slices(OSWORLD, 8, 0.05, rng), start=600.0)
+    three = nodes(prefill=3)
+    counted = plan(PlannerInput(nodes=three, slices=slices), POLICY)  # what the old planner saw
+    assert counted.outcome is Outcome.HOLD, counted.reason
+    skipped = plan(
+        PlannerInput(nodes=three, slices=slices, now=1200.0, last_switch=LastSwitch(600.0, 600.0)), POLICY
+    )
+    assert skipped.outcome is Outcome.SWITCH and skipped.excluded_slices == 2, skipped.reason
+    assert len(skipped.prefill) == 6
+
+
+def test_a_switch_needs_timed_slices_and_a_consistent_clock() -> None:
+    slices = tuple(noisy_slices(OSWORLD, 4, 0.05, np.random.default_rng(1)))
+    with pytest.raises(ValueError, match="without times"):
+        PlannerInput(nodes=nodes(prefill=2), slices=slices, now=1000.0, last_switch=LastSwitch(10.0, 20.0))
+    with pytest.raises(ValueError, match="after the evaluation"):
+        PlannerInput(nodes=nodes(prefill=2), slices=(), now=5.0, last_switch=LastSwitch(10.0))
+    with pytest.raises(ValueError, match="completes after"):
+        LastSwitch(10.0, 5.0)
 
 
 def test_too_few_slices_cannot_be_tested() -> None:

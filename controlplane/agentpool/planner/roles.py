@@ -1,0 +1,75 @@
+"""Where the planner reads and writes engines' roles: the :class:`RoleBoard` seam.
+
+In a cluster the board is the engine pods' annotations (:class:`agentpool.planner.kube.PodRoles`);
+a local pool can keep the desired role in a file per engine instead. Either way the planner sees,
+per engine, its desired role (what the planner last asked for), its observed role (what the engine
+says it serves) and whether a user pinned it, and it writes only desired roles and Events.
+
+- desired role: ``prefill``, ``decode``, or ``both`` while colocated (warmup);
+- pinned: the planner never changes a pinned engine's role;
+- observed role: while it differs from the desired role, or is missing, the engine is draining.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+ROLE_ANNOTATION = "agentpool.io/role"
+PINNED_ANNOTATION = "agentpool.io/role-pinned"
+OBSERVED_ROLE_ANNOTATION = "agentpool.io/observed-role"
+
+
+@dataclass(frozen=True, slots=True)
+class PodRoleState:
+    """What the planner reads about one engine."""
+
+    name: str
+    desired_role: str | None
+    observed_role: str | None
+    pinned: bool
+
+    @property
+    def draining(self) -> bool:
+        return self.observed_role != self.desired_role
+
+    @staticmethod
+    def of(name: str, annotations: Mapping[str, str] | None) -> PodRoleState:
+        """From annotations: ``agentpool.io/role-pinned`` with any value but ``false`` pins (a typo
+        therefore pins rather than unpins)."""
+        notes = dict(annotations or {})
+        pinned_value = notes.get(PINNED_ANNOTATION)
+        return PodRoleState(
+            name=name,
+            desired_role=notes.get(ROLE_ANNOTATION),
+            observed_role=notes.get(OBSERVED_ROLE_ANNOTATION),
+            pinned=pinned_value is not None and pinned_value.strip().lower() != "false",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectRef:
+    """The object an Event is about (the AgentServingPool, normally)."""
+
+    api_version: str
+    kind: str
+    name: str
+    namespace: str
+    uid: str | None = None
+
+
+class RoleBoard(Protocol):
+    """Engines' roles as the planner reads and writes them."""
+
+    async def pods(self) -> list[PodRoleState]:
+        """Every engine of the pool, by name."""
+        ...
+
+    async def set_role(self, pod: str, role: str) -> None:
+        """Set ``pod``'s desired role; nothing else about it changes."""
+        ...
+
+    async def record_event(self, about: ObjectRef, reason: str, message: str, warning: bool = False) -> None:
+        """Record an Event (or its local equivalent) about ``about``."""
+        ...

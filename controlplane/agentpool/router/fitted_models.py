@@ -6,12 +6,11 @@ each node's TTFT (Eq. 7) with that node's own model from then on, and keeps its 
 ``nodeModel`` for nodes the set does not cover. An older or equal version is refused with 409 and
 the version in use, so replicas never go back to an older set. ``GET`` answers the version in use
 and the nodes it covers. The push is authenticated like the engines' reports (the router's
-``reportToken``, as a bearer token) when one is configured.
+report token, :mod:`agentpool.router.auth`, as a bearer token).
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
 
 from aiohttp import web
@@ -44,11 +43,8 @@ def mount(app: web.Application, service: RouterService) -> None:
         return _status(service)
 
     async def put_models(request: web.Request) -> web.Response:
-        token = service.config.report_token
-        if token is not None:
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-                return _error(401, "missing or wrong token", "authentication_error", "invalid_token")
+        if not service.report_auth.allows(request.headers.get("authorization")):
+            return _error(401, "missing or wrong token", "authentication_error", "invalid_token")
         try:
             update = ModelSet.model_validate_json(await request.read())
             models: dict[str, NodeModel] = {n: m.node_model() for n, m in update.models.items()}

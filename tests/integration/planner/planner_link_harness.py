@@ -88,9 +88,11 @@ def router_config(nodes: list[tuple[str, str, str]], **kw: Any) -> RouterConfig:
     return RouterConfig.model_validate(raw)
 
 
-async def start_router(config: RouterConfig) -> Router:
+async def start_router(config: RouterConfig, token: str | None = None) -> Router:
+    """A router whose reports (and model pushes) need ``token``; None: open."""
     view = InProcessDirectoryView(Directory(config.page_size), time.monotonic)
-    service = RouterService(config, view, report_auth=ReportAuth.unauthenticated())
+    auth = ReportAuth.unauthenticated() if token is None else ReportAuth.token(token)
+    service = RouterService(config, view, report_auth=auth)
     return Router(service, await serve(build_app(service)))
 
 

@@ -92,8 +92,8 @@ async def test_the_planners_fits_reach_every_router_replica_and_decide_the_routi
     engines = {"e0": Engine(), "e1": Engine()}
     served = {n: await serve(e.app()) for n, e in engines.items()}
     token = "planner-and-engines-token"
-    config = router_config([(n, s.url, "both") for n, s in served.items()], reportToken=token)
-    routers = [await start_router(config) for _ in range(2)]
+    config = router_config([(n, s.url, "both") for n, s in served.items()])
+    routers = [await start_router(config, token) for _ in range(2)]
     late: Router | None = None
     try:
         # The prior (configured nodeModel) makes both engines equal: idle ties go to e0.
@@ -121,7 +121,7 @@ async def test_the_planners_fits_reach_every_router_replica_and_decide_the_routi
             assert resp.status == 401
         assert routers[0].service.nodes.fits_version == version
         # a router that starts (or restarts) empty gets the current set at the planner's next poll
-        late = await start_router(config)
+        late = await start_router(config, token)
         inbox = PlannerInbox()
         source = RouterWorkSource([r.url for r in (*routers, late)], inbox, session, models=broadcast)
         broadcast.urls.append(late.url)

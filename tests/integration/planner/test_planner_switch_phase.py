@@ -50,6 +50,7 @@ SHAPE = MoeShape(experts_active=8, experts_total=256)
 OSWORLD = (Work(t_uc=12000, t_c=80000, t_out=300), 60.0)  # prefill-heavy: more prefill nodes
 PODS = ["engine-0", "engine-1", "engine-2", "engine-3"]
 CHAIN = block_hashes(list(range(8)), 4)
+TOKEN = "planner-directory-token"
 
 
 def pod_body(name: str, role: str) -> dict[str, Any]:
@@ -73,12 +74,18 @@ def pod_body(name: str, role: str) -> dict[str, Any]:
 async def directory() -> AsyncIterator[DirectoryClient]:
     namespace = f"agentpool-test:{uuid.uuid4().hex}"
     config = DirectoryConfig.model_validate(
-        {"port": 0, "redis_url": "redis://127.0.0.1:6379/0", "namespace": namespace, "page_size": 4}
+        {
+            "port": 0,
+            "redis_url": "redis://127.0.0.1:6379/0",
+            "namespace": namespace,
+            "page_size": 4,
+            "auth_token": TOKEN,
+        }
     )
     server = DirectoryServer(config)
     await server.start()
     try:
-        async with DirectoryClient(server.address) as client:
+        async with DirectoryClient(server.address, token=TOKEN) as client:
             yield client
     finally:
         await server.stop()

@@ -6,6 +6,12 @@ what finished. The simulator (:mod:`agentpool.sim`) drives it in virtual time; t
 backend drives the same object in real time (wall seconds times a time-scale factor). README.md in
 this package shows a driver loop.
 
+Iteration times come from ``timing`` (:class:`agentpool.node.timing.IterationTimes`): Eq. 1 and
+Eq. 2 of the node's models by default (:class:`agentpool.node.timing.EquationTimes`), or the
+ground truth :class:`agentpool.node.roofline.Roofline` (architecture and GPU roofline, decode
+growing with the running requests' context), optionally noisy
+(:class:`agentpool.node.timing.NoisyTimes`). Below, "Eq. 1"/"Eq. 2" stand for whichever is used.
+
 Prefill (Eq. 1). Each iteration takes queued requests first come first served, skipping those
 whose KV fetch is still running, up to ``chunk_tokens`` uncached tokens (chunked prefill: a long
 prompt spans iterations; each chunk attends to the cached prefix plus the earlier chunks, so the

@@ -12,6 +12,7 @@ from collections import deque
 
 from agentpool.models import DecodeModel, PrefillBatchItem, PrefillModel
 from agentpool.node.cache import GpuCache
+from agentpool.node.timing import EquationTimes, IterationTimes
 from agentpool.node.types import (
     Advance,
     Iteration,
@@ -44,6 +45,7 @@ class Node:
         gpu_cache_blocks: int,
         kv_capacity_tokens: int,
         on_iteration: IterationHook | None = None,
+        timing: IterationTimes | None = None,
     ) -> None:
         if chunk_tokens <= 0 or t_acc <= 0 or kv_capacity_tokens <= 0:
             raise ValueError("chunk_tokens, t_acc and kv_capacity_tokens must be positive")
@@ -51,6 +53,8 @@ class Node:
         self.name = name
         self.prefill_model = prefill
         self.decode_model = decode
+        # what iterations really take: the ground truth (Eq. 1/2 of the models above by default)
+        self.timing: IterationTimes = EquationTimes(prefill, decode) if timing is None else timing
         self.role = role
         self.status = NodeStatus.SERVING
         self.chunk_tokens = chunk_tokens
@@ -71,6 +75,9 @@ class Node:
         self.iter_pos = 0.0
         self.pos_time = 0.0
         self.decode_iter_s = 0.0
+        # running KV tokens at position p: _ctx_base + t_acc * len(running) * p (see _context_tokens)
+        self._ctx_base = 0.0
+        self._ctx_part: dict[int, float] = {}
         self.kv_used_tokens = 0
         # requests bound to this (decode) node while their prefill still runs elsewhere: they hold a
         # KV reservation and count as running for decode binding, as the router counts its bindings
@@ -188,8 +195,9 @@ class Node:
         self.queue = keep
         if not batch:
             return
-        prefill_s = self.prefill_model.iteration_time(items)
-        decode_s = self.decode_model.iteration_time(len(self.running)) if self.running else 0.0
+        context = self._context_tokens() if self.running else 0.0
+        prefill_s = self.timing.prefill_s(items)
+        decode_s = self.timing.decode_s(len(self.running), context) if self.running else 0.0
         duration = prefill_s + sync
         if self.running:
             duration += decode_s
@@ -205,7 +213,7 @@ class Node:
                     len(self.running),
                     decode_s,
                     1.0,
-                    self._context_tokens(),
+                    context,
                 )
             )
         self.batch = batch
@@ -237,12 +245,11 @@ class Node:
 
     # -- decode -------------------------------------------------------------------------------
     def _context_tokens(self) -> float:
-        """KV tokens of the running requests at the current position (for :class:`Iteration`)."""
-        total = 0.0
-        for r in self.running.values():
-            done = self.iter_pos - (r.finish_iter - r.decode_iterations(self.t_acc))
-            total += r.input_tokens + 1 + self.t_acc * max(0.0, done)
-        return total
+        """KV tokens of the running requests at the current position: prompt, first token and
+        ``t_acc`` tokens per decode iteration each (kept as a sum, not recounted per request)."""
+        if not self.running:
+            return 0.0
+        return self._ctx_base + self.t_acc * len(self.running) * self.iter_pos
 
     def _progress_to(self, now: float) -> None:
         if not self.batch and self.running and self.decode_iter_s > 0 and now > self.pos_time:
@@ -268,13 +275,14 @@ class Node:
 
     def _retime(self) -> None:
         b = len(self.running)
-        self.decode_iter_s = self.decode_model.iteration_time(b) if b else 0.0
+        self.decode_iter_s = self.timing.decode_s(b, self._context_tokens()) if b else 0.0
 
     def _pop_finished(self, now: float, out: Advance) -> None:
         changed = False
         while self._finish and self._finish[0][0] <= self.iter_pos + _EPS:
             _, rid = heapq.heappop(self._finish)
             r = self.running.pop(rid)
+            self._ctx_base -= self._ctx_part.pop(rid)
             r.done_at = now
             self.kv_used_tokens -= r.kv_tokens
             out.decoded.append(r)
@@ -288,6 +296,9 @@ class Node:
         req.decode_start = now
         req.finish_iter = self.iter_pos + req.decode_iterations(self.t_acc)
         self.running[req.rid] = req
+        part = req.input_tokens + 1 - self.t_acc * self.iter_pos
+        self._ctx_part[req.rid] = part
+        self._ctx_base += part
         heapq.heappush(self._finish, (req.finish_iter, req.rid))
         self.kv_used_tokens += req.kv_tokens
         self._retime()
@@ -355,4 +366,6 @@ class Node:
         self.gpu.clear()
         self.iter_pos = 0.0
         self._finish.clear()
+        self._ctx_base = 0.0
+        self._ctx_part.clear()
         self.kv_used_tokens = 0

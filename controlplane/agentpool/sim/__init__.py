@@ -38,9 +38,17 @@ Modelling choices and approximations (each a knob or documented where it is made
   is out instead. Either way its KV room is reserved from binding to the end of the request.
 - A queued request's prefix is not pinned: if eviction removes it before the prefill, the request
   keeps the work computed at routing time.
-- The planner and the router see the preset's coefficients by default; ``--fit online`` fits them
-  from the first window's noisy iterations (see :mod:`agentpool.sim.planners`). ``t_bar`` and
+- Ground truth: every node's iterations take what :class:`agentpool.node.roofline.Roofline` says
+  for the preset's architecture and GPUs (``--truth roofline``, default; calibrated against the
+  papers' figures, see ``bench/results/sim_truth.md``), times ``1 + noise * N(0, 1)`` drawn from
+  a generator seeded by ``(seed, node)``. ``--truth equations`` runs Eq. 1/2 with the preset's
+  coefficients instead (the former simulator: the policies then face no model error).
+- Agentpool's planner and router fit Eq. 1/2 online (``--fit online``, default) from the first
+  window's iterations, and report the fit's error against the truth; until then, and throughout
+  with ``--fit preset``, they use the preset's coefficients (the paper's fit). ``t_bar`` and
   ``f_n`` are remeasured from simulated iterations every window.
+- Seeds: ``--seed`` draws the order in which conversations are replayed (a fresh order per pass
+  over the trace), the iteration noise, the synthetic workloads and open-loop arrivals.
 - Arrow-like switches strand KV: the switched node's cache is dropped. Dynamo-like relaunches:
   the node drains, is out of service for ``relaunch_s`` and loses its KV.
 - Replay may cap recorded pauses (``max_pause_s``) to reach the paper's offered load.

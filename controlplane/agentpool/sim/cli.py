@@ -15,7 +15,7 @@ from agentpool.sim.parallel import run_parallel
 from agentpool.sim.planners import ModelSource, PlannerSettings
 from agentpool.sim.report import markdown_report, write_json, write_plots
 from agentpool.sim.run import WORKLOADS, Scenario, load_conversations, run_system, scenario_dict
-from agentpool.sim.simulator import DECODE_BINDINGS, SimConfig
+from agentpool.sim.simulator import DECODE_BINDINGS, TRUTHS, SimConfig
 from agentpool.sim.systems import COLOCATED_DEFAULT, DISAGGREGATED_DEFAULT, SYSTEMS
 from agentpool.sim.trace import Conversation
 
@@ -59,13 +59,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shared-prefix", type=int, default=15000, help="shared system+tools prefix tokens")
     parser.add_argument(
         "--fit",
-        default="preset",
+        default="online",
         choices=[m.value for m in ModelSource],
-        help="agentpool's planner and router models: the preset's coefficients, or fitted online "
-        "from the first planner window's noisy iteration times",
+        help="agentpool's planner and router models: fitted online from the first planner window's "
+        "iterations (the live planner's way), or the preset's Eq. 1/2 coefficients throughout",
     )
     parser.add_argument(
-        "--fit-noise", type=float, default=0.05, help="relative noise of iteration times (--fit online)"
+        "--fit-noise", type=float, default=0.0, help="extra relative noise on recorded iteration times"
+    )
+    parser.add_argument(
+        "--truth",
+        default="roofline",
+        choices=list(TRUTHS),
+        help="what iterations really take: the preset's architecture/GPU roofline model (default), or "
+        "Eq. 1/2 with the preset's coefficients (the policies then face no model error)",
+    )
+    parser.add_argument(
+        "--noise", type=float, default=None, help="relative noise of each iteration (default: the preset's)"
     )
     parser.add_argument("--out", default="sim-results", help="output directory")
     parser.add_argument("--no-plots", action="store_true")
@@ -106,6 +116,8 @@ def scenario_from(args: argparse.Namespace) -> Scenario:
             prefill_nodes=args.prefill_nodes,
             block_size=args.block_tokens,
             decode_binding=args.decode_binding,
+            truth=args.truth,
+            noise=args.noise,
         ),
         static_prefill_nodes=args.static_prefill_nodes,
         warmup_s=args.warmup,

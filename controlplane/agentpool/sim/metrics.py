@@ -57,6 +57,7 @@ class Metrics:
         self.switches: list[dict[str, float | str]] = []  # node, times, mode
         self.split_timeline: list[tuple[float, int, int, int]] = []
         self.planner_log: list[dict[str, float | str]] = []
+        self.fit_error: dict[str, float] | None = None  # fitted models against the ground truth
 
     # -- ideal cache ------------------------------------------------------------------------------
     def ideal_prefix(self, blocks: Sequence[int], cap: int) -> int:
@@ -177,6 +178,7 @@ class Metrics:
             "switch_downtime_s": float(sum(float(s["downtime_s"]) for s in in_window)),
             "evicted_blocks": self.evicted_blocks,
             "final_split": list(self.split_timeline[-1][1:]) if self.split_timeline else [],
+            "fit_error": self.fit_error,
         }
 
     def prefill_imbalance(self) -> float:

@@ -4,11 +4,14 @@
   counted from when the last switch completed and the slices within it left out, no switch while a
   node drains), on the window's slices of average work and decode occupancy, with
   each prefill node's ``t_bar`` and ``f_n`` remeasured from its iterations. Where its coefficients
-  come from is ``PlannerSettings.fit``: ``preset`` (default) gives the planner and the router the
-  preset's true coefficients; ``online`` fits Eq. 1 and Eq. 2 by the same NNLS as the live planner
-  (:func:`agentpool.models.fitting.fit_prefill` / ``fit_decode``) on the iterations the nodes ran
-  in the first window, each time multiplied by ``1 + fit_noise * N(0, 1)`` (measured iteration
-  times are noisy), and from then on the planner and the router use the fitted models. The
+  come from is ``PlannerSettings.fit``: ``online`` (default) fits Eq. 1 and Eq. 2 by the same NNLS
+  as the live planner (:func:`agentpool.models.fitting.fit_prefill` / ``fit_decode``) on the
+  iterations the nodes ran in the first window, as the ground truth timed them (noise included;
+  ``fit_noise`` adds more), and from then on the planner and the router use the fitted models;
+  until then they use the preset's Eq. 1/2 coefficients (the paper's fit) as a prior. ``preset``
+  keeps that prior throughout. Neither is the truth: the simulated nodes run on the preset's
+  roofline model (:mod:`agentpool.node.roofline`), and the planner log reports the fitted models'
+  error against it (:mod:`agentpool.sim.fiterror`). The
   simulated pool is homogeneous and starts disaggregated, so the fit pools the records of all
   nodes per phase (the live planner warms up colocated and fits each node); a window whose records
   cannot be fitted is logged and the next window tries again with more records.
@@ -54,7 +57,7 @@ from agentpool.models import (
 )
 from agentpool.models.fitting import DecodeFit, PrefillFit, fit_decode, fit_prefill
 from agentpool.models.synthetic import noisy
-from agentpool.node import Iteration, Node, NodeStatus, Role
+from agentpool.node import Iteration, IterationHook, Node, NodeStatus, Role
 from agentpool.planner.core import (
     LastSwitch,
     Outcome,
@@ -65,6 +68,7 @@ from agentpool.planner.core import (
     split_throughput,
 )
 from agentpool.planner.core import Role as PlannerRole
+from agentpool.sim.fiterror import fit_error
 from agentpool.sim.simulator import Simulator
 from agentpool.sim.systems import PlannerKind
 
@@ -72,14 +76,14 @@ Tick = Callable[[float], None]
 
 
 class ModelSource(enum.StrEnum):
-    PRESET = "preset"  # the planner and the router see the preset's coefficients
-    ONLINE = "online"  # fitted from the first window's (noisy) iteration times
+    PRESET = "preset"  # the planner and the router keep the preset's Eq. 1/2 coefficients
+    ONLINE = "online"  # fitted from the first window's iteration times
 
 
 @dataclass(frozen=True, slots=True)
 class PlannerSettings:
-    fit: ModelSource = ModelSource.PRESET
-    fit_noise: float = 0.05
+    fit: ModelSource = ModelSource.ONLINE
+    fit_noise: float = 0.0  # extra relative noise on recorded times (the truth has its own)
     fit_seed: int = 0
     window_s: float = 600.0
     slices: int = 10
@@ -172,8 +176,19 @@ class OnlineFit:
         self.prefill: list[PrefillIterationRecord] = []
         self.decode: list[DecodeIterationRecord] = []
         self.done = False
+        self._others = {node.index: node.on_iteration for node in sim.nodes}  # hooks set before: kept
         for node in sim.nodes:
-            node.on_iteration = self.record
+            node.on_iteration = self._hook(node.on_iteration)
+
+    def _hook(self, other: IterationHook | None) -> IterationHook:
+        if other is None:
+            return self.record
+
+        def both(it: Iteration) -> None:
+            self.record(it)
+            other(it)
+
+        return both
 
     def record(self, it: Iteration) -> None:
         if it.batch and it.running == 0:  # a pure prefill iteration (mixed ones fit neither model)
@@ -194,19 +209,26 @@ class OnlineFit:
         for i, m in enumerate(models):
             models[i] = replace(m, prefill=pf.model, decode=df.model)
         for node in self.sim.nodes:
-            node.on_iteration = None
+            node.on_iteration = self._others[node.index]
         self.done = True
         return pf, df
 
 
-def _fit_log(at: float, fitted: tuple[PrefillFit, DecodeFit] | str) -> dict[str, float | str]:
+def _fit_log(sim: Simulator, at: float, fitted: tuple[PrefillFit, DecodeFit] | str) -> dict[str, float | str]:
     if isinstance(fitted, str):
         return {"at": at, "outcome": "fit", "reason": fitted}
     pf, df = fitted
     p, d = pf.model, df.model
+    err = fit_error(sim.truth, p, d, sim.preset.gpu_kv_tokens)
+    sim.metrics.fit_error = err.as_dict()
     return {
         "at": at,
         "outcome": "fit",
+        "error_vs_truth": (
+            f"prefill {100 * err.prefill_mean:.1f}% mean ({100 * err.prefill_max:.1f}% max), "
+            f"batches {100 * err.batch_mean:.1f}%, decode {100 * err.decode_mean:.1f}% mean "
+            f"({100 * err.decode_max:.1f}% max)"
+        ),
         "reason": (
             f"fitted online: prefill c0={p.c0:.4g} c1={p.c1:.4g} c2={p.c2:.4g} c3={p.c3:.4g} "
             f"(held-out MAPE {100 * pf.report.mape_held_out:.1f}% of {pf.report.records_held_out}), "
@@ -222,7 +244,7 @@ def _evolving(sim: Simulator, s: PlannerSettings) -> Tick:
 
     def tick(now: float) -> None:
         if fit is not None and not fit.done:
-            sim.metrics.planner_log.append(_fit_log(now, fit.try_fit()))
+            sim.metrics.planner_log.append(_fit_log(sim, now, fit.try_fit()))
             if not fit.done:
                 sim.window.iterations.clear()
                 return  # the live planner does not plan before its models are fitted either

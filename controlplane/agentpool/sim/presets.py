@@ -12,7 +12,8 @@ from importlib import resources
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentpool.models import DecodeModel, PrefillModel
+from agentpool.models import DecodeModel, PrefillBatchItem, PrefillModel
+from agentpool.node.roofline import Architecture, Calibration, Hardware, Roofline
 
 
 class _Prefill(BaseModel):
@@ -33,6 +34,77 @@ class _Decode(BaseModel):
     t_fwd: float = Field(gt=0)
 
 
+class _Architecture(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    layers: int = Field(gt=0)
+    hidden: int = Field(gt=0)
+    dense_params: float = Field(gt=0)
+    expert_params: float = Field(ge=0)
+    experts_total: int = Field(ge=0)
+    experts_active: int = Field(ge=0)
+    weight_bytes_per_param: float = Field(gt=0)
+    kv_bytes_per_token: float = Field(gt=0)
+    pair_flops: float = Field(ge=0)
+    context_bytes_per_token: float = Field(ge=0)
+    sparse_top_k: int = Field(ge=0)
+    sparse_pair_flops: float = Field(ge=0)
+    t_fwd: float = Field(gt=0)
+    activation_bytes: float = Field(gt=0)
+
+
+class _Hardware(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    gpus: int = Field(gt=0)
+    flops_per_gpu: float = Field(gt=0)
+    hbm_bytes_per_s: float = Field(gt=0)
+    link_bytes_per_s: float = Field(gt=0)
+    link_latency_s: float = Field(ge=0)
+    host_to_gpu_bytes_per_s: float = Field(gt=0)
+
+
+class _Calibration(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    gemm_efficiency: float = Field(gt=0, le=1)
+    attention_efficiency: float = Field(gt=0, le=1)
+    hbm_efficiency: float = Field(gt=0, le=1)
+    prefill_fixed_s: float = Field(ge=0)
+    decode_fixed_s: float = Field(ge=0)
+    decode_per_request_s: float = Field(ge=0)
+
+
+class CalibrationPoint(BaseModel):
+    """A published figure the ground truth must meet within ``tolerance`` (relative)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    what: str
+    source: str
+    seconds: float = Field(gt=0)
+    tolerance: float = Field(gt=0)
+    batch: list[tuple[int, int, int]] | None = None  # prefill: (uncached, cached, restored) per request
+    running: int | None = None  # decode
+    context_tokens: int | None = None
+    extra_context_tokens: int | None = None  # decode: the seconds are the time this many more add
+
+    def model_seconds(self, truth: Roofline) -> float:
+        if self.batch is not None:
+            return truth.prefill_s([PrefillBatchItem(float(u), float(c), float(r)) for u, c, r in self.batch])
+        if self.running is None or self.context_tokens is None:
+            raise ValueError(f"calibration point {self.what!r} needs a batch or running and context_tokens")
+        base = truth.decode_s(self.running, float(self.context_tokens))
+        if self.extra_context_tokens is None:
+            return base
+        return truth.decode_s(self.running, float(self.context_tokens + self.extra_context_tokens)) - base
+
+
+class _Truth(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    architecture: _Architecture
+    hardware: _Hardware
+    calibration: _Calibration
+    noise: float = Field(ge=0, lt=1)  # relative standard deviation of one iteration's time
+    calibration_points: list[CalibrationPoint]
+
+
 class Preset(BaseModel):
     """One node class."""
 
@@ -49,6 +121,16 @@ class Preset(BaseModel):
     pd_transfer_bytes_per_s: float = Field(gt=0)
     switch_in_place_s: float = Field(ge=0)
     relaunch_s: float = Field(ge=0)
+    truth: _Truth
+
+    def roofline(self) -> Roofline:
+        """The ground-truth iteration times of this node class (noiseless)."""
+        t = self.truth
+        return Roofline(
+            Architecture(**t.architecture.model_dump()),
+            Hardware(**t.hardware.model_dump()),
+            Calibration(**t.calibration.model_dump()),
+        )
 
     def prefill_model(self) -> PrefillModel:
         p = self.prefill

@@ -31,12 +31,24 @@ from agentpool.sim.trace import Conversation
 ConversationSource = Callable[[], Conversation]
 
 
-def cycle(conversations: Sequence[Conversation]) -> ConversationSource:
-    """A source that hands out ``conversations`` in order, starting over at the end."""
+def cycle(conversations: Sequence[Conversation], seed: int | None = None) -> ConversationSource:
+    """A source that hands out ``conversations``, starting over at the end: in the given order
+    without ``seed``, else in a fresh order drawn from ``seed`` for every pass."""
     if not conversations:
         raise ValueError("no conversations to replay")
-    it: Iterator[Conversation] = itertools.cycle(conversations)
+    if seed is None:
+        it: Iterator[Conversation] = itertools.cycle(conversations)
+    else:
+        it = _shuffled_passes(conversations, np.random.default_rng(seed))
     return lambda: next(it)
+
+
+def _shuffled_passes(
+    conversations: Sequence[Conversation], rng: np.random.Generator
+) -> Iterator[Conversation]:
+    while True:
+        for i in rng.permutation(len(conversations)):
+            yield conversations[int(i)]
 
 
 @dataclass(slots=True)

@@ -75,7 +75,7 @@ def _sources(sc: Scenario, conversations: Sequence[Conversation] | None) -> dict
         return {}
     if sc.workload == "claude-code":
         assert conversations is not None
-        return {"claude-code": cycle(conversations)}
+        return {"claude-code": cycle(conversations, sc.seed)}
     if sc.workload in ("putnam", "osworld"):
         return {sc.workload: generator(sc.workload, sc.seed)}
     return {"putnam": generator("putnam", sc.seed), "osworld": generator("osworld", sc.seed + 1)}
@@ -140,7 +140,7 @@ def run_system(
                 f"static prefill nodes {sc.static_prefill_nodes} not within 0..{sim_cfg.nodes} nodes"
             )
         sim_cfg = dataclasses.replace(sim_cfg, prefill_nodes=sc.static_prefill_nodes)
-    sim = Simulator(cfg, p, sim_cfg, metrics)
+    sim = Simulator(cfg, p, sim_cfg, metrics, seed=sc.seed)
     trace_block = sc.trace_block_tokens
     replay = Replay(
         sim,

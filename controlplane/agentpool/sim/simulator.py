@@ -20,10 +20,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import cast
 
+import numpy as np
+
 from agentpool.kv import ROOT_HASH, Directory, Phase, Tier
 from agentpool.kv.eviction import eviction_hashes_counted
 from agentpool.models import NodeModel, OccupancySample, PrefillBatchItem, RequestWorkRecord, Work
 from agentpool.node import IterationHook, Node, NodeStatus, Request, Role
+from agentpool.node.timing import EquationTimes, IterationTimes, NoisyTimes
 from agentpool.router.policy import NoCandidateError, PolicyContext, create_policy, kv_room_needed
 from agentpool.router.policy.contract import prefill_candidates
 from agentpool.sim.metrics import Metrics
@@ -44,6 +47,7 @@ _UNLIMITED_BLOCKS = 1 << 40
 
 
 DECODE_BINDINGS = ("prefill-end", "prefill-start")
+TRUTHS = ("roofline", "equations")
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +69,10 @@ class SimConfig:
     # and the live router: when the prefill node reports that the request started) or "prefill-end"
     # (when its first token is out)
     decode_binding: str = "prefill-start"
+    # what iterations really take: "roofline" (the preset's architecture and GPU model, independent
+    # of Eq. 1-4) or "equations" (Eq. 1/2 with the preset's coefficients, the former simulator)
+    truth: str = "roofline"
+    noise: float | None = None  # relative noise of each iteration time; None: the preset's
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or not 0 <= self.prefill_nodes <= self.nodes:
@@ -73,6 +81,10 @@ class SimConfig:
             raise ValueError(f"occupancy must be 'decode' or 'inflight', got {self.occupancy!r}")
         if self.decode_binding not in DECODE_BINDINGS:
             raise ValueError(f"decode_binding must be one of {DECODE_BINDINGS}, got {self.decode_binding!r}")
+        if self.truth not in TRUTHS:
+            raise ValueError(f"truth must be one of {TRUTHS}, got {self.truth!r}")
+        if self.noise is not None and not 0.0 <= self.noise < 1.0:
+            raise ValueError(f"noise must be in [0, 1), got {self.noise}")
 
 
 @dataclass(slots=True)
@@ -114,6 +126,7 @@ class Simulator:
         metrics: Metrics,
         *,
         on_iteration: IterationHook | None = None,
+        seed: int = 0,
     ) -> None:
         self.system = system
         self.preset = preset
@@ -130,7 +143,17 @@ class Simulator:
         self.host_cap_blocks = _UNLIMITED_BLOCKS if unlimited else preset.host_kv_tokens // block
         gpu_blocks = _UNLIMITED_BLOCKS if unlimited else preset.gpu_kv_tokens // block
         self.nodes: list[Node] = []
+        # the ground truth, noiseless (what fitted models are checked against), and its noise
+        self.truth: IterationTimes = (
+            preset.roofline()
+            if cfg.truth == "roofline"
+            else EquationTimes(preset.prefill_model(), preset.decode_model())
+        )
+        noise = preset.truth.noise if cfg.noise is None else cfg.noise
         for i in range(cfg.nodes):
+            timing: IterationTimes = self.truth
+            if noise > 0:
+                timing = NoisyTimes(timing, noise, np.random.default_rng([seed, i]))
             if system.pool is Pool.COLOCATED:
                 role = Role.BOTH
             else:
@@ -146,6 +169,7 @@ class Simulator:
                 gpu_cache_blocks=gpu_blocks,
                 kv_capacity_tokens=preset.gpu_kv_tokens,
                 on_iteration=on_iteration,
+                timing=timing,
             )
             self.nodes.append(node)
             self.directory.register_node(node.name, _PHASE[role])

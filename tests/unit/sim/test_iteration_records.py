@@ -94,14 +94,14 @@ def _conversations() -> tuple[Conversation, ...]:
     return tuple(convs)
 
 
-def simulate(name: str, hook: list[Iteration] | None) -> Metrics:
+def simulate(name: str, hook: list[Iteration] | None, truth: str = "equations") -> Metrics:
     """12 Claude Code agents for 600 s on 4 nodes (2 prefill), as ``run_system`` wires it."""
     metrics = Metrics(TtftSlo(2.0, 1e-4), 0.1, 0.0, 600.0)
     cfg = system(name)
     sim = Simulator(
         cfg,
         GLM,
-        SimConfig(nodes=4, prefill_nodes=2),
+        SimConfig(nodes=4, prefill_nodes=2, truth=truth, noise=0.0),
         metrics,
         on_iteration=None if hook is None else hook.append,
     )
@@ -134,3 +134,26 @@ def test_simulated_records_reproduce_eq_1_and_eq_2_and_change_nothing(name: str)
         assert any(r.sync_fetch_s > 0 for r in batches)
     if name == "least-loaded":  # colocated: mixed iterations
         assert any(r.running > 0 for r in batches)
+
+
+def test_simulated_records_carry_the_roofline_truth_with_context() -> None:
+    records: list[Iteration] = []
+    simulate("agentpool", records, truth="roofline")
+    truth = GLM.roofline()
+    batches = [r for r in records if r.batch]
+    stretches = [r for r in records if not r.batch]
+    assert batches and stretches
+    for r in batches:
+        assert r.prefill_s == truth.prefill_s(r.batch)
+    for r in stretches:
+        assert r.decode_s == pytest.approx(truth.decode_s(r.running, r.context_tokens), rel=1e-9)
+    # the running requests' context grows the iteration time at equal batch sizes
+    by_batch: dict[int, list[Iteration]] = {}
+    for r in stretches:
+        by_batch.setdefault(r.running, []).append(r)
+    grows = [
+        max(rs, key=lambda r: r.context_tokens).decode_s > min(rs, key=lambda r: r.context_tokens).decode_s
+        for rs in by_batch.values()
+        if max(r.context_tokens for r in rs) > min(r.context_tokens for r in rs)
+    ]
+    assert grows and all(grows)

@@ -26,7 +26,7 @@ def switching_to(sim: Simulator) -> dict[str, Role]:
 
 
 def tick(kind: PlannerKind, sim: Simulator) -> None:
-    planned = tick_for(kind, sim, PlannerSettings())
+    planned = tick_for(kind, sim, PlannerSettings(fit=ModelSource.PRESET))
     assert planned is not None
     planned[1](sim.now)
 
@@ -117,7 +117,14 @@ def test_occupancy_counts_requests_in_flight_or_in_decode() -> None:
 
 def _fitted_run(noise: float) -> tuple[dict[str, object], dict[str, object]]:
     settings = PlannerSettings(fit=ModelSource.ONLINE, fit_noise=noise, window_s=300.0)
-    sc = Scenario(conversations=25, agents=25, warmup_s=300.0, duration_s=300.0, planner=settings)
+    sc = Scenario(
+        conversations=25,
+        agents=25,
+        warmup_s=300.0,
+        duration_s=300.0,
+        planner=settings,
+        sim=SimConfig(truth="equations", noise=0.0),  # the truth is Eq. 1/2: the fit can recover it
+    )
     r = run_system("agentpool", sc)
     log = r["planner_log"]
     assert isinstance(log, list)

@@ -32,7 +32,7 @@ def one_request(inp: int, out: int) -> Conversation:
 def single_run(system_name: str, nodes: int, prefill_nodes: int, inp: int, out: int) -> tuple[float, float]:
     """(TTFT, E2E) of the first request of a one-agent closed loop on an otherwise empty pool."""
     metrics = Metrics(TtftSlo(2.0, 1e-4), 0.1, 0.0, 10_000.0)
-    cfg = SimConfig(nodes=nodes, prefill_nodes=prefill_nodes, block_size=64)
+    cfg = SimConfig(nodes=nodes, prefill_nodes=prefill_nodes, block_size=64, truth="equations", noise=0.0)
     sim = Simulator(system(system_name), GLM, cfg, metrics)
     replay = Replay(sim, {"w": cycle([one_request(inp, out)])})
     replay.closed_loop([Phase(0.0, {"w": 1})])

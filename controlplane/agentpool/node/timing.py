@@ -1,0 +1,70 @@
+"""Iteration times of a node: the interface the node model asks, and the two implementations.
+
+- :class:`EquationTimes`: Eq. 1 and Eq. 2 of evolving-infra §5.1 with given coefficients (what
+  agentpool's planner and router fit and predict with; the decode context is ignored, as Eq. 2
+  does).
+- :class:`NoisyTimes`: any times multiplied by ``1 + sigma * N(0, 1)`` per iteration, from a
+  generator the driver seeds (no global random state).
+
+The ground truth the simulator runs on by default is :class:`agentpool.node.roofline.Roofline`,
+an architecture and GPU roofline model that shares nothing with Eq. 1-4.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from agentpool.models import DecodeModel, PrefillBatchItem, PrefillModel
+
+
+class IterationTimes(Protocol):
+    """Seconds one iteration takes on a node."""
+
+    def prefill_s(self, batch: Sequence[PrefillBatchItem]) -> float:
+        """A prefill iteration over ``batch`` (chunks: uncached, cached-before, restored tokens)."""
+        ...
+
+    def decode_s(self, running: int, context_tokens: float) -> float:
+        """A decode iteration of ``running`` requests holding ``context_tokens`` KV tokens in all."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class EquationTimes:
+    """Eq. 1 and Eq. 2: the model agentpool fits (context-blind)."""
+
+    prefill: PrefillModel
+    decode: DecodeModel
+
+    def prefill_s(self, batch: Sequence[PrefillBatchItem]) -> float:
+        return self.prefill.iteration_time(batch)
+
+    def decode_s(self, running: int, context_tokens: float) -> float:
+        del context_tokens
+        return self.decode.iteration_time(running)
+
+
+class NoisyTimes:
+    """``base`` times ``max(0.1, 1 + sigma * N(0, 1))``, one draw per iteration asked."""
+
+    __slots__ = ("_normal", "base", "sigma")
+
+    def __init__(self, base: IterationTimes, sigma: float, rng: np.random.Generator) -> None:
+        if not 0.0 <= sigma < 1.0:
+            raise ValueError(f"noise sigma must be in [0, 1), got {sigma}")
+        self.base = base
+        self.sigma = sigma
+        self._normal = rng.standard_normal
+
+    def _factor(self) -> float:
+        return max(0.1, 1.0 + self.sigma * float(self._normal())) if self.sigma else 1.0
+
+    def prefill_s(self, batch: Sequence[PrefillBatchItem]) -> float:
+        return self.base.prefill_s(batch) * self._factor()
+
+    def decode_s(self, running: int, context_tokens: float) -> float:
+        return self.base.decode_s(running, context_tokens) * self._factor()

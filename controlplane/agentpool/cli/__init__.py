@@ -11,11 +11,10 @@ Subcommand = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[arg
 
 def _subcommands() -> dict[str, Subcommand]:
     """The explicit registry of subcommands (imported lazily so `--help` stays fast)."""
-    from agentpool.cli import replay, up
-    from agentpool.sim import cli as sim_cli
+    from agentpool.cli import replay, simulate, up
 
     return {
-        "simulate": (sim_cli.HELP, sim_cli.add_arguments, sim_cli.run),
+        "simulate": (simulate.HELP, simulate.add_arguments, simulate.run),
         "replay": (replay.HELP, replay.add_arguments, replay.run),
         "up": (up.HELP, up.add_arguments, up.run),
     }

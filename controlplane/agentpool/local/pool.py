@@ -38,7 +38,8 @@ class PortInUse(ValueError):
     """A port the pool needs is taken."""
 
 
-def load_manifest(path: Path) -> AgentServingPool:
+def read_manifest(path: Path) -> AgentServingPool:
+    """The manifest at ``path``, validated (any backend)."""
     try:
         text = path.read_text()
     except OSError as e:
@@ -56,6 +57,12 @@ def load_manifest(path: Path) -> AgentServingPool:
         where = ".".join(str(p) for p in first["loc"]) or "(top level)"
         more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
         raise ManifestError(f"{path}: {where}: {first['msg'].removeprefix('Value error, ')}{more}") from None
+    return pool
+
+
+def load_manifest(path: Path) -> AgentServingPool:
+    """The manifest at ``path``, validated, for a local pool (the sim backend)."""
+    pool = read_manifest(path)
     if pool.spec.engine.backend != "sim":
         raise ManifestError(
             f"{path}: spec.engine.backend: the local pool runs the sim backend, "

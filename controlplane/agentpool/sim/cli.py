@@ -7,7 +7,7 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -174,10 +174,13 @@ def compare(
     return results
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, adjust: Callable[[Scenario], Scenario] | None = None) -> int:
+    """``adjust``: changes the scenario the flags describe (``agentpool simulate -f POOL.yaml``)."""
     try:
         names = _systems(args.systems)
         sc = scenario_from(args)
+        if adjust is not None:
+            sc = adjust(sc)
     except ValueError as e:
         raise SystemExit(f"agentpool simulate: {e}") from None
     out = Path(args.out)

@@ -1,0 +1,58 @@
+"""`agentpool simulate -f POOL.yaml`: the manifest's pool, SLO, planner and policy reach the simulator."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agentpool.local.pool import read_manifest
+from agentpool.local.pool_sim import apply_pool, pool_system
+from agentpool.sim.run import Scenario
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "pool-sim.yaml"
+
+
+def manifest(tmp_path: Path, *edits: tuple[str, str]) -> Path:
+    text = EXAMPLE.read_text()
+    for old, new in edits:
+        assert old in text
+        text = text.replace(old, new)
+    p = tmp_path / "pool.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_the_example_is_agentpool_with_its_shape_slo_and_windows() -> None:
+    pool = read_manifest(EXAMPLE)
+    assert pool_system(pool) == "agentpool"
+    sc = apply_pool(Scenario(), pool)
+    assert (sc.sim.nodes, sc.sim.prefill_nodes, sc.static_prefill_nodes) == (6, 3, 3)
+    assert (sc.sim.slo_ttft_base_s, sc.sim.slo_ttft_per_token_s, sc.sim.slo_tpot_s) == (2.0, 2e-5, 0.05)
+    assert (sc.planner.window_s, sc.planner.slices, sc.planner.cooldown_s) == (120.0, 6, 30.0)
+
+
+NO_PLANNER = ("    cooldown: 30s", "    cooldown: 30s\n    enabled: false")
+COLOCATED = ("  initialSplit:\n    prefill: 3\n", "  mode: colocated\n")
+
+
+@pytest.mark.parametrize(
+    ("edits", "system"),
+    [
+        ((("policy: evolving", "policy: smetric"),), "agentpool-smetric"),
+        ((("policy: evolving", "policy: cache-aware"), NO_PLANNER), "static-cache-aware"),
+        ((("policy: evolving", "policy: lmetric"), COLOCATED, NO_PLANNER), "lmetric"),
+    ],
+)
+def test_policy_and_planner_pick_the_system(
+    tmp_path: Path, edits: tuple[tuple[str, str], ...], system: str
+) -> None:
+    assert pool_system(read_manifest(manifest(tmp_path, *edits))) == system
+
+
+def test_a_pool_no_system_simulates_is_an_error(tmp_path: Path) -> None:
+    pool = read_manifest(manifest(tmp_path, ("policy: evolving", "policy: dynamo")))
+    with pytest.raises(
+        ValueError, match="no simulated system runs a disaggregated pool with router policy 'dynamo'"
+    ):
+        pool_system(pool)

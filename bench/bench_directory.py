@@ -4,10 +4,11 @@
 
 Starts ``python -m agentpool.directory`` as a separate process and measures from this one: engine
 event ingest (blocks/s over one pipelined stream), Resolve p50/p99 for a 2,000-block prompt over 64
-nodes, and a routed disaggregated request as the router sends it (Resolve with a branch, Place on the
-chosen prefill node, Place on a decode node when the prefill starts) with its Redis round trips (the
-server's ``agentpool_directory_store_writes_total``; each store write is one pipelined MULTI/EXEC, and
-the count includes every write the server made meanwhile, sweeper included). The in-process core doing
+nodes, and a routed disaggregated request as the router sends it (Resolve with a branch, read-only;
+Place on the chosen prefill node once it took the request; Place on a decode node when the prefill
+starts) with its Redis round trips (the server's ``agentpool_directory_store_writes_total``; each store
+write is one pipelined MULTI/EXEC, and the count includes every write the server made meanwhile,
+sweeper included). The in-process core doing
 the same work is the baseline. Target: <= 2 Redis round trips per routed request.
 """
 
@@ -147,10 +148,11 @@ async def run(a: argparse.Namespace) -> None:
             for i in range(a.routed):
                 branch = f"agent-{i % 16}"
                 t0 = time.perf_counter()
-                r = await client.resolve(prompt[: a.prompt // 2 + i], branch)
+                path = prompt[: a.prompt // 2 + i]
+                r = await client.resolve(path, branch)  # read-only
                 best = max(prefill, key=lambda n: r.nodes[n].local_blocks if n in r.nodes else -1)
-                await client.place(branch, best)  # prefill routing
-                await client.place(branch, decode[i % len(decode)])  # decode binding at prefill start
+                await client.place(branch, best, path)  # the prefill node took it: E.1 + E.2
+                await client.place(branch, decode[i % len(decode)], path)  # decode binding at prefill start
                 routed.append((time.perf_counter() - t0) * 1e3)
             writes = await store_writes(http, metrics_url) - writes0
             print(

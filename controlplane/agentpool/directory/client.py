@@ -1,8 +1,9 @@
 """Asyncio client of the directory service, with typed results (for the router, engines and tests).
 
-    async with DirectoryClient("127.0.0.1:50061") as d:
-        res = await d.resolve(block_hashes(tokens), branch="agent-7")
-        await d.place("agent-7", "node-3")
+    async with DirectoryClient("127.0.0.1:50061", token=read_token_file(path)) as d:
+        hashes = block_hashes(tokens)
+        res = await d.resolve(hashes, branch="agent-7")  # read-only
+        await d.place("agent-7", "node-3", hashes)  # once node-3 took the request: E.1 + E.2
 
 Errors come back as :class:`DirectoryRpcError` carrying the gRPC status code and the server's reason.
 """
@@ -69,6 +70,9 @@ class PlaceResult:
     counted_blocks: int
     counted_nodes: tuple[str, ...]
     move_pending: bool
+    is_new: bool = False  # this Place created the branch
+    version_bumped: bool = False  # its E.1 bumped the version
+    node_known: bool = True  # False: the node has not registered; E.1 applied, nothing counted
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,9 +280,21 @@ class DirectoryClient:
             )
         return ResolveResult(nodes, view, r.page_size)
 
-    async def place(self, branch: str, node: str) -> PlaceResult:
-        r = await self._call(self.stub.Place, pb.PlaceRequest(branch=branch, node=node))
-        return PlaceResult(r.version, r.counted_blocks, tuple(r.counted_nodes), r.move_pending)
+    async def place(self, branch: str, node: str, block_hashes: Sequence[int] = ()) -> PlaceResult:
+        """``node`` took a request of ``branch``. ``block_hashes``: the request's full pages (as
+        resolved): E.1 runs for them first (creating the branch if new); empty: place the branch's
+        current path (it must exist)."""
+        request = pb.PlaceRequest(branch=branch, node=node, block_hashes=block_hashes)
+        r = await self._call(self.stub.Place, request)
+        return PlaceResult(
+            r.version,
+            r.counted_blocks,
+            tuple(r.counted_nodes),
+            r.move_pending,
+            r.is_new,
+            r.version_bumped,
+            r.node_known,
+        )
 
     async def end_branch(self, branch: str) -> int:
         """Returns how many nodes the branch held counts on."""

@@ -2,12 +2,12 @@
 
 Every mutation runs on the core synchronously, is encoded at once (:func:`~.store.snapshot`) and written
 to the store in order (one write lock, FIFO) before the RPC answers; count changes then go to the
-engines' count streams. One exception: the E.1 update of a Resolve with a branch is applied in memory
-and deferred, then written in the same ``MULTI`` as the next store write (normally the Place of that
-request), so a routed request costs one Redis round trip per Place and none for its Resolve; deferred
-rows older than ``sweep_interval_s`` are flushed by the sweeper. While the store is down, mutating RPCs
-answer UNAVAILABLE; when it is back the agent state is reloaded from it (what it persisted wins over
-what the failed writes, or deferred Resolves, left in memory).
+engines' count streams. Resolve only reads: the E.1 update of a request (version, path, release of
+dropped history) runs in its Place, once a node took the request, in the same write as the placement,
+so a routed request costs one Redis round trip per Place and none for its Resolve, and a request that
+no node took (429, 503) changes nothing. While the store is down, mutating RPCs answer UNAVAILABLE;
+when it is back the agent state is reloaded from it (what it persisted wins over what the failed
+writes left in memory).
 """
 
 from __future__ import annotations
@@ -94,8 +94,6 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         self.store_ok = False
         self._reload_needed = False
         self._write_lock = asyncio.Lock()
-        self._deferred = Changes()  # Resolve E.1 updates not written yet: they go with the next write
-        self._deferred_since: float | None = None
         self._rows = RowTracker()  # writes only the changed fields of known branch rows
         self._epoch = 0  # bumped by a failed write: snapshots diffed before it are rewritten whole
         self.ingest = EventIngest(directory, self.limits, self.metrics, wall_clock, monotonic)
@@ -148,7 +146,6 @@ class DirectoryService(pb_grpc.DirectoryServicer):
             phases, branches = await self.store.load()
             self.dir.load_agent_state(phases, branches)
             self._rows.loaded(branches)
-            self._deferred, self._deferred_since = Changes(), None
             self.ingest.keep_only(phases)
             self._reload_needed = False
         log.info("directory agent state reloaded from the store: %d branches", len(self.dir.branches))
@@ -175,25 +172,12 @@ class DirectoryService(pb_grpc.DirectoryServicer):
                 changes.merge(self.dir.drop_node(node))
             self.ingest.forget(node)
             self.metrics.dropped_nodes.labels("timeout").inc()
-        since = self._deferred_since
-        stale = since is not None and self.mono() - since >= self.timers.sweep_interval_s
-        if changes or stale:
+        if changes:
             await self._commit(changes, strict=False)
 
     # -- persistence and publication ---------------------------------------------------------
-    def _defer(self, changes: Changes) -> None:
-        """Keep ``changes`` (a Resolve's E.1 update) in memory; the next :meth:`_commit` writes them."""
-        if self._deferred_since is None:
-            self._deferred_since = self.mono()
-        self._deferred.merge(changes)
-
     async def _commit(self, changes: Changes, strict: bool = True) -> None:
-        """Persist ``changes`` (plus any deferred Resolve updates, in the same write) in call order, then
-        publish count changes. ``strict``: raise UNAVAILABLE."""
-        if self._deferred_since is not None:
-            deferred, self._deferred, self._deferred_since = self._deferred, Changes(), None
-            deferred.merge(changes)
-            changes = deferred
+        """Persist ``changes`` in call order, then publish count changes. ``strict``: raise UNAVAILABLE."""
         snap, epoch = self._rows.snapshot(self.dir, changes), self._epoch
         async with self._write_lock:
             if epoch != self._epoch:  # diffed against a write that failed: write the rows whole
@@ -220,8 +204,8 @@ class DirectoryService(pb_grpc.DirectoryServicer):
             raise _Abort(grpc.StatusCode.UNAVAILABLE, "store (Redis) unavailable; retry later")
 
     def _publish(self, counts: CountChanges) -> None:
-        """Send the changed blocks' counts as the core holds them now (a deferred Resolve's change may
-        be published after later changes to the same block: the current value is never stale)."""
+        """Send the changed blocks' counts as the core holds them now (the current value is never stale,
+        whatever order the writes finish in)."""
         for node, blocks in counts.items():
             watchers = self._watchers.get(node)
             if not blocks or not watchers or not self.dir.has_node(node):
@@ -286,13 +270,7 @@ class DirectoryService(pb_grpc.DirectoryServicer):
     async def _resolve(self, request: pb.ResolveRequest) -> pb.ResolveResponse:
         hashes = block_list(request.block_hashes, self.limits.max_blocks_per_request)
         branch = branch_id(request.branch) if request.branch else None
-        if branch is not None:
-            self._require_store()
-            self._check_branch_cap(branch)
-        res = self.dir.resolve(hashes, branch, self.wall())
-        if branch is not None:
-            self._defer(res.changes)  # written with the next Place (or any write): no round trip here
-            self._update_gauges()
+        res = self.dir.lookup(hashes, branch)  # read-only: the request's Place applies E.1
         phases = self.dir.phases()
         page = self.dir.page_size
         out = pb.ResolveResponse(
@@ -319,10 +297,24 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         return await self._run("Place", context, self._place(request))
 
     async def _place(self, request: pb.PlaceRequest) -> pb.PlaceResponse:
-        branch = self._known_branch(request.branch)
-        node = self._known_node(request.node)
+        if request.block_hashes:
+            branch = branch_id(request.branch)
+            hashes = block_list(request.block_hashes, self.limits.max_blocks_per_request)
+            node = node_name(request.node)  # E.1 holds even before the node registers
+        else:
+            branch, hashes = self._known_branch(request.branch), None
+            node = self._known_node(request.node)
         self._require_store()
-        changes = self.dir.place(branch, node, self.wall())
+        now = self.wall()
+        is_new = bumped = False
+        changes = Changes()
+        if hashes is not None:
+            self._check_branch_cap(branch)
+            observation, changes = self.dir.observe(branch, hashes, now)
+            is_new, bumped = observation.is_new, observation.version_bumped
+        known = self.dir.has_node(node)
+        if known:
+            changes.merge(self.dir.place(branch, node, now))
         await self._commit(changes)
         state = self.dir.branches.get(branch)
         return pb.PlaceResponse(
@@ -330,6 +322,9 @@ class DirectoryService(pb_grpc.DirectoryServicer):
             counted_blocks=len(state.counted.get(node, ())),
             counted_nodes=sorted(state.counted),
             move_pending=node in state.pending,
+            is_new=is_new,
+            version_bumped=bumped,
+            node_known=known,
         )
 
     async def EndBranch(self, request: pb.EndBranchRequest, context: Ctx) -> pb.EndBranchResponse:

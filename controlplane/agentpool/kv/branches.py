@@ -102,19 +102,28 @@ class BranchTable:
 
     def observe(self, branch: str, new_path: Sequence[int], now: float) -> Observation:
         """Algorithm E.1: a request of ``branch`` whose full pages hash to ``new_path``."""
+        obs = self.preview(branch, new_path)
+        state = self._rows.get(branch)
+        if state is None:
+            self._rows[branch] = BranchState(branch, version=1, path=obs.new_path, last_seen=now)
+            return obs
+        state.version = obs.version
+        if obs.new_path != state.path:  # an unchanged path keeps its object (a row writer skips it)
+            state.path = obs.new_path
+        state.last_seen = now
+        return obs
+
+    def preview(self, branch: str, new_path: Sequence[int]) -> Observation:
+        """What :meth:`observe` would answer, changing nothing (a lookup before the request is placed)."""
         state = self._rows.get(branch)
         new = tuple(new_path)
         if state is None:
             check_branch_id(branch)
-            state = self._rows[branch] = BranchState(branch, version=1, path=new, last_seen=now)
             return Observation(1, (), new, is_new=True, version_bumped=False)
         old = state.path
         bumped = not is_prefix(old, new)
-        if bumped:
-            state.version += 1
-        state.path = new
-        state.last_seen = now
-        return Observation(state.version, old, new, is_new=False, version_bumped=bumped)
+        version = state.version + 1 if bumped else state.version
+        return Observation(version, old, new, is_new=False, version_bumped=bumped)
 
     def idle_since(self, cutoff: float) -> list[str]:
         """Branches not seen since before ``cutoff``."""

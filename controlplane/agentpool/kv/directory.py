@@ -176,18 +176,31 @@ class Directory:
 
     # -- requests ----------------------------------------------------------------------------
     def resolve(self, hashes: Sequence[int], branch: str | None, now: float) -> Resolution:
-        """Per-node longest prefixes of ``hashes``; with a branch, also Algorithm E.1 and E.2 lines 5-8."""
-        changes = Changes()
-        observation = None
-        if branch is not None:
-            observation = self.branches.observe(branch, hashes, now)
-            state = self.branches.get(branch)
-            changes.branches.add(branch)
-            if observation.version_bumped:
-                keep = frozenset(observation.new_path)
-                for m in sorted(state.counted):
-                    self.counts.set_counted(state, m, state.counted[m] & keep, changes.counts)
+        """Per-node longest prefixes of ``hashes``; with a branch, also Algorithm E.1 and E.2 lines 5-8
+        (:meth:`observe`). A shell that must not change state before the request is placed uses
+        :meth:`lookup`, then :meth:`observe` and :meth:`place` once a node took the request."""
+        if branch is None:
+            return Resolution(self.index.longest_prefixes(hashes), None, Changes())
+        observation, changes = self.observe(branch, hashes, now)
         return Resolution(self.index.longest_prefixes(hashes), observation, changes)
+
+    def lookup(self, hashes: Sequence[int], branch: str | None) -> Resolution:
+        """:meth:`resolve` without changing anything: the prefixes, and the E.1 observation the request
+        would make (its version and paths) if it is placed."""
+        observation = None if branch is None else self.branches.preview(branch, hashes)
+        return Resolution(self.index.longest_prefixes(hashes), observation, Changes())
+
+    def observe(self, branch: str, hashes: Sequence[int], now: float) -> tuple[Observation, Changes]:
+        """Algorithm E.1 for a request of ``branch`` with path ``hashes``, and on a version bump E.2
+        lines 5-8 (every node keeps counting only the blocks still on the new path)."""
+        changes = Changes(branches={branch})
+        observation = self.branches.observe(branch, hashes, now)
+        if observation.version_bumped:
+            state = self.branches.get(branch)
+            keep = frozenset(observation.new_path)
+            for m in sorted(state.counted):
+                self.counts.set_counted(state, m, state.counted[m] & keep, changes.counts)
+        return observation, changes
 
     def place(self, branch: str, node: str, now: float) -> Changes:
         """Branch ``branch`` is served on ``node`` (prefill routing or decode binding), E.2 lines 9-12."""

@@ -30,7 +30,8 @@ class Resolved:
     """The directory's answer for one request."""
 
     prefixes: Mapping[str, CachedPrefix]
-    branch_version: int | None = None
+    branch_version: int | None = None  # what the branch's version becomes once the request is placed
+    hashes: Sequence[int] = ()  # the request's full pages, for the Place once a node took it
 
     @property
     def cluster_prefix(self) -> int:
@@ -42,7 +43,10 @@ class DirectoryView(Protocol):
         self, hashes: Sequence[int], branch: str | None, parent_branch: str | None
     ) -> Resolved: ...
 
-    async def place(self, branch: str, node: str) -> None: ...
+    async def place(self, branch: str, node: str, hashes: Sequence[int]) -> None:
+        """``node`` took a request of ``branch`` with full pages ``hashes``: Algorithm E.1 for the branch
+        (the Resolve before only looked), then E.2's count on the node."""
+        ...
 
     async def end_branch(self, branch: str) -> bool:
         """End ``branch``; ``False`` when the directory does not know it."""
@@ -76,15 +80,18 @@ class InProcessDirectoryView:
 
     async def resolve(self, hashes: Sequence[int], branch: str | None, parent_branch: str | None) -> Resolved:
         try:
-            r = self.directory.resolve(hashes, branch, self._clock())
+            r = self.directory.lookup(hashes, branch)  # read-only: the Place applies E.1
         except KvError as e:
             raise DirectoryError(str(e)) from e
         version = r.observation.version if r.observation is not None else None
-        return Resolved(prefixes_in_tokens(r.prefixes, self.directory.page_size), version)
+        return Resolved(prefixes_in_tokens(r.prefixes, self.directory.page_size), version, hashes)
 
-    async def place(self, branch: str, node: str) -> None:
+    async def place(self, branch: str, node: str, hashes: Sequence[int]) -> None:
         try:
-            self.directory.place(branch, node, self._clock())
+            now = self._clock()
+            self.directory.observe(branch, hashes, now)
+            if self.directory.has_node(node):  # E.1 holds before the node registers; counts need it
+                self.directory.place(branch, node, now)
         except KvError as e:
             raise DirectoryError(str(e)) from e
 

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -99,6 +99,7 @@ class Prepared:
     view: RequestView
     branch: str | None = None
     excluded: set[str] = field(default_factory=set)
+    hashes: Sequence[int] = ()  # full pages as resolved: placed with the branch once a node takes it
 
 
 @dataclass(slots=True)
@@ -183,8 +184,6 @@ class Dispatcher:
             self.work_log.routed(prep.request_id, work)
             colocated = self.nodes.get(node).role is Role.BOTH
             try:
-                if prep.branch is not None:
-                    await self._place(prep.branch, node)
                 if colocated:
                     stream = self._colocated(prep, decision, seq)
                 else:
@@ -242,10 +241,14 @@ class Dispatcher:
         m.child(m.prefix_tokens, "remote").inc(d.fetch_tokens)
         m.child(m.prefix_tokens, "miss").inc(view.prompt_tokens - d.cached_tokens)
 
-    async def _place(self, branch: str, node: str) -> None:
+    async def _place(self, prep: Prepared, node: str) -> None:
+        """``node`` took the request: the directory applies the branch's E.1 update and counts it there
+        (a request an engine refused, 429/503, changed nothing)."""
+        if prep.branch is None:
+            return
         try:
             async with asyncio.timeout(self.routing.config.timeouts.directory_s):
-                await self.directory.place(branch, node)
+                await self.directory.place(prep.branch, node, prep.hashes)
         except (DirectoryError, TimeoutError):
             self.metrics.directory_errors.labels("place").inc()
 
@@ -267,7 +270,11 @@ class Dispatcher:
             kv_source=kv,
         )
 
-    async def _events(self, node: str, request: GenerateRequest) -> AsyncGenerator[EngineEvent, None]:
+    async def _events(
+        self, node: str, request: GenerateRequest, place: Prepared | None = None
+    ) -> AsyncGenerator[EngineEvent, None]:
+        """The engine's events; with ``place``, its branch is placed on ``node`` at the first event
+        (the engine accepted the request)."""
         url = self.nodes.get(node).url
         try:
             async with contextlib.aclosing(self.engines.generate(url, request)) as events:
@@ -278,6 +285,9 @@ class Dispatcher:
                         if ev.status is not None and ev.status < 500:
                             raise EngineRejected(f"{node}: {ev.message or 'request refused'}")
                         raise EngineFailure(f"{node}: {ev.message or 'engine error'}")
+                    if place is not None:
+                        await self._place(place, node)
+                        place = None
                     yield ev
         except EngineBusy as e:
             raise _Requeue(str(e)) from e
@@ -289,7 +299,7 @@ class Dispatcher:
         request = self._generate_request(prep, decision, seq, "both")
         decoding = False
         try:
-            async with contextlib.aclosing(self._events(node, request)) as events:
+            async with contextlib.aclosing(self._events(node, request, prep)) as events:
                 async for ev in events:
                     if ev.type == "token" and ev.text:
                         if not decoding:  # prefill done: the request leaves the queue and decodes
@@ -316,7 +326,7 @@ class Dispatcher:
         request = self._generate_request(prep, decision, seq, "prefill")
         first = ""
         try:
-            async with contextlib.aclosing(self._events(prefill_node, request)) as events:
+            async with contextlib.aclosing(self._events(prefill_node, request, prep)) as events:
                 async for ev in events:
                     if ev.type == "started" and decode_node is None:
                         decode_node, decode_seq = await self._bind(prep)
@@ -364,6 +374,5 @@ class Dispatcher:
         self.work_log.decoding(prep.request_id, self.nodes.get(binding.node_id).t_acc)
         m = self.metrics
         m.child(m.decisions, self.routing.policy.name, binding.node_id, "decode").inc()
-        if prep.branch is not None:
-            await self._place(prep.branch, binding.node_id)
+        await self._place(prep, binding.node_id)
         return binding.node_id, seq

@@ -49,11 +49,11 @@ class GrpcDirectoryView:
             for node, p in r.nodes.items()
             if p.local_tokens > 0
         }
-        return Resolved(prefixes, r.branch.version if r.branch is not None else None)
+        return Resolved(prefixes, r.branch.version if r.branch is not None else None, hashes)
 
-    async def place(self, branch: str, node: str) -> None:
+    async def place(self, branch: str, node: str, hashes: Sequence[int]) -> None:
         try:
-            await self.client.place(branch, node)
+            await self.client.place(branch, node, hashes)
         except DirectoryRpcError as e:
             raise DirectoryError(str(e)) from e
 

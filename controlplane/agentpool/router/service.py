@@ -205,7 +205,9 @@ class RouterService:
             cluster_prefix=min(prompt, resolved.cluster_prefix),
             expected_output_tokens=output_limit or self.config.default_output_tokens,
         )
-        return Prepared(view.request_id, endpoint, body, encoded.token_ids, view, branch)
+        return Prepared(
+            view.request_id, endpoint, body, encoded.token_ids, view, branch, hashes=resolved.hashes
+        )
 
     async def end_branch(self, branch: str) -> bool:
         try:

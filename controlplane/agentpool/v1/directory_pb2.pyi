@@ -66,10 +66,16 @@ class HeldBlock(_message.Message):
     def __init__(self, block_hash: _Optional[int] = ..., parent_hash: _Optional[int] = ..., tiers: _Optional[_Union[Tier, str]] = ...) -> None: ...
 
 class Resync(_message.Message):
-    __slots__ = ("blocks",)
+    __slots__ = ("blocks", "block_hashes", "parent_hashes", "tiers")
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    PARENT_HASHES_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
     blocks: _containers.RepeatedCompositeFieldContainer[HeldBlock]
-    def __init__(self, blocks: _Optional[_Iterable[_Union[HeldBlock, _Mapping]]] = ...) -> None: ...
+    block_hashes: _containers.RepeatedScalarFieldContainer[int]
+    parent_hashes: _containers.RepeatedScalarFieldContainer[int]
+    tiers: bytes
+    def __init__(self, blocks: _Optional[_Iterable[_Union[HeldBlock, _Mapping]]] = ..., block_hashes: _Optional[_Iterable[int]] = ..., parent_hashes: _Optional[_Iterable[int]] = ..., tiers: _Optional[bytes] = ...) -> None: ...
 
 class KvEventBatch(_message.Message):
     __slots__ = ("node", "seq", "events", "resync", "phase", "heartbeat")
@@ -156,24 +162,32 @@ class ResolveResponse(_message.Message):
     def __init__(self, nodes: _Optional[_Iterable[_Union[NodePrefix, _Mapping]]] = ..., branch: _Optional[_Union[BranchInfo, _Mapping]] = ..., page_size: _Optional[int] = ...) -> None: ...
 
 class PlaceRequest(_message.Message):
-    __slots__ = ("branch", "node")
+    __slots__ = ("branch", "node", "block_hashes")
     BRANCH_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     branch: str
     node: str
-    def __init__(self, branch: _Optional[str] = ..., node: _Optional[str] = ...) -> None: ...
+    block_hashes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, branch: _Optional[str] = ..., node: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PlaceResponse(_message.Message):
-    __slots__ = ("version", "counted_blocks", "counted_nodes", "move_pending")
+    __slots__ = ("version", "counted_blocks", "counted_nodes", "move_pending", "is_new", "version_bumped", "node_known")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     COUNTED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     COUNTED_NODES_FIELD_NUMBER: _ClassVar[int]
     MOVE_PENDING_FIELD_NUMBER: _ClassVar[int]
+    IS_NEW_FIELD_NUMBER: _ClassVar[int]
+    VERSION_BUMPED_FIELD_NUMBER: _ClassVar[int]
+    NODE_KNOWN_FIELD_NUMBER: _ClassVar[int]
     version: int
     counted_blocks: int
     counted_nodes: _containers.RepeatedScalarFieldContainer[str]
     move_pending: bool
-    def __init__(self, version: _Optional[int] = ..., counted_blocks: _Optional[int] = ..., counted_nodes: _Optional[_Iterable[str]] = ..., move_pending: _Optional[bool] = ...) -> None: ...
+    is_new: bool
+    version_bumped: bool
+    node_known: bool
+    def __init__(self, version: _Optional[int] = ..., counted_blocks: _Optional[int] = ..., counted_nodes: _Optional[_Iterable[str]] = ..., move_pending: _Optional[bool] = ..., is_new: _Optional[bool] = ..., version_bumped: _Optional[bool] = ..., node_known: _Optional[bool] = ...) -> None: ...
 
 class EndBranchRequest(_message.Message):
     __slots__ = ("branch",)

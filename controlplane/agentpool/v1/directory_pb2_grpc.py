@@ -94,15 +94,18 @@ class DirectoryServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Resolve(self, request, context):
-        """One round trip for the router: per-node longest cached prefix by tier, and (with a branch) the
-        branch's version and previous/new paths (Algorithm E.1, including the release of dropped history).
+        """Read-only lookup for the router: per-node longest cached prefix by tier, and (with a branch) the
+        version and previous/new paths Algorithm E.1 gives the request if it is placed. Changes nothing.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Place(self, request, context):
-        """The branch is served on a node (prefill routing or decode binding): Algorithm E.2 lines 9-12.
+        """A node took the request (prefill routing or decode binding). With the request's block hashes:
+        Algorithm E.1 for the branch (version, path, release of dropped history), then E.2 lines 9-12
+        (count the path on the node, when the node has registered), in one store write. A request no
+        node took changes nothing.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

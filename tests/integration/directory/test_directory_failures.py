@@ -89,16 +89,16 @@ async def start_directory_process(
 async def build_agent_state(client: DirectoryClient, p1: EngineDouble, d1: EngineDouble) -> list[int]:
     chain = block_hashes(list(range(4 * 6)), 4)
     await client.resolve(chain[:4], "a")
-    await client.place("a", "p1")
+    await client.place("a", "p1", chain[:4])
     await p1.store(chain[:4])
     await client.place("a", "d1")  # decode binding: P2D keeps both copies counted
     await d1.store(chain[:4])
     await client.resolve(chain[:3], "b")
-    await client.place("b", "p1")
+    await client.place("b", "p1", chain[:3])
     compacted = [chain[0], *block_hashes(list(range(100, 112)), 4, parent=chain[0])]
     res = await client.resolve(compacted, "b")  # compaction: version 2
     assert res.branch is not None and res.branch.version == 2
-    await client.place("b", "p1")
+    await client.place("b", "p1", compacted)
     await p1.store(compacted[1:], parent=chain[0])
     return chain
 
@@ -222,7 +222,7 @@ async def test_redis_restart_reports_unhealthy_reconnects_and_keeps_state(
 
             await eventually(unhealthy)
             with pytest.raises(DirectoryRpcError) as err:
-                await client.resolve(chain, "a")
+                await client.place("a", "p1", chain)
             assert err.value.code is grpc.StatusCode.UNAVAILABLE
             assert (await client.resolve(chain)).nodes["p1"].local_blocks == 4  # reads keep working
 
@@ -252,8 +252,7 @@ async def test_silent_node_is_purged_and_its_counts_released(namespace: str) -> 
                 await e.resync()
                 await e.store(chain[:2])
             for branch, node in (("a", "p1"), ("b", "p2")):
-                await client.resolve(chain[:2], branch)
-                await client.place(branch, node)
+                await client.place(branch, node, chain[:2])
             t0 = time.monotonic()
             while time.monotonic() - t0 < 1.5:  # p2 stays alive, p1 is silent
                 await p2.heartbeat()
@@ -278,8 +277,7 @@ async def test_idle_branches_expire(namespace: str) -> None:
     try:
         async with DirectoryClient(srv.address) as client:
             await client.switch_phase("p1", Phase.PREFILL)
-            await client.resolve([1, 2], "idle")
-            await client.place("idle", "p1")
+            await client.place("idle", "p1", [1, 2])
             assert await count_snapshot(client, "p1") == {1: 1, 2: 1}
 
             async def gone() -> bool:

@@ -88,13 +88,14 @@ async def test_branch_cap(namespace: str) -> None:
     await srv.start()
     try:
         async with DirectoryClient(srv.address) as c:
-            await c.resolve([1], "a")
-            await c.resolve([1], "b")
+            await c.switch_phase("p1", Phase.PREFILL)
+            await c.place("a", "p1", [1])
+            await c.place("b", "p1", [1])
             with pytest.raises(DirectoryRpcError) as err:
-                await c.resolve([1], "c")
+                await c.place("c", "p1", [1])
             assert err.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED and "cap" in err.value.reason
-            await c.resolve([1, 2], "a")  # known branches go on
-            assert (await c.resolve([1])).branch is None  # so do lookups without a branch
+            await c.place("a", "p1", [1, 2])  # known branches go on
+            assert (await c.resolve([1], "c")).branch is not None  # so do lookups
     finally:
         await srv.stop()
 

@@ -87,6 +87,7 @@ async def test_tls_and_metrics(namespace: str, tmp_path: Path) -> None:
         async with DirectoryClient(srv.address, root_certificates=cert.read_bytes()) as c:
             await c.switch_phase("p1", Phase.PREFILL)
             await c.resolve([5, 6], "a")
+            await c.place("a", "p1", [5, 6])
         async with DirectoryClient(srv.address, timeout_s=1.0) as plain:  # plaintext to a TLS port fails
             with pytest.raises(DirectoryRpcError) as err:
                 await plain.health()

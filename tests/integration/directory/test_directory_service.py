@@ -28,15 +28,17 @@ async def test_figure4_c_through_the_service(client: DirectoryClient) -> None:
     res = await client.resolve(chain[:2], branch="b1")
     assert res.branch is not None and res.branch.version == 1 and res.branch.is_new
     assert res.nodes == {}
-    await client.place("b1", "p1")
+    assert (await client.health()).branches == 0  # Resolve only looks
+    placed = await client.place("b1", "p1", chain[:2])  # p1 took the request: E.1 + E.2
+    assert placed.is_new and placed.version == 1 and (await client.health()).branches == 1
     await p1.stored(ROOT_HASH, chain[:2], GH)
     res = await client.resolve(chain, branch="b1")
     assert res.branch is not None and res.branch.previous_path == tuple(chain[:2])
     assert res.branch.new_path == tuple(chain) and not res.branch.version_bumped
     assert res.nodes["p1"].local_blocks == 2 and res.nodes["p1"].gpu_tokens == 8
     assert res.nodes["p1"].phase is Phase.PREFILL
-    placed = await client.place("b1", "p2")
-    assert placed.move_pending and placed.counted_nodes == ("p1", "p2")
+    placed = await client.place("b1", "p2", chain)
+    assert placed.move_pending and not placed.version_bumped and placed.counted_nodes == ("p1", "p2")
     await p2.stored(ROOT_HASH, chain, Tier.GPU)
     res = await client.resolve(chain, branch="b1")
     assert res.branch is not None and res.branch.counted_nodes == ("p2",)
@@ -92,13 +94,11 @@ async def test_count_stream_gets_snapshot_then_changes(
 ) -> None:
     chain = block_hashes(list(range(8)), 4)
     await client.switch_phase("w1", Phase.PREFILL)
-    await client.resolve(chain, branch="a")
-    await client.place("a", "w1")
+    await client.place("a", "w1", chain)
     stream = client.watch_counts("w1")
     first = await anext(stream)
     assert first.snapshot and first.counts == {chain[0]: 1, chain[1]: 1}
-    await client.resolve(chain, branch="b")
-    await client.place("b", "w1")
+    await client.place("b", "w1", chain)
     upd = await asyncio.wait_for(anext(stream), 5)
     assert not upd.snapshot and upd.counts == {chain[0]: 2, chain[1]: 2}
     await client.end_branch("a")
@@ -141,3 +141,30 @@ async def test_malformed_bytes_get_invalid_argument(client: DirectoryClient, met
     assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert "malformed" in (err.value.details() or "")
     assert (await client.health()).serving
+
+
+async def test_a_request_no_node_took_changes_nothing(client: DirectoryClient) -> None:
+    """Resolve is read-only: a rewrite resolved but never placed (the engine answered 429/503) keeps
+    the branch's version, path and counts; the Place of the retried request applies E.1 once."""
+    chain = block_hashes(list(range(4 * 4)), 4)
+    await client.switch_phase("p1", Phase.PREFILL)
+    await client.place("a", "p1", chain[:3])
+    rewrite = [chain[0], 77, 78]
+    for _ in range(3):  # three rejected attempts of a rewriting request
+        res = await client.resolve(rewrite, "a")
+        assert res.branch is not None and res.branch.version == 2 and res.branch.version_bumped
+    res = await client.resolve(chain[:4], "a")  # an extension instead: no bump
+    assert res.branch is not None and res.branch.version == 1 and not res.branch.version_bumped
+    assert await count_snapshot(client, "p1") == {h: 1 for h in chain[:3]}
+    placed = await client.place("a", "p1", rewrite)
+    assert (placed.version, placed.version_bumped) == (2, True)
+    assert await count_snapshot(client, "p1") == {chain[0]: 1, 77: 1, 78: 1}
+    placed = await client.place("a", "p1", rewrite)  # the decode binding of the same request
+    assert (placed.version, placed.version_bumped) == (2, False)
+
+
+async def count_snapshot(client: DirectoryClient, node: str) -> dict[int, int]:
+    stream = client.watch_counts(node)
+    first = await asyncio.wait_for(anext(stream), 5)
+    await stream.aclose()
+    return first.counts

@@ -127,7 +127,7 @@ async def test_failed_write_answers_unavailable_and_reloads_what_the_store_kept(
         await svc.stop()
 
 
-async def test_resolve_is_written_with_the_next_place_one_write_per_place() -> None:
+async def test_resolve_writes_nothing_each_place_is_one_write() -> None:
     store = MemoryBranchStore()
     svc = DirectoryService(Directory(page_size=1), store, timers=ServiceTimers(sweep_interval_s=3600))
     await svc.start()
@@ -135,11 +135,12 @@ async def test_resolve_is_written_with_the_next_place_one_write_per_place() -> N
         await svc._commit(svc.dir.register_node("p1", Phase.PREFILL))
         await svc._commit(svc.dir.register_node("d1", Phase.DECODE))
         w0 = store.writes
-        await svc._resolve(pb.ResolveRequest(block_hashes=[1, 2], branch="a"))
-        assert store.writes == w0 and "a" not in store.rows  # deferred: no write for the Resolve
-        await svc._place(pb.PlaceRequest(branch="a", node="p1"))
-        assert store.writes == w0 + 1  # the Resolve's row goes with the Place, in one write
-        await svc._place(pb.PlaceRequest(branch="a", node="d1"))
+        out = await svc._resolve(pb.ResolveRequest(block_hashes=[1, 2], branch="a"))
+        assert out.branch.is_new and out.branch.version == 1
+        assert store.writes == w0 and "a" not in svc.dir.branches  # read-only
+        placed = await svc._place(pb.PlaceRequest(branch="a", node="p1", block_hashes=[1, 2]))
+        assert placed.is_new and store.writes == w0 + 1  # E.1 and E.2 in one write
+        await svc._place(pb.PlaceRequest(branch="a", node="d1", block_hashes=[1, 2]))
         assert store.writes == w0 + 2
         row = decode_branch("a", store.rows["a"])
         assert (row.version, row.path, set(row.counted)) == (1, (1, 2), {"p1", "d1"})
@@ -147,42 +148,38 @@ async def test_resolve_is_written_with_the_next_place_one_write_per_place() -> N
         await svc.stop()
 
 
-async def test_a_resolve_lost_before_its_place_is_rederived_from_the_stored_path() -> None:
-    """Crash between Resolve and Place: the store has the previous path; the retried request bumps the
-    version again and releases the dropped history, the same state as without the crash."""
+async def test_a_rejected_request_leaves_the_branch_as_it_was() -> None:
+    """A compaction resolved but never placed (every engine answered 429): version, path and counts
+    stay; the request placed later bumps once and releases the dropped history."""
     store = MemoryBranchStore()
     svc = DirectoryService(Directory(page_size=1), store, timers=ServiceTimers(sweep_interval_s=3600))
     await svc.start()
-    await svc._commit(svc.dir.register_node("p1", Phase.PREFILL))
-    await svc._resolve(pb.ResolveRequest(block_hashes=[1, 2, 3], branch="a"))
-    await svc._place(pb.PlaceRequest(branch="a", node="p1"))
-    out = await svc._resolve(pb.ResolveRequest(block_hashes=[1, 9], branch="a"))  # compaction
-    assert out.branch.version == 2 and svc.dir.count("p1", 3) == 0
-    await svc.stop()  # the process dies here: the compaction was never written
-    fresh = DirectoryService(Directory(page_size=1), store, timers=ServiceTimers(sweep_interval_s=3600))
-    await fresh.start()
     try:
-        assert fresh.dir.branches.get("a").version == 1 and fresh.dir.count("p1", 3) == 1
-        out = await fresh._resolve(pb.ResolveRequest(block_hashes=[1, 9], branch="a"))  # the retry
-        assert out.branch.version == 2 and out.branch.version_bumped and fresh.dir.count("p1", 3) == 0
-        await fresh._place(pb.PlaceRequest(branch="a", node="p1"))
+        await svc._commit(svc.dir.register_node("p1", Phase.PREFILL))
+        await svc._place(pb.PlaceRequest(branch="a", node="p1", block_hashes=[1, 2, 3]))
+        for _ in range(2):
+            out = await svc._resolve(pb.ResolveRequest(block_hashes=[1, 9], branch="a"))  # compaction
+            assert out.branch.version == 2 and out.branch.version_bumped
+            assert svc.dir.branches.get("a").version == 1 and svc.dir.count("p1", 3) == 1
+        placed = await svc._place(pb.PlaceRequest(branch="a", node="p1", block_hashes=[1, 9]))
+        assert placed.version == 2 and placed.version_bumped and svc.dir.count("p1", 3) == 0
         row = decode_branch("a", store.rows["a"])
         assert (row.version, row.path, row.counted["p1"]) == (2, (1, 9), frozenset({1, 9}))
     finally:
-        await fresh.stop()
+        await svc.stop()
 
 
-async def test_the_sweeper_flushes_a_resolve_left_without_a_place() -> None:
-    store = MemoryBranchStore()
-    svc = DirectoryService(Directory(page_size=1), store, timers=ServiceTimers(sweep_interval_s=0.01))
+async def test_place_without_hashes_needs_a_known_branch() -> None:
+    svc = DirectoryService(Directory(page_size=1), MemoryBranchStore())
     await svc.start()
     try:
-        await svc._resolve(pb.ResolveRequest(block_hashes=[4, 5], branch="lonely"))
-        for _ in range(200):
-            await asyncio.sleep(0.01)
-            if "lonely" in store.rows:
-                break
-        assert decode_branch("lonely", store.rows["lonely"]).path == (4, 5)
+        await svc._commit(svc.dir.register_node("p1", Phase.PREFILL))
+        with pytest.raises(_Abort) as err:
+            await svc._place(pb.PlaceRequest(branch="a", node="p1"))
+        assert err.value.code is grpc.StatusCode.NOT_FOUND
+        placed = await svc._place(pb.PlaceRequest(branch="a", node="zz", block_hashes=[1]))
+        assert placed.is_new and not placed.node_known and placed.counted_nodes == []  # E.1 only
+        assert svc.dir.branches.get("a").path == (1,)
     finally:
         await svc.stop()
 

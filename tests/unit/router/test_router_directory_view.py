@@ -23,8 +23,9 @@ async def test_resolve_place_and_end_branch() -> None:
     r = await view.resolve(hashes, "agent-1", None)
     assert r.prefixes == {"a": CachedPrefix(gpu=24, total=24), "b": CachedPrefix(gpu=12, total=32)}
     assert r.cluster_prefix == 32 and r.branch_version == 1
-    await view.place("agent-1", "b")
-    assert d.branches.find("agent-1") is not None
+    assert d.branches.find("agent-1") is None  # resolve only looks
+    await view.place("agent-1", "b", r.hashes)  # b took the request
+    assert d.branches.get("agent-1").path == tuple(hashes) and d.count("b", hashes[0]) == 1
     assert await view.end_branch("agent-1") is True
     assert await view.end_branch("agent-1") is False
     assert d.branches.find("agent-1") is None

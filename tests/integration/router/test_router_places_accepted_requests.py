@@ -1,0 +1,84 @@
+"""A request an engine refuses changes nothing in the directory: the router resolves (read-only), and
+places the branch (E.1 then E.2 in the directory) only once an engine took the request."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+import redis.asyncio as aioredis
+from router_engine_standin import StandIn
+from router_harness import chat_body, router_config, start_router
+
+from agentpool.directory.client import DirectoryClient
+from agentpool.directory.server import DirectoryConfig, DirectoryServer
+from agentpool.kv import Phase
+from agentpool.router.grpc_directory import GrpcDirectoryView
+
+pytestmark = pytest.mark.integration
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+TOKEN = "place-test-token-0123456789"
+
+
+@pytest.fixture
+async def directory() -> AsyncIterator[DirectoryServer]:
+    namespace = f"agentpool-router-test:{uuid.uuid4().hex}"
+    cfg = DirectoryConfig(port=0, redis_url=REDIS_URL, namespace=namespace, page_size=16, auth_token=TOKEN)
+    srv = DirectoryServer(cfg)
+    await srv.start()
+    yield srv
+    await srv.stop()
+    r = aioredis.Redis.from_url(REDIS_URL)
+    keys = [k async for k in r.scan_iter(match=f"{namespace}:*", count=1000)]
+    if keys:
+        await r.delete(*keys)
+    await r.aclose()
+
+
+async def test_a_refused_request_leaves_the_branch_as_it_was(directory: DirectoryServer) -> None:
+    a = await StandIn("a", tokens=1).start()
+    config = router_config([("a", a.url, "both")], maxRequeues=1)
+    router = await start_router(config, GrpcDirectoryView(directory.address, token=TOKEN))
+    headers = {"x-agentpool-branch": "agent-1"}
+    first, rewrite = "the first context " * 30, "a compacted context " * 30
+    try:
+        async with (
+            DirectoryClient(directory.address, token=TOKEN) as d,
+            aiohttp.ClientSession() as http,
+        ):
+            await d.switch_phase("a", Phase.BOTH)
+
+            async def ask(text: str) -> int:
+                url = f"{router.url}/v1/chat/completions"
+                async with http.post(url, json=chat_body(text), headers=headers) as resp:
+                    await resp.read()
+                    return resp.status
+
+            assert await ask(first) == 200
+            counts = await snapshot(d, "a")
+            assert (await d.health()).branches == 1 and counts
+
+            a.draining = True  # the engine gives every request back: nobody takes the rewrite
+            assert await ask(rewrite) >= 500
+            assert a.requeued
+            assert await snapshot(d, "a") == counts  # no release of the dropped history
+            branch_row = directory.service.dir.branches.get("agent-1")
+            assert branch_row.version == 1  # no bump for a request nobody took
+
+            a.draining = False
+            assert await ask(rewrite) == 200
+            assert directory.service.dir.branches.get("agent-1").version == 2
+            assert await snapshot(d, "a") != counts
+    finally:
+        await router.stop()
+        await a.kill()
+
+
+async def snapshot(d: DirectoryClient, node: str) -> dict[int, int]:
+    stream = d.watch_counts(node)
+    first = await anext(stream)
+    await stream.aclose()
+    return first.counts

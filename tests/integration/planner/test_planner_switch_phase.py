@@ -135,7 +135,7 @@ async def test_a_switch_resets_the_counts_of_engines_moved_to_prefill_once_they_
         for name in PODS[1:]:
             assert await directory.switch_phase(name, Phase.DECODE) is None  # registers it
             await directory.resolve(CHAIN, branch=f"agent-{name}")
-            await directory.place(f"agent-{name}", name)
+            await directory.place(f"agent-{name}", name, CHAIN)
             assert await counts_on(directory, name) == {CHAIN[0]: 1, CHAIN[1]: 1}
         # A window of prefill-heavy work: the planner moves decode engines to prefill.
         work, q = OSWORLD

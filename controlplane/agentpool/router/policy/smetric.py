@@ -1,7 +1,7 @@
 """``smetric``: balanced session-centric routing without session ids (smetric.md §4, DESIGN.md).
 
     hits_n       = local prefix of the request on n (GPU + host of n)
-    best         = argmax hits_n                  (ties: lower load, then id)
+    best         = argmax hits_n                  (ties: lower load_n, then the tie rule below)
     cost_n(u, L) = c_linear*u + c_attn*u*(L - u/2)   with c_linear = c1 + c0/t_bar, c_attn = c2 of n
     queued_n     = T_rem,n + sum of cost_n over n's queue  (+ decode interference on colocated n)
     load_n       = queued_n + cost_n(L - hits_n, L)      (the request's local hit subtracted)
@@ -13,6 +13,12 @@
     i = argmin load_n
     return i if meets_i else argmin cost_n(L - hits_n, L)               migrate, or least added load
 
+Ties (the argmins above, and best after load): equal seconds of load are broken by the requests on
+the node (queued prefills plus running decodes), then by the KV it holds in use, then by a
+rendezvous hash of (request id, node id): stable for one request (a retry sees the same order),
+spread evenly over the nodes across requests. Without it, idle nodes tie on every first turn and
+every new session went to the smallest id (8 agents at concurrency 1 all landed on one engine).
+
 ``est_hit`` is the prompt minus its newly appended turn. Colocated nodes (our extension; the
 paper's §B is not available): each prefill iteration also carries the node's running decodes, so
 ``queued_n`` adds ``ceil((queued + own uncached tokens) / t_bar) * d2 * running_decode`` there.
@@ -22,9 +28,11 @@ Knobs: ``slack`` (default 1.0), ``hit_ratio`` (default 0.8).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
+
+import xxhash
 
 from agentpool.router.policy.contract import (
     Decision,
@@ -35,7 +43,7 @@ from agentpool.router.policy.contract import (
     effective_queued_tokens,
     is_fresh,
     linear_attention_cost_of,
-    pick_min,
+    queue_depth,
     require_candidates,
 )
 
@@ -72,6 +80,24 @@ def estimate(request: RequestView, node: NodeState, ctx: PolicyContext) -> NodeE
     return NodeEstimate(hit=hit, own_cost_s=own, load_s=queued + own)
 
 
+def tie_rank(request: RequestView, node: NodeState, ctx: PolicyContext) -> tuple[int, int, int, str]:
+    """What breaks a tie in seconds of load: requests on the node (queued prefills + running
+    decodes), its KV in use, a rendezvous hash of the request and node ids, the node id."""
+    return (
+        queue_depth(node, ctx) + node.running_decode,
+        node.kv_used_tokens,
+        xxhash.xxh3_64_intdigest(f"{request.request_id}\0{node.node_id}".encode()),
+        node.node_id,
+    )
+
+
+def _argmin(scores: Mapping[str, tuple[float, ...]], tie: Callable[[str], tuple[int, int, int, str]]) -> str:
+    """The node with the lowest score; :func:`tie_rank` only among the nodes that share it."""
+    low = min(scores.values())
+    tied = [nid for nid, v in scores.items() if v == low]
+    return tied[0] if len(tied) == 1 else min(tied, key=tie)
+
+
 class SMetricPolicy:
     def __init__(self, knobs: SMetricKnobs | None = None) -> None:
         self.knobs = knobs or SMetricKnobs()
@@ -89,8 +115,13 @@ class SMetricPolicy:
             e = estimate(request, n, ctx)
             load[n.node_id], neg_hits[n.node_id], own[n.node_id] = e.load_s, -float(e.hit), e.own_cost_s
         deadline = self.knobs.slack * ctx.slo.deadline(request.prompt_tokens)
-        best = pick_min(neg_hits, load)
-        least = pick_min(load)
+        by_id = {n.node_id: n for n in candidates}
+
+        def tie(nid: str) -> tuple[int, int, int, str]:
+            return tie_rank(request, by_id[nid], ctx)
+
+        best = _argmin({nid: (neg_hits[nid], load[nid]) for nid in load}, tie)
+        least = _argmin({nid: (v,) for nid, v in load.items()}, tie)
         hit = int(-neg_hits[best])
         expected = self.knobs.hit_ratio * request.expected_hit
         if request.turn == 1 or hit == 0 or hit < expected:
@@ -102,7 +133,7 @@ class SMetricPolicy:
             return self._decision(
                 request, least, f"migrate: {best} would miss {deadline:.3f}s, {least} meets it", load
             )
-        added = pick_min(own, load)
+        added = _argmin({nid: (own[nid], load[nid]) for nid in load}, tie)
         return self._decision(request, added, f"no node meets {deadline:.3f}s: least added load", load)
 
     def _decision(

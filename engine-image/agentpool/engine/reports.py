@@ -80,6 +80,7 @@ class Reporter:
             ) as r:
                 if r.status == 200:
                     self.metrics.reports.labels("ok").inc()
+                    self.last_error = None
                     return
                 text = (await r.text())[:300]
                 self.metrics.reports.labels("rejected").inc()

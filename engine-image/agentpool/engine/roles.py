@@ -188,11 +188,14 @@ class KubeRoleWatch:
         if self._api is None:
             from kubernetes import client, config
 
+            # a client of its own: no global default configuration is touched
             if self.kubeconfig is not None:
-                config.load_kube_config(config_file=str(self.kubeconfig))  # type: ignore[no-untyped-call]
+                api_client = config.new_client_from_config(config_file=str(self.kubeconfig))  # type: ignore[no-untyped-call]
             else:
-                config.load_incluster_config()  # type: ignore[no-untyped-call]
-            self._api = client.CoreV1Api()
+                conf = client.Configuration()
+                config.load_incluster_config(client_configuration=conf)  # type: ignore[no-untyped-call]
+                api_client = client.ApiClient(conf)
+            self._api = client.CoreV1Api(api_client)
         return self._api
 
     def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -214,6 +217,8 @@ class KubeRoleWatch:
                         w.stop()  # type: ignore[no-untyped-call]
                         return
                     pod = ev["object"]
+                    if pod.metadata.name != self.pod:  # a server that ignores the field selector
+                        continue
                     annotations = pod.metadata.annotations or {}
                     role = parse_role(annotations.get(ROLE_ANNOTATION))
                     if role is not None:

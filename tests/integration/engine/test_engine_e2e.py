@@ -1,0 +1,140 @@
+"""A router, a directory on Redis and two sim engines, each started from its command line, serve a
+streamed chat completion end to end: the prefill engine hands the KV over to the decode engine with
+NIXL, engines publish KV events to the directory and post authenticated load reports to the router."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import redis.asyncio as aioredis
+from engine_processes import (
+    PAGE,
+    REDIS_URL,
+    Proc,
+    engine_config,
+    launch,
+    start_directory,
+    start_engine,
+    state,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration
+DIR_TOKEN = "d" * 32
+REPORT_TOKEN = "r" * 32
+
+
+@pytest.fixture
+async def namespace() -> AsyncIterator[str]:
+    ns = f"agentpool-engine-e2e:{uuid.uuid4().hex}"
+    yield ns
+    r = aioredis.Redis.from_url(REDIS_URL)
+    try:
+        keys = [k async for k in r.scan_iter(match=f"{ns}:*", count=1000)]
+        if keys:
+            await r.delete(*keys)
+    finally:
+        await r.aclose()
+
+
+def router_config(path: Path, nodes: list[dict[str, str]]) -> None:
+    raw = {"model": "test-model", "policy": "evolving", "pageSize": PAGE, "nodes": nodes}
+    path.write_text(json.dumps(raw))
+
+
+async def read_sse(resp: aiohttp.ClientResponse) -> list[Any]:
+    out: list[Any] = []
+    async for raw in resp.content:
+        line = raw.decode().strip()
+        if line.startswith("data: "):
+            data = line[len("data: ") :]
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+async def test_router_directory_and_two_engines_serve_a_streamed_chat_completion(
+    tmp_path: Path, namespace: str
+) -> None:
+    dir_token = tmp_path / "dir-token"
+    dir_token.write_text(DIR_TOKEN)
+    report_token = tmp_path / "report-token"
+    report_token.write_text(REPORT_TOKEN)
+    directory, address = await start_directory(namespace, dir_token)
+    procs: list[Proc] = [directory]
+    try:
+        config = tmp_path / "router.json"
+        router_config(config, [{"id": "p0", "url": "http://127.0.0.1:1", "role": "prefill"}])
+        router = await launch(
+            "router", "agentpool.router", "--config", str(config), "--host", "127.0.0.1", "--port", "0",
+            "--directory", address, "--directory-token-file", str(dir_token),
+            "--report-token-file", str(report_token),
+        )  # fmt: skip
+        procs.append(router)
+        url = (await router.wait_for(r"router listening on (http://\S+)")).group(1)
+        common: dict[str, Any] = {
+            "directory": {"target": address, "tokenFile": str(dir_token), "heartbeatS": 0.5},
+            "routers": [{"url": url, "tokenFile": str(report_token)}],
+        }
+        p0 = await start_engine(tmp_path, engine_config("p0", role="prefill", **common))
+        d0 = await start_engine(tmp_path, engine_config("d0", role="decode", **common))
+        procs += [p0, d0]
+        router_config(
+            config,
+            [{"id": "p0", "url": p0.url, "role": "prefill"}, {"id": "d0", "url": d0.url, "role": "decode"}],
+        )
+        async with aiohttp.ClientSession() as http:
+
+            async def ready() -> bool:
+                for e in (p0, d0):  # the router answers 404 to reports of nodes it does not know yet
+                    s = await state(http, e.url)
+                    if s["reports_sent"] < 2 or s["report_error"] is not None:
+                        return False
+                async with http.get(url + "/ready") as r:
+                    return r.status == 200
+
+            await wait_until(ready, 30, "the router to take both engines' reports")
+            text = "please summarise the following long context for an agent " * 6
+            body = {
+                "model": "test-model",
+                "messages": [{"role": "user", "content": text}],
+                "max_tokens": 5,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+            headers = {"x-agentpool-branch": "agent-1"}
+            async with http.post(url + "/v1/chat/completions", json=body, headers=headers) as resp:
+                assert resp.status == 200, await resp.text()
+                events = await read_sse(resp)
+            content = "".join(
+                (e["choices"][0].get("delta") or {}).get("content") or ""
+                for e in events
+                if isinstance(e, dict) and e.get("choices")
+            )
+            assert content == "t0 t1 t2 t3 t4 ", events
+            assert events[-1] == "[DONE]"
+            assert events[-2]["usage"]["completion_tokens"] == 5
+            sp, sd = await state(http, p0.url), await state(http, d0.url)
+            assert sp["host_blocks"] > 0 and sd["host_blocks"] == sp["host_blocks"]  # the KV moved over
+            assert sp["directory_connected"] and sd["directory_connected"]
+            assert sp["report_error"] is None and sd["report_error"] is None
+            assert sp["reports_sent"] > 0
+
+            # the router's work log holds the engines' iteration records for the planner
+            async def iterations_logged() -> bool:
+                async with http.get(url + "/agentpool/v1/work") as r:
+                    work = await r.json()
+                return bool(work.get("iterations"))
+
+            await wait_until(iterations_logged, 10, "iteration records in the router's work log")
+        for p in (p0, d0, router):
+            assert await p.stop() == 0
+            assert "Traceback" not in p.text(), p.text()
+    finally:
+        for p in procs:
+            await p.stop()

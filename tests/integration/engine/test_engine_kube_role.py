@@ -1,0 +1,74 @@
+"""The desired role from the pod's annotation through a real Kubernetes watch (against KMock), and the
+observed role written back onto the pod."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import kubernetes.client as k8s
+import pytest
+
+from agentpool.engine.roles import OBSERVED_ROLE_ANNOTATION, ROLE_ANNOTATION, KubeRoleWatch
+from agentpool.node import Role
+
+pytestmark = pytest.mark.integration
+NS = "agents"
+
+
+def kubeconfig(path: Path, url: str) -> Path:
+    cluster = {"name": "kmock", "cluster": {"server": url.rstrip("/")}}
+    context = {"name": "kmock", "context": {"cluster": "kmock", "user": "test"}}
+    body = {"apiVersion": "v1", "kind": "Config", "clusters": [cluster], "contexts": [context]}
+    body |= {"users": [{"name": "test", "user": {}}], "current-context": "kmock"}
+    path.write_text(json.dumps(body))
+    return path
+
+
+def pod(name: str, role: str) -> dict[str, Any]:
+    meta = {"name": name, "namespace": NS, "annotations": {ROLE_ANNOTATION: role}}
+    meta |= {"uid": f"uid-{name}", "resourceVersion": "1"}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"containers": []}}
+
+
+async def test_the_pod_annotation_reaches_the_engine_within_a_second(tmp_path: Path, kmock: Any) -> None:
+    pods = kmock.resource("v1", "pods")
+    kmock.objects[pods, NS, "engine-0"] = pod("engine-0", "both")
+    kmock.objects[pods, NS, "engine-1"] = pod("engine-1", "decode")  # another pod: not ours
+    seen: list[tuple[float, Role | None]] = []
+    watch = KubeRoleWatch(
+        NS,
+        "engine-0",
+        lambda r, _src: seen.append((time.monotonic(), r)),
+        kubeconfig(tmp_path / "kc", str(kmock.url)),
+    )
+    task = asyncio.create_task(watch.run())
+    try:
+        deadline = time.monotonic() + 10
+        while not seen:
+            assert time.monotonic() < deadline, "no role from the watch"
+            await asyncio.sleep(0.02)
+        assert seen[0][1] is Role.BOTH and all(r is Role.BOTH for _, r in seen)
+        # the planner's merge patch, through the API
+        api = k8s.CoreV1Api(k8s.ApiClient(k8s.Configuration(host=str(kmock.url).rstrip("/"))))
+        body = {"metadata": {"annotations": {ROLE_ANNOTATION: "prefill"}}}
+        changed = time.monotonic()
+        await asyncio.to_thread(api.patch_namespaced_pod, "engine-0", NS, body)
+        deadline = time.monotonic() + 5
+        while not any(r is Role.PREFILL for _, r in seen):
+            assert time.monotonic() < deadline, f"the change never arrived: {seen}"
+            await asyncio.sleep(0.01)
+        at = next(t for t, r in seen if r is Role.PREFILL)
+        assert at - changed < 1.0
+        await watch.write_observed(Role.PREFILL)
+        raw = kmock.objects[pods, NS, "engine-0"].raw
+        assert raw["metadata"]["annotations"][OBSERVED_ROLE_ANNOTATION] == "prefill"
+        assert watch.errors == 0
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -79,6 +79,27 @@ class LimitsConfig(_Strict):
     max_prompt_tokens: int = Field(1 << 21, ge=1, alias="maxPromptTokens")
 
 
+class KubernetesDiscoveryConfig(_Strict):
+    """Engines from the EndpointSlices of a Service (ready endpoints; the pod name is the node id)."""
+
+    namespace: str = Field(min_length=1, max_length=253)
+    service: str = Field(min_length=1, max_length=253)
+    port: str | int = "http"  # the endpoint port's name or number
+    scheme: Literal["http", "https"] = "http"
+    interval_s: float = Field(5.0, gt=0, alias="interval")
+    kubeconfig: str | None = None  # default: the pod's service account
+
+
+class DiscoveryConfig(_Strict):
+    """Engines beyond the configured ``nodes``: a report with a ``url`` registers its engine (the
+    registry; reports are authenticated), which is removed after ``registryTtl`` without a report;
+    and, when set, the EndpointSlices of a Kubernetes Service."""
+
+    registry: bool = True
+    registry_ttl_s: float = Field(10.0, gt=0, alias="registryTtl")
+    kubernetes: KubernetesDiscoveryConfig | None = None
+
+
 class RouterConfig(_Strict):
     model: str = "agentpool"
     tokenizer: str = "builtin"
@@ -99,6 +120,9 @@ class RouterConfig(_Strict):
     limits: LimitsConfig = LimitsConfig()
     node_model: NodeModelConfig = Field(default_factory=NodeModelConfig, alias="nodeModel")
     nodes: list[NodeConfig] = Field(default_factory=list)
+    discovery: DiscoveryConfig = DiscoveryConfig()
+    # a failing node gets nothing for 2 s, doubled at each failure in a row, at most this long
+    max_down_s: float = Field(60.0, gt=0, alias="maxDown")
 
     @model_validator(mode="after")
     def _check(self) -> RouterConfig:

@@ -20,6 +20,11 @@ A report also carries ``t_acc``, the output tokens the node's decode accepted pe
 iteration since its last report (about 1.7 with MTP speculative decoding; absent: no decode
 iteration ran, the router keeps the last value, 1 at first), and ``iterations``, the iteration
 records the planner fits its models from (:mod:`agentpool.wire.iterations`).
+
+Registration: a report with ``url`` (the engine's base URL) from a node the router does not know
+registers it (the router's engine registry, on by default); reports are its heartbeat, and a
+registered engine that stops reporting is removed after ``discovery.registryTtl``. An engine that
+shuts down cleanly may ``DELETE {router}/agentpool/v1/engines/{node_id}`` (same token).
 """
 
 from __future__ import annotations
@@ -86,8 +91,9 @@ class QueuedItem(BaseModel):
 
 class LoadReport(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    node_id: str
+    node_id: str = Field(min_length=1, max_length=200)
     role: Role
+    url: str | None = Field(None, pattern=r"^https?://[^\s/]+(/\S*)?$", max_length=2000)
     desired_role: Role | None = None
     last_dispatch_seq: int = Field(-1, ge=-1)
     remaining_batch_s: float = Field(0.0, ge=0)

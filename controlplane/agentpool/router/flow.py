@@ -193,6 +193,7 @@ class Dispatcher:
                         if isinstance(out, Chunk):
                             first_token = True
                         yield out
+                self.nodes.succeeded(node)
                 return
             except _Requeue as e:
                 if first_token:
@@ -210,7 +211,10 @@ class Dispatcher:
                 raise BadRequest(str(e)) from e
             except EngineFailure as e:
                 self.metrics.engine_failures.labels("engine").inc()
-                down_s = self.nodes.down_cooldown_s
+                if first_token:
+                    log.warning("request %s: engine %s failed mid-stream: %s", prep.request_id, node, e)
+                    raise StreamBroken(str(e)) from e
+                down_s = self.nodes.mark_down(node, self.clock())
                 log.warning(
                     "request %s: engine %s failed (%s); sending it nothing for %g s",
                     prep.request_id,
@@ -218,12 +222,9 @@ class Dispatcher:
                     e,
                     down_s,
                 )
-                if first_token:
-                    raise StreamBroken(str(e)) from e
                 failures += 1
                 last_error = str(e)
                 prep.excluded.add(node)
-                self.nodes.mark_down(node, self.clock())
                 self.metrics.retries.labels("engine_failure").inc()
                 if failures > cfg.max_retries:
                     raise RequestFailed(f"{failures} engines failed, last: {last_error}") from e
@@ -275,6 +276,8 @@ class Dispatcher:
     ) -> AsyncGenerator[EngineEvent, None]:
         """The engine's events; with ``place``, its branch is placed on ``node`` at the first event
         (the engine accepted the request)."""
+        if node not in self.nodes:  # discovery removed it while the request waited: route again
+            raise _Requeue(f"{node} is gone")
         url = self.nodes.get(node).url
         try:
             async with contextlib.aclosing(self.engines.generate(url, request)) as events:

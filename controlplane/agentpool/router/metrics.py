@@ -86,6 +86,12 @@ class RouterMetrics:
             ["cause"],
             registry=r,
         )
+        self.discovered = Counter(
+            "agentpool_router_discovered_engines_total",
+            "Engines added or removed by discovery (registry, kubernetes), and failed discovery reads",
+            ["source", "event"],
+            registry=r,
+        )
         self._children: dict[tuple[int, tuple[str, ...]], MetricWrapperBase] = {}
 
     def child(self, metric: W, *values: str) -> W:

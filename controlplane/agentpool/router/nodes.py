@@ -12,6 +12,13 @@ it bound there. :meth:`NodeTable.snapshot` turns this into the policies' :class:
 
 State is bounded: outstanding entries are removed when their request leaves the node, and the queue
 limit caps how many a node gets.
+
+Where nodes come from (``source``): ``config`` (the config file's list, applied by
+:meth:`NodeTable.configure`), ``registry`` (an engine's report with its URL, :meth:`NodeTable.register`;
+removed by :meth:`NodeTable.expire` after a time without reports) and ``kubernetes`` (EndpointSlices,
+:meth:`NodeTable.sync`). Each source adds and removes only its own nodes; a configured id wins. A node
+that fails requests gets nothing for ``down_cooldown_s``, doubled for each failure in a row up to
+``max_down_s``, so a dead node is not retried every 2 s forever.
 """
 
 from __future__ import annotations
@@ -52,6 +59,10 @@ class NodeEntry:
     report_at: float = 0.0
     t_acc: float = 1.0  # decode tokens per request and iteration, as the engine last reported
     down_until: float = float("-inf")
+    failures: int = 0  # failed requests in a row
+    source: str = "config"
+    seen_at: float = 0.0  # registered or last reported
+    awaiting_report: bool = False  # discovered without a role: nothing is sent until it reports
     next_seq: int = 0
     prefills: dict[str, Dispatch] = field(default_factory=dict)
     decodes: dict[str, Dispatch] = field(default_factory=dict)
@@ -73,9 +84,12 @@ class StaleFitsError(ValueError):
 
 
 class NodeTable:
-    def __init__(self, max_report_age_s: float = 5.0, down_cooldown_s: float = 2.0) -> None:
+    def __init__(
+        self, max_report_age_s: float = 5.0, down_cooldown_s: float = 2.0, max_down_s: float = 60.0
+    ) -> None:
         self.max_report_age_s = max_report_age_s
         self.down_cooldown_s = down_cooldown_s
+        self.max_down_s = max_down_s
         self._nodes: dict[str, NodeEntry] = {}
         self._prior: NodeModel | None = None  # the configured nodeModel
         self._fitted: dict[str, NodeModel] = {}  # the planner's per-node fits (with t_bar, f_n)
@@ -106,7 +120,7 @@ class NodeTable:
             seen.add(cfg.id)
             entry = self._nodes.get(cfg.id)
             node_model = self._fitted.get(cfg.id, prior)
-            if entry is None:
+            if entry is None or entry.source != "config":
                 self._nodes[cfg.id] = NodeEntry(config=cfg, role=cfg.role, model=node_model)
                 continue
             entry.config = cfg
@@ -115,7 +129,7 @@ class NodeTable:
                 entry.role = cfg.role
                 entry.draining = True
                 switched.append(cfg.id)
-        for gone in set(self._nodes) - seen:
+        for gone in [i for i, e in self._nodes.items() if e.source == "config" and i not in seen]:
             del self._nodes[gone]
         return switched
 
@@ -132,9 +146,61 @@ class NodeTable:
             entry.model = self._fitted.get(entry.node_id, prior)
         return sorted(n for n in self._fitted if n in self._nodes)
 
+    def _model_for(self, node_id: str) -> NodeModel:
+        prior = self._prior if self._prior is not None else node_model_of(NodeModelConfig())
+        return self._fitted.get(node_id, prior)
+
     def fitted(self, node_id: str) -> bool:
         """Whether ``node_id`` uses a model the planner fitted (not the configured prior)."""
         return node_id in self._fitted
+
+    # -- discovery ---------------------------------------------------------------------------
+    def register(self, cfg: NodeConfig, source: str, now: float, *, awaiting_report: bool = False) -> bool:
+        """Add a discovered node (or update its URL); ``False`` when the id is another source's."""
+        entry = self._nodes.get(cfg.id)
+        if entry is None:
+            self._nodes[cfg.id] = NodeEntry(
+                config=cfg,
+                role=cfg.role,
+                model=self._model_for(cfg.id),
+                source=source,
+                seen_at=now,
+                awaiting_report=awaiting_report,
+            )
+            return True
+        if entry.source != source:
+            return False
+        if entry.config.url != cfg.url:
+            entry.config = entry.config.model_copy(update={"url": cfg.url})
+        entry.seen_at = max(entry.seen_at, now)
+        return True
+
+    def sync(self, source: str, nodes: Iterable[NodeConfig], now: float) -> tuple[list[str], list[str]]:
+        """Make ``source``'s nodes exactly ``nodes`` (roles come from their reports); (added, removed)."""
+        wanted = {n.id: n for n in nodes}
+        added = []
+        for i, n in wanted.items():
+            new = i not in self._nodes
+            if self.register(n, source, now, awaiting_report=True) and new:
+                added.append(i)
+        removed = [i for i, e in self._nodes.items() if e.source == source and i not in wanted]
+        for i in removed:
+            del self._nodes[i]
+        return added, removed
+
+    def expire(self, source: str, now: float, ttl_s: float) -> list[str]:
+        """Remove ``source``'s nodes neither registered nor heard from for ``ttl_s``; their ids."""
+        gone = [i for i, e in self._nodes.items() if e.source == source and now - e.seen_at > ttl_s]
+        for i in gone:
+            del self._nodes[i]
+        return gone
+
+    def remove(self, node_id: str, source: str) -> bool:
+        entry = self._nodes.get(node_id)
+        if entry is None or entry.source != source:
+            return False
+        del self._nodes[node_id]
+        return True
 
     # -- reports -----------------------------------------------------------------------------
     def apply_report(self, report: LoadReport, now: float) -> None:
@@ -144,6 +210,10 @@ class NodeTable:
             [Work(t_uc=float(q.t_uc), t_c=float(q.t_c)) for q in report.queue]
         )
         entry.report_at = now
+        entry.seen_at = now
+        if entry.awaiting_report:  # discovered without a role: the engine says which it serves
+            entry.awaiting_report = False
+            entry.role = report.role
         if report.t_acc is not None:
             entry.t_acc = report.t_acc
         if report.desired_role is not None and report.desired_role is not entry.role:
@@ -181,11 +251,21 @@ class NodeTable:
             entry.decodes.pop(request_id, None)
             self._maybe_drained(entry)
 
-    def mark_down(self, node_id: str, now: float) -> None:
-        """The node failed a request: send it nothing for ``down_cooldown_s`` (then try again)."""
+    def mark_down(self, node_id: str, now: float) -> float:
+        """The node failed a request: send it nothing for a while (doubling); returns how long."""
+        entry = self._nodes.get(node_id)
+        if entry is None:
+            return 0.0
+        entry.failures += 1
+        down_s = min(self.max_down_s, self.down_cooldown_s * 2.0 ** min(entry.failures - 1, 30))
+        entry.down_until = now + down_s
+        return down_s
+
+    def succeeded(self, node_id: str) -> None:
+        """A request finished on the node: its next failure starts the cool-down from the start."""
         entry = self._nodes.get(node_id)
         if entry is not None:
-            entry.down_until = now + self.down_cooldown_s
+            entry.failures = 0
 
     def _maybe_drained(self, entry: NodeEntry) -> None:
         """Without reports the router ends the drain when it has nothing of its own left there."""
@@ -232,7 +312,7 @@ class NodeTable:
             running_decode=running,
             kv_room_tokens=room,
             kv_used_tokens=used,
-            accepting=accepting and now >= e.down_until,
+            accepting=accepting and now >= e.down_until and not e.awaiting_report,
             draining=e.draining,
             report_age_s=age,
         )

@@ -400,8 +400,7 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=data, headers={"content-type": CONTENT_TYPE_LATEST})
 
 
-async def report(request: web.Request) -> web.Response:
-    service = request.app[SERVICE_KEY]
+def check_report_auth(service: RouterService, request: web.Request) -> None:
     if not service.report_auth.allows(request.headers.get("authorization")):
         service.metrics.rejected_reports.inc()
         raise ApiError(
@@ -410,11 +409,30 @@ async def report(request: web.Request) -> web.Response:
             "authentication_error",
             "invalid_token",
         ).with_headers({"WWW-Authenticate": "Bearer"})
+
+
+async def report(request: web.Request) -> web.Response:
+    service = request.app[SERVICE_KEY]
+    check_report_auth(service, request)
     rep = parse_body(LoadReport, await read_json(request, service))
-    if rep.node_id not in service.nodes:
-        raise ApiError(404, f"unknown node {rep.node_id!r}", "invalid_request_error", "unknown_node")
-    service.apply_report(rep)
+    if not service.apply_report(rep):
+        raise ApiError(
+            404,
+            f"unknown node {rep.node_id!r} (a report with the engine's url registers it)",
+            "invalid_request_error",
+            "unknown_node",
+        )
     return web.json_response({"ok": True})
+
+
+async def deregister(request: web.Request) -> web.Response:
+    """An engine leaving cleanly: it is removed from the registry at once (same token as reports)."""
+    service = request.app[SERVICE_KEY]
+    check_report_auth(service, request)
+    node = request.match_info["node"]
+    if not service.discovery.deregister(node):
+        raise ApiError(404, f"no registered engine {node!r}", "invalid_request_error", "unknown_node")
+    return web.json_response({"id": node, "deleted": True})
 
 
 def build_app(service: RouterService) -> web.Application:
@@ -428,6 +446,7 @@ def build_app(service: RouterService) -> web.Application:
     app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/agentpool/v1/report", report)
+    app.router.add_delete("/agentpool/v1/engines/{node}", deregister)
     mount_work_log(app, service.dispatcher.work_log)
     mount_fitted_models(app, service)
 

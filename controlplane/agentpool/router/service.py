@@ -18,6 +18,7 @@ from agentpool.kv import block_hashes
 from agentpool.router.auth import ReportAuth
 from agentpool.router.config import ConfigError, ConfigFile, RouterConfig
 from agentpool.router.directory_view import DirectoryError, DirectoryView, Resolved
+from agentpool.router.discovery import Discovery
 from agentpool.router.engine_client import EngineClient
 from agentpool.router.engine_protocol import LoadReport
 from agentpool.router.flow import Dispatcher, Endpoint, Prepared, Routing
@@ -57,7 +58,7 @@ class RouterService:
         self.directory = directory
         self.config_file = config_file
         self.reload_interval_s = reload_interval_s
-        self.nodes = NodeTable(config.max_report_age_s)
+        self.nodes = NodeTable(config.max_report_age_s, max_down_s=config.max_down_s)
         t = config.timeouts
         self.engines = EngineClient(t.connect_s, t.first_event_s, t.between_events_s)
         self.tokenizer: Tokenizer = load_tokenizer(config.tokenizer)
@@ -66,6 +67,7 @@ class RouterService:
         self.metrics.registry.register(QueueDepthCollector(lambda: self.nodes.snapshot(time.monotonic())))
         self.dispatcher = Dispatcher(self.nodes, self.engines, directory, self.metrics, self.routing)
         self._reload_task: asyncio.Task[None] | None = None
+        self.discovery = Discovery(self.nodes, lambda: self.routing.config, self.metrics)
 
     @property
     def config(self) -> RouterConfig:
@@ -76,8 +78,10 @@ class RouterService:
         await self.engines.start()
         if self.config_file is not None and self._reload_task is None:
             self._reload_task = asyncio.create_task(self._reload_loop(), name="router-config-reload")
+        self.discovery.start()
 
     async def close(self) -> None:
+        await self.discovery.stop()
         if self._reload_task is not None:
             self._reload_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -104,6 +108,7 @@ class RouterService:
         self.routing = Routing(config, policy, config.policy_context())
         self.dispatcher.routing = self.routing
         self.nodes.max_report_age_s = config.max_report_age_s
+        self.nodes.max_down_s = config.max_down_s
         t = config.timeouts
         self.engines.connect_s, self.engines.first_event_s = t.connect_s, t.first_event_s
         self.engines.between_events_s = t.between_events_s
@@ -143,10 +148,14 @@ class RouterService:
             await self.reload_if_changed()
 
     # -- reports -----------------------------------------------------------------------------
-    def apply_report(self, report: LoadReport) -> None:
+    def apply_report(self, report: LoadReport) -> bool:
+        """Apply an engine's report; ``False`` when the node is unknown and could not register."""
+        if report.node_id not in self.nodes and not self.discovery.register(report):
+            return False
         self.nodes.apply_report(report, time.monotonic())
         if report.iterations:
             self.dispatcher.work_log.iterations(report.node_id, report.iterations)
+        return True
 
     async def ready(self) -> tuple[bool, dict[str, str]]:
         """Ready when a node can take a prefill and the directory answers healthy (with the reasons)."""

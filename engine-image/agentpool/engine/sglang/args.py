@@ -1,0 +1,115 @@
+"""Launch arguments of upstream SGLang for one pool node: a pure function of :class:`SglangLaunch`.
+
+A prefill or decode node runs disaggregated (``--disaggregation-mode``) with runtime role switching
+(``--enable-pd-role-switch``) over the NIXL transfer backend; a colocated node (role ``both``) runs
+without disaggregation. Every node keeps a host KV tier (HiCache, write-through, ``--hicache-size``
+GiB), publishes KV events over ZMQ (``--kv-events-config``) and exports Prometheus metrics.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from agentpool.node import Role
+
+# options we set ourselves: an extra argument repeating one would silently override our choice
+_OWNED = frozenset(
+    {
+        "--model-path",
+        "--served-model-name",
+        "--host",
+        "--port",
+        "--tp-size",
+        "--page-size",
+        "--disaggregation-mode",
+        "--enable-pd-role-switch",
+        "--disaggregation-transfer-backend",
+        "--enable-hierarchical-cache",
+        "--enable-hicache",
+        "--hicache-size",
+        "--hicache-ratio",
+        "--hicache-write-policy",
+        "--kv-events-config",
+        "--enable-metrics",
+    }
+)
+
+
+class LaunchError(ValueError):
+    """The launch settings cannot make a valid SGLang command line."""
+
+
+@dataclass(frozen=True, slots=True)
+class SglangLaunch:
+    model: str
+    role: Role
+    port: int = 30000
+    host: str = "127.0.0.1"
+    served_name: str | None = None
+    tp_size: int = 1
+    page_size: int = 64
+    host_kv_gib: int = 0  # 0: no host tier
+    kv_events_endpoint: str = "tcp://127.0.0.1:5557"
+    kv_events_topic: str = "kv"
+    extra: tuple[str, ...] = ()
+
+
+def kv_events_config(endpoint: str, topic: str) -> str:
+    """The JSON SGLang's ``--kv-events-config`` parses (``KVEventsConfig``): a bound ZMQ publisher."""
+    return json.dumps(
+        {"publisher": "zmq", "endpoint": endpoint, "topic": topic, "bind": True}, sort_keys=True
+    )
+
+
+def build_args(s: SglangLaunch, python: str = "python3") -> list[str]:
+    """``python -m sglang.launch_server ...`` for ``s``."""
+    if not s.model:
+        raise LaunchError("a model is required")
+    if not 0 < s.port < 65536:
+        raise LaunchError(f"port out of range: {s.port}")
+    if s.tp_size < 1 or s.page_size < 1 or s.host_kv_gib < 0:
+        raise LaunchError("tp_size and page_size must be positive, host_kv_gib non-negative")
+    clash = sorted({a.split("=", 1)[0] for a in s.extra if a.startswith("--")} & _OWNED)
+    if clash:
+        raise LaunchError(f"extra arguments may not set what the engine agent sets: {', '.join(clash)}")
+    args = [python, "-m", "sglang.launch_server", "--model-path", s.model]
+    if s.served_name:
+        args += ["--served-model-name", s.served_name]
+    args += [
+        "--host",
+        s.host,
+        "--port",
+        str(s.port),
+        "--tp-size",
+        str(s.tp_size),
+        "--page-size",
+        str(s.page_size),
+    ]
+    if s.role is not Role.BOTH:
+        args += [
+            "--disaggregation-mode",
+            s.role.value,
+            "--enable-pd-role-switch",
+            "--disaggregation-transfer-backend",
+            "nixl",
+        ]
+    if s.host_kv_gib:
+        args += [
+            "--enable-hierarchical-cache",
+            "--hicache-size",
+            str(s.host_kv_gib),
+            "--hicache-write-policy",
+            "write_through",
+        ]
+    args += [
+        "--kv-events-config",
+        kv_events_config(s.kv_events_endpoint, s.kv_events_topic),
+        "--enable-metrics",
+    ]
+    return [*args, *s.extra]
+
+
+def parse_extra(extra: Sequence[str]) -> tuple[str, ...]:
+    return tuple(str(a) for a in extra)

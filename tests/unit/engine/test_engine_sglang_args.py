@@ -1,0 +1,52 @@
+"""SGLang launch arguments for a pool node (pure builder)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agentpool.engine.sglang.args import LaunchError, SglangLaunch, build_args
+from agentpool.node import Role
+
+
+def flag(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+def test_a_prefill_node_runs_disaggregated_with_role_switching_over_nixl() -> None:
+    args = build_args(
+        SglangLaunch("Qwen/Qwen3-30B-A3B", Role.PREFILL, port=30001, page_size=64, host_kv_gib=200)
+    )
+    assert args[:4] == ["python3", "-m", "sglang.launch_server", "--model-path"]
+    assert flag(args, "--disaggregation-mode") == "prefill"
+    assert "--enable-pd-role-switch" in args
+    assert flag(args, "--disaggregation-transfer-backend") == "nixl"
+    assert "--enable-hierarchical-cache" in args and flag(args, "--hicache-size") == "200"
+    assert flag(args, "--hicache-write-policy") == "write_through"
+    assert flag(args, "--page-size") == "64" and flag(args, "--port") == "30001"
+    assert "--enable-metrics" in args
+    kv = json.loads(flag(args, "--kv-events-config"))
+    assert kv == {"bind": True, "endpoint": "tcp://127.0.0.1:5557", "publisher": "zmq", "topic": "kv"}
+
+
+def test_a_colocated_node_is_not_disaggregated_and_has_no_host_tier_without_memory() -> None:
+    args = build_args(SglangLaunch("m", Role.BOTH, extra=("--mem-fraction-static", "0.8")))
+    assert "--disaggregation-mode" not in args and "--enable-pd-role-switch" not in args
+    assert "--enable-hierarchical-cache" not in args
+    assert args[-2:] == ["--mem-fraction-static", "0.8"]
+
+
+@pytest.mark.parametrize(
+    "launch",
+    [
+        SglangLaunch("", Role.DECODE),
+        SglangLaunch("m", Role.DECODE, port=0),
+        SglangLaunch("m", Role.DECODE, tp_size=0),
+        SglangLaunch("m", Role.DECODE, extra=("--page-size", "16")),
+        SglangLaunch("m", Role.DECODE, extra=("--disaggregation-transfer-backend=mooncake",)),
+    ],
+)
+def test_invalid_settings_are_refused(launch: SglangLaunch) -> None:
+    with pytest.raises(LaunchError):
+        build_args(launch)

@@ -72,6 +72,17 @@ class GpuCache:
     def discard(self, blocks: Iterable[int]) -> None:
         deque(map(self._lru.pop, blocks, repeat(None)), maxlen=0)
 
+    def resize(self, capacity_blocks: int) -> list[int]:
+        """Change the capacity (GPU memory taken or freed by running requests); returns the keys
+        evicted, least recently used first, to fit."""
+        self.capacity = max(0, capacity_blocks)
+        over = len(self._lru) - self.capacity
+        if over <= 0:
+            return []
+        evicted = list(islice(self._lru, over))
+        deque(map(self._lru.__delitem__, evicted), maxlen=0)
+        return evicted
+
     def clear(self) -> None:
         self._lru.clear()
 

@@ -46,6 +46,7 @@ class Node:
         kv_capacity_tokens: int,
         on_iteration: IterationHook | None = None,
         timing: IterationTimes | None = None,
+        shared_kv_block_tokens: int | None = None,
     ) -> None:
         if chunk_tokens <= 0 or t_acc <= 0 or kv_capacity_tokens <= 0:
             raise ValueError("chunk_tokens, t_acc and kv_capacity_tokens must be positive")
@@ -60,6 +61,13 @@ class Node:
         self.chunk_tokens = chunk_tokens
         self.t_acc = t_acc
         self.gpu = GpuCache(gpu_cache_blocks)
+        # one GPU memory (shared_kv_block_tokens set): the prefix cache gets what running and
+        # reserved requests leave of it, so growing decode contexts evict cached prefixes
+        self.gpu_blocks = gpu_cache_blocks
+        self._kv_block_tokens = shared_kv_block_tokens
+        if shared_kv_block_tokens is not None and shared_kv_block_tokens <= 0:
+            raise ValueError("shared_kv_block_tokens must be positive")
+        self._kv_used = 0
         self.kv_capacity_tokens = kv_capacity_tokens
         # prefill
         self.queue: deque[Request] = deque()
@@ -78,7 +86,6 @@ class Node:
         # running KV tokens at position p: _ctx_base + t_acc * len(running) * p (see _context_tokens)
         self._ctx_base = 0.0
         self._ctx_part: dict[int, float] = {}
-        self.kv_used_tokens = 0
         # requests bound to this (decode) node while their prefill still runs elsewhere: they hold a
         # KV reservation and count as running for decode binding, as the router counts its bindings
         self.bound_waiting = 0
@@ -87,6 +94,18 @@ class Node:
         self.on_iteration = on_iteration
 
     # -- state --------------------------------------------------------------------------------
+    @property
+    def kv_used_tokens(self) -> int:
+        """Decode KV held by running requests or reserved for bound ones."""
+        return self._kv_used
+
+    @kv_used_tokens.setter
+    def kv_used_tokens(self, tokens: int) -> None:
+        self._kv_used = tokens
+        bt = self._kv_block_tokens
+        if bt is not None:
+            self.gpu.resize(self.gpu_blocks - (max(0, tokens) + bt - 1) // bt)
+
     @property
     def prefill_active(self) -> bool:
         return bool(self.batch)

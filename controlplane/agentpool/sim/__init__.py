@@ -13,7 +13,9 @@ Modules:
   oracle planners.
 - :mod:`.trace`, :mod:`.synthetic`, :mod:`.replay`: workloads and closed/open-loop replay.
 - :mod:`.metrics`, :mod:`.report`, :mod:`.run`, :mod:`.cli`: measurements, reports, ``agentpool simulate``.
-- :mod:`.presets`: node calibration presets (``data/presets.json``).
+- :mod:`.presets`: node calibration presets (``data/presets.json``); :mod:`.config`: ``SimConfig``;
+  :mod:`.network`: shared links for fetches and hand-overs; :mod:`.fiterror`: fitted models
+  against the ground truth.
 
 Shared pure code driven here: :class:`agentpool.kv.Directory` (prefix index, branch table E.1,
 branch counts E.2, eviction order), the routing policies of :mod:`agentpool.router.policy` and
@@ -28,6 +30,14 @@ Modelling choices and approximations (each a knob or documented where it is made
   id): prefixes match at 512-token granularity, so up to 511 tokens of a reusable prefix are
   recomputed (under 1% of a typical 100K-token Claude Code prompt). ``--block-tokens 64`` is exact
   and about 8x slower.
+- One GPU KV memory per node (``--gpu-memory shared``, default): the prefix cache holds what
+  running and reserved decode requests leave of ``gpu_kv_tokens``, so growing decode batches evict
+  cached prefixes (LRU); ``separate`` gives each its own pool, as the former simulator did. The
+  host tier has its own size (``--host-kv-tokens``, default the preset's).
+- Network (:mod:`.network`, ``SimConfig.network``): async fetches from a peer's host pool and P->D
+  hand-overs share per-node NIC and host-memory bandwidth (processor sharing); a fetch's request
+  waits in the queue until its bytes are through. Synchronous fetches (``dynamo-like+pool``) keep
+  their uncontended time, added to the iteration that waits for them.
 - The host tier is the directory's index (every stored block is written through to host memory);
   the GPU tier is the node's own LRU. Host eviction runs in batches of 25% of the capacity, in the
   directory's order: ``(R > 0, last access)`` with branch ids, the same function with all counts 0

@@ -77,6 +77,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--noise", type=float, default=None, help="relative noise of each iteration (default: the preset's)"
     )
+    parser.add_argument(
+        "--gpu-memory",
+        default="shared",
+        choices=["shared", "separate"],
+        help="shared: the prefix cache holds what running requests leave of a node's GPU KV memory; "
+        "separate: two pools of the preset's size (the former simulator)",
+    )
+    parser.add_argument(
+        "--host-kv-tokens", type=int, default=None, help="host KV tier per node in tokens (default: preset)"
+    )
     parser.add_argument("--out", default="sim-results", help="output directory")
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -118,6 +128,8 @@ def scenario_from(args: argparse.Namespace) -> Scenario:
             decode_binding=args.decode_binding,
             truth=args.truth,
             noise=args.noise,
+            shared_gpu_memory=args.gpu_memory == "shared",
+            host_kv_tokens=args.host_kv_tokens,
         ),
         static_prefill_nodes=args.static_prefill_nodes,
         warmup_s=args.warmup,

@@ -118,7 +118,8 @@ class Preset(BaseModel):
     gpu_kv_tokens: int = Field(gt=0)
     host_kv_tokens: int = Field(gt=0)
     kv_bytes_per_token: int = Field(gt=0)
-    pd_transfer_bytes_per_s: float = Field(gt=0)
+    pd_transfer_bytes_per_s: float = Field(gt=0)  # a node's NIC, each way (GPU-to-GPU RDMA)
+    host_link_bytes_per_s: float = Field(gt=0)  # a node's host-memory KV path for fetches (App. D.6)
     switch_in_place_s: float = Field(ge=0)
     relaunch_s: float = Field(ge=0)
     truth: _Truth

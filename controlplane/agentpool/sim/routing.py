@@ -172,6 +172,7 @@ class Prefixes:
     blocks: dict[int, tuple[int, int]]  # per prefill-capable node index (gpu_blocks, local_blocks)
     views: dict[str, CachedPrefix]  # per prefill-capable node name, in tokens
     best_blocks: int
+    best_node: int = -1  # a node holding the cluster's best prefix (the source of a fetch)
 
 
 def prefixes(
@@ -199,6 +200,7 @@ def prefixes(
     per_node: dict[int, tuple[int, int]] = {}
     views: dict[str, CachedPrefix] = {}
     best = 0
+    best_node = -1
     decode = Role.DECODE
     for name, match in res.prefixes.items():
         i = index_of.get(name)
@@ -209,6 +211,7 @@ def prefixes(
             local = cap_blocks
         if local > best:
             best = local
+            best_node = i
         if nodes[i].role is decode:
             continue  # a peer to fetch from, never a prefill candidate: only the cluster's best needs it
         gpu = 0
@@ -224,7 +227,7 @@ def prefixes(
         if view is None:
             view = made[pair] = CachedPrefix(gpu=gpu * block, total=local * block)
         views[name] = view
-    return Prefixes(per_node, views, best)
+    return Prefixes(per_node, views, best, best_node)
 
 
 def fetchable_blocks(mode: FetchMode, fetch: FetchModel, missing_blocks: int, block: int) -> int:

@@ -13,6 +13,7 @@ requests that waited for this one. Colocated pools decode on the prefill node.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from collections import deque
@@ -29,7 +30,9 @@ from agentpool.node import IterationHook, Node, NodeStatus, Request, Role
 from agentpool.node.timing import EquationTimes, IterationTimes, NoisyTimes
 from agentpool.router.policy import NoCandidateError, PolicyContext, create_policy, kv_room_needed
 from agentpool.router.policy.contract import prefill_candidates
+from agentpool.sim.config import DECODE_BINDINGS, TRUTHS, SimConfig
 from agentpool.sim.metrics import Metrics
+from agentpool.sim.network import Network, Transfers
 from agentpool.sim.presets import Preset
 from agentpool.sim.routing import (
     NodeStates,
@@ -41,50 +44,10 @@ from agentpool.sim.routing import (
 )
 from agentpool.sim.systems import Eviction, FetchMode, Pool, SwitchMode, SystemConfig
 
-_ISSUE, _WAKE, _JOIN, _SWITCH_DONE, _TICK, _CALL = range(6)
+_ISSUE, _WAKE, _JOIN, _SWITCH_DONE, _TICK, _CALL, _NET = range(7)
 _PHASE = {Role.PREFILL: Phase.PREFILL, Role.DECODE: Phase.DECODE, Role.BOTH: Phase.BOTH}
 _UNLIMITED_BLOCKS = 1 << 40
-
-
-DECODE_BINDINGS = ("prefill-end", "prefill-start")
-TRUTHS = ("roofline", "equations")
-
-
-@dataclass(frozen=True, slots=True)
-class SimConfig:
-    """Pool shape and run settings shared by every system of a comparison."""
-
-    nodes: int = 9
-    prefill_nodes: int = 6
-    block_size: int = 512  # KV block of the simulation: trace blocks (64 tokens) grouped by 8
-    slo_ttft_base_s: float = 2.0
-    slo_ttft_per_token_s: float = 1e-4
-    slo_tpot_s: float = 0.1
-    host_evict_fraction: float = 0.25  # evict in batches: the order is recomputed per batch
-    occupancy_sample_s: float = 5.0
-    # what the planner's q̄ counts: "decode" (requests decoding, the paper's wording) or "inflight"
-    # (requests routed and not finished: the decode demand if prefill kept up). See planners.py.
-    occupancy: str = "inflight"
-    # when a disaggregated request is bound to a decode node: "prefill-start" (Algorithm E.3 line 13
-    # and the live router: when the prefill node reports that the request started) or "prefill-end"
-    # (when its first token is out)
-    decode_binding: str = "prefill-start"
-    # what iterations really take: "roofline" (the preset's architecture and GPU model, independent
-    # of Eq. 1-4) or "equations" (Eq. 1/2 with the preset's coefficients, the former simulator)
-    truth: str = "roofline"
-    noise: float | None = None  # relative noise of each iteration time; None: the preset's
-
-    def __post_init__(self) -> None:
-        if self.nodes < 1 or not 0 <= self.prefill_nodes <= self.nodes:
-            raise ValueError(f"need 1 <= nodes and 0 <= prefill_nodes <= nodes, got {self}")
-        if self.occupancy not in ("decode", "inflight"):
-            raise ValueError(f"occupancy must be 'decode' or 'inflight', got {self.occupancy!r}")
-        if self.decode_binding not in DECODE_BINDINGS:
-            raise ValueError(f"decode_binding must be one of {DECODE_BINDINGS}, got {self.decode_binding!r}")
-        if self.truth not in TRUTHS:
-            raise ValueError(f"truth must be one of {TRUTHS}, got {self.truth!r}")
-        if self.noise is not None and not 0.0 <= self.noise < 1.0:
-            raise ValueError(f"noise must be in [0, 1), got {self.noise}")
+__all__ = ["DECODE_BINDINGS", "TRUTHS", "Issue", "SimConfig", "Simulator", "WindowLog"]
 
 
 @dataclass(slots=True)
@@ -140,7 +103,8 @@ class Simulator:
         self.directory = Directory(page_size=cfg.block_size)
         unlimited = system.unlimited_cache
         block = cfg.block_size
-        self.host_cap_blocks = _UNLIMITED_BLOCKS if unlimited else preset.host_kv_tokens // block
+        host_tokens = preset.host_kv_tokens if cfg.host_kv_tokens is None else cfg.host_kv_tokens
+        self.host_cap_blocks = _UNLIMITED_BLOCKS if unlimited else host_tokens // block
         gpu_blocks = _UNLIMITED_BLOCKS if unlimited else preset.gpu_kv_tokens // block
         self.nodes: list[Node] = []
         # the ground truth, noiseless (what fitted models are checked against), and its noise
@@ -170,6 +134,7 @@ class Simulator:
                 kv_capacity_tokens=preset.gpu_kv_tokens,
                 on_iteration=on_iteration,
                 timing=timing,
+                shared_kv_block_tokens=block if cfg.shared_gpu_memory and not unlimited else None,
             )
             self.nodes.append(node)
             self.directory.register_node(node.name, _PHASE[role])
@@ -192,6 +157,15 @@ class Simulator:
         self.in_decode = 0
         self.fetch = self.ctx.fetch
         self._bind_at_start = cfg.decode_binding == "prefill-start"
+        self.transfers = (
+            Transfers(
+                Network(preset.pd_transfer_bytes_per_s, preset.host_link_bytes_per_s),
+                lambda at, version: self.schedule(at, _NET, version),
+            )
+            if cfg.network
+            else None
+        )
+        self._fetching: dict[int, int] = {}  # request id -> its fetch's transfer id
         metrics.record_split(0.0, self.split())
 
     # -- event plumbing ---------------------------------------------------------------------------
@@ -235,6 +209,9 @@ class Simulator:
                 self._on_switch_done(cast(int, payload))
             elif kind == _CALL:
                 cast(Callable[[float], None], payload)(at)
+            elif kind == _NET:
+                assert self.transfers is not None
+                self.transfers.on_event(payload, at, self.call_at)
             else:
                 period, fn = cast(tuple[float, Callable[[float], None]], payload)
                 fn(at)
@@ -276,6 +253,13 @@ class Simulator:
         )
         req.fetch_ready_at = now + tau if self.system.fetch is FetchMode.ASYNC else now
         req.sync_fetch_s = tau if self.system.fetch is FetchMode.SYNC else 0.0
+        self._fetching.pop(req.rid, None)
+        if tau and self.transfers is not None and self.system.fetch is FetchMode.ASYNC:
+            req.fetch_ready_at = math.inf  # ready when the bytes are through
+            nbytes = req.fetch_tokens * self.preset.kv_bytes_per_token
+            done = functools.partial(self._fetched, req, idx)
+            tid = self.transfers.start(found.best_node, idx, nbytes, now, self.fetch.base_s, done, host=True)
+            self._fetching[req.rid] = tid
         if branch is not None:
             self.directory.place(branch, node.name, now)
         self._issues[req.rid] = issue
@@ -387,7 +371,22 @@ class Simulator:
         """Send the prefilled KV to the bound decode node (GPU to GPU), which starts decoding on arrival.
         Until it arrives the node counts it as joining: a drain of the node waits for it."""
         self.nodes[req.decode_node].handover_started(req, was_waiting=was_waiting)
-        self.schedule(self.now + self.preset.handover_s(req.input_tokens), _JOIN, (req.decode_node, req))
+        if self.transfers is None:
+            self.schedule(self.now + self.preset.handover_s(req.input_tokens), _JOIN, (req.decode_node, req))
+            return
+        nbytes = req.input_tokens * self.preset.kv_bytes_per_token
+        join = functools.partial(self._on_join, req.decode_node, req)
+        self.transfers.start(
+            req.prefill_node, req.decode_node, nbytes, self.now, 0.0, lambda _tid, _at: join(), host=False
+        )
+
+    def _fetched(self, req: Request, node: int, tid: int, at: float) -> None:
+        """A queued request's prefix arrived; ignored if the request was re-routed since."""
+        if self._fetching.get(req.rid) != tid or req.prefill_node != node:
+            return
+        del self._fetching[req.rid]
+        req.fetch_ready_at = at
+        self._wake(self.nodes[node])
 
     def _retry_pending_decode(self) -> None:
         """Bind the prefilled requests waiting for decode KV room, oldest first, as room allows.

@@ -135,3 +135,34 @@ def test_bad_sizes_are_refused() -> None:
         HostCache(-1)
     with pytest.raises(ValueError):
         HostCache(10, batch_fraction=1.0)
+
+
+def test_one_gpu_memory_running_requests_evict_cached_prefixes() -> None:
+    node = Node(
+        0,
+        "n0",
+        PREFILL,
+        DECODE,
+        role=Role.BOTH,
+        chunk_tokens=1000,
+        t_acc=1.0,
+        gpu_cache_blocks=10,
+        kv_capacity_tokens=640,
+        shared_kv_block_tokens=64,
+    )
+    node.gpu.touch([1, 2, 3, 4, 5, 6, 7, 8])  # a cached path of 8 blocks from the root, 1
+    assert len(node.gpu) == 8
+    r = req(1, 250, 70)  # 320 KV tokens: 5 blocks of the node's 10
+    node.join_decode(r, 0.0)
+    assert node.gpu.capacity == 5 and len(node.gpu) == 5
+    assert node.gpu.prefix([1, 2, 3, 4, 5, 6, 7, 8]) == 5  # the deepest blocks went first
+    _, decoded, _ = run(node)
+    assert decoded == [1] and node.kv_used_tokens == 0
+    assert node.gpu.capacity == 10 and len(node.gpu) == 5  # room again, the evicted blocks stay gone
+
+
+def test_separate_pools_keep_the_prefix_cache_whole() -> None:
+    node = make(Role.BOTH)  # no shared_kv_block_tokens: the former two pools
+    node.gpu.touch([1, 2, 3])
+    node.join_decode(req(1, 5000, 3), 0.0)
+    assert len(node.gpu) == 3 and node.gpu.capacity == 100

@@ -11,12 +11,13 @@ Subcommand = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[arg
 
 def _subcommands() -> dict[str, Subcommand]:
     """The explicit registry of subcommands (imported lazily so `--help` stays fast)."""
-    from agentpool.cli import replay, simulate, up
+    from agentpool.cli import demo, replay, simulate, up
 
     return {
         "simulate": (simulate.HELP, simulate.add_arguments, simulate.run),
         "replay": (replay.HELP, replay.add_arguments, replay.run),
         "up": (up.HELP, up.add_arguments, up.run),
+        "demo": (demo.HELP, demo.add_arguments, demo.run),
     }
 
 

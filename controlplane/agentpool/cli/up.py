@@ -7,8 +7,9 @@ import asyncio
 from pathlib import Path
 
 from agentpool.api import byte_quantity
-from agentpool.local.pool import LocalOptions, ManifestError, engine_available, load_manifest
+from agentpool.local.pool import DEFAULT_PRESET, LocalOptions, ManifestError, engine_available, load_manifest
 from agentpool.local.up import serve
+from agentpool.sim.presets import presets
 
 HELP = "run an AgentServingPool on this machine: Redis, directory, sim engines, router, planner"
 
@@ -25,6 +26,9 @@ def add_pool_arguments(parser: argparse.ArgumentParser, manifest_required: bool 
     parser.add_argument("--time-scale", type=float, default=1.0, help="sim engines: model seconds per second")
     parser.add_argument(
         "--host-kv-size", default=None, help="host KV pool per engine, e.g. 256Mi (default: the manifest's)"
+    )
+    parser.add_argument(
+        "--preset", default=DEFAULT_PRESET, help=f"node class the sim engines model ({', '.join(presets())})"
     )
     parser.add_argument("--workdir", type=Path, default=None, help="keep configs, secrets and logs here")
     parser.add_argument(
@@ -45,6 +49,9 @@ def options_from(args: argparse.Namespace) -> LocalOptions:
         host_kv = byte_quantity(args.host_kv_size) if args.host_kv_size else None
     except ValueError as e:
         raise ManifestError(f"--host-kv-size: {e}") from None
+    name = args.preset or DEFAULT_PRESET
+    if name not in presets():
+        raise ManifestError(f"--preset: unknown node preset {name!r}; known: {', '.join(presets())}")
     if not args.no_engines and not engine_available():
         raise ManifestError(
             "the engine agent (agentpool.engine) is not installed here; --no-engines starts the control "
@@ -58,6 +65,7 @@ def options_from(args: argparse.Namespace) -> LocalOptions:
         time_scale=args.time_scale,
         host_kv_bytes=host_kv,
         engines=not args.no_engines,
+        preset=name,
     )
 
 

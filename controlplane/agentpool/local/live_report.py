@@ -17,9 +17,10 @@ roles); without one the report has no split.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -31,7 +32,7 @@ from agentpool.local.replay import LiveReplay
 
 PREFIX_METRIC = "agentpool_router_prefix_tokens"
 # (prefill nodes, decode nodes, nodes serving both or switching), or None when unknown
-SplitSource = Callable[[], tuple[int, int, int] | None]
+SplitSource = Callable[[], Awaitable[tuple[int, int, int] | None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +78,35 @@ async def scrape_prefix_tokens(session: aiohttp.ClientSession, url: str) -> Pref
         return None
 
 
+class EngineRoles:
+    """The split the engines serve: ``GET <engine>/agentpool/v1/state`` of each (a :data:`SplitSource`).
+
+    An engine that is draining for a switch, serves ``both`` or does not answer counts in the third
+    number."""
+
+    def __init__(self, engines: Mapping[str, str], session: aiohttp.ClientSession) -> None:
+        self.engines = dict(engines)
+        self._session = session
+
+    async def _role(self, url: str) -> str | None:
+        try:
+            async with self._session.get(
+                url + "/agentpool/v1/state", timeout=aiohttp.ClientTimeout(total=2)
+            ) as r:
+                state = await r.json() if r.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return None
+        if not isinstance(state, dict) or state.get("draining"):
+            return None
+        role = state.get("role")
+        return role if isinstance(role, str) else None
+
+    async def __call__(self) -> tuple[int, int, int] | None:
+        roles = await asyncio.gather(*(self._role(u) for u in self.engines.values()))
+        p, d = roles.count("prefill"), roles.count("decode")
+        return (p, d, len(roles) - p - d)
+
+
 class SplitTimeline:
     """Samples a :data:`SplitSource` and keeps the changes, as the simulator's ``split_timeline``."""
 
@@ -84,10 +114,13 @@ class SplitTimeline:
         self.source = source
         self.rows: list[tuple[float, int, int, int]] = []
 
-    def sample(self, at: float) -> tuple[int, int, int] | None:
-        split = self.source() if self.source is not None else None
+        self.last: tuple[int, int, int] | None = None
+
+    async def sample(self, at: float) -> tuple[int, int, int] | None:
+        split = await self.source() if self.source is not None else None
         if split is not None and (not self.rows or self.rows[-1][1:] != split):
             self.rows.append((at, *split))
+        self.last = split
         return split
 
     @property

@@ -12,6 +12,7 @@ writes it and the engine reads it.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -27,7 +28,11 @@ from pydantic import ValidationError
 
 from agentpool.api import AgentServingPool
 from agentpool.local.supervisor import HttpReady, ProcessSpec, TcpReady
+from agentpool.planner.from_spec import moe_shape, planner_config
 from agentpool.router.config import NodeConfig, config_from_settings, render_config
+from agentpool.sim.presets import preset
+
+DEFAULT_PRESET = "qwen3-30b-a3b-h200"
 
 
 class ManifestError(ValueError):
@@ -81,8 +86,24 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
+    """A port free now and outside the kernel's ephemeral range, so that no connection or ``bind(0)``
+    of another program takes it between now and when the service binds it (a pool starts in
+    seconds, and NIXL's UCX alone binds several ephemeral ports per engine)."""
+    low, high = _ephemeral_range()
+    candidates = [p for p in range(20000, 32768) if not low <= p <= high] or list(range(high + 1, 65536))
+    for port in secrets.SystemRandom().sample(candidates, min(200, len(candidates))):
+        if port_free(host, port):
+            return port
+    with socket.socket() as s:  # every sampled port is taken: fall back to one the kernel picks
         s.bind((host, 0))
         return int(s.getsockname()[1])
 
@@ -101,6 +122,7 @@ class LocalOptions:
     time_scale: float = 1.0  # the sim engines' model seconds per wall second
     host_kv_bytes: int | None = None  # None: the manifest's hostKvSize
     engines: bool = True  # False: the control plane only (no engine processes)
+    preset: str = DEFAULT_PRESET  # the node class the sim engines model (agentpool.sim presets)
     planner: bool = True
 
 
@@ -260,7 +282,48 @@ def plan(pool: AgentServingPool, options: LocalOptions, workdir: Path) -> PoolPl
     )
     out.router_url = router_url
     out.endpoints["router (OpenAI API)"] = f"{router_url}/v1"
+
+    # planner (a disaggregated pool with the planner enabled and engines to plan)
+    if options.planner and out.engine_urls and spec.mode == "disaggregated" and spec.planner.enabled:
+        out.specs.append(planner_spec(pool, out, workdir, report_token, dir_token))
+        out.endpoints["planner"] = f"roles in {out.roles_dir}, events in {workdir / 'events.log'}"
     return out
+
+
+def planner_spec(
+    pool: AgentServingPool, out: PoolPlan, workdir: Path, report_token: Path, dir_token: Path
+) -> ProcessSpec:
+    """``python -m agentpool.local.planner`` with the manifest's planner section as its settings file."""
+    config = planner_config(pool.spec)
+    settings = workdir / "planner.json"
+    settings.write_text(json.dumps({**dataclasses.asdict(config), "occupancy": config.occupancy.value}))
+    shape = moe_shape(pool.spec)
+    argv = [
+        sys.executable,
+        "-m",
+        "agentpool.local.planner",
+        "--pool",
+        out.name,
+        "--roles-dir",
+        str(out.roles_dir),
+        "--router",
+        out.router_url,
+        "--router-token-file",
+        str(report_token),
+        "--directory",
+        out.directory_target,
+        "--directory-token-file",
+        str(dir_token),
+        "--settings",
+        str(settings),
+        "--experts-active",
+        str(shape.experts_active),
+        "--experts-total",
+        str(shape.experts_total),
+    ]
+    for node, url in out.engine_urls.items():
+        argv += ["--engine", f"{node}={url}"]
+    return ProcessSpec("planner", argv, None, workdir / "logs" / "planner.log", essential=False)
 
 
 def engine_config(
@@ -289,5 +352,19 @@ def engine_config(
         "peers": peers,
         "pageSize": spec.kv_pool.page_size,
         "hostKvBytes": options.host_kv_bytes or spec.engine.host_kv_bytes,
-        "sim": {"timeScale": options.time_scale},
+        "sim": sim_settings(pool, options),
     }
+
+
+def sim_settings(pool: AgentServingPool, options: LocalOptions) -> dict[str, Any]:
+    """The sim backend's node model: the preset's Eq. 1/2 coefficients, acceptance, chunk and GPU KV
+    size (the simulator's ``--fit preset`` model of the same node class), the manifest's MoE shape
+    and the time scale."""
+    shape = moe_shape(pool.spec)
+    p = preset(options.preset)
+    out: dict[str, Any] = {"timeScale": options.time_scale, **p.prefill.model_dump()}
+    out |= {k: v for k, v in p.decode.model_dump().items() if k in ("d0", "d1", "d2")}
+    out |= {"tAcc": p.t_acc, "chunkTokens": p.chunk_tokens, "gpuKvTokens": p.gpu_kv_tokens}
+    if shape.experts_total:
+        out |= {"expertsActive": shape.experts_active, "expertsTotal": shape.experts_total}
+    return out

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -62,25 +62,27 @@ async def replay(
     settings: ReplaySettings,
     conversations: Sequence[Conversation],
     slo: Slo = Slo(),
-    split_source: SplitSource | None = None,
+    split_source: Callable[[aiohttp.ClientSession], SplitSource] | None = None,
     progress: Progress | None = None,
     name: str = "live",
 ) -> dict[str, Any]:
-    """Replay against ``settings.url``; returns the result dict (``live_result``)."""
+    """Replay against ``settings.url``; returns the result dict (``live_result``). ``split_source``
+    makes the split source from the replay's HTTP session."""
     metrics = Metrics(
         TtftSlo(slo.ttft_base_s, slo.ttft_per_token_s), slo.tpot_s, settings.warmup_s, settings.duration_s
     )
     run = LiveReplay(settings, conversations, metrics)
-    splits = SplitTimeline(split_source)
     progress = progress or Progress()
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        splits = SplitTimeline(split_source(session) if split_source is not None else None)
         start_hits = await scrape_prefix_tokens(session, settings.url)
         window: dict[str, PrefixTokens | None] = {"start": start_hits, "end": None, "now": None}
         scraping: asyncio.Task[None] | None = None
 
         async def scrape() -> None:
+            await splits.sample(run.now())
             now = await scrape_prefix_tokens(session, settings.url)
             window["now"] = now
             if run.now() < settings.warmup_s:
@@ -90,12 +92,11 @@ async def replay(
 
         def tick() -> None:
             nonlocal scraping
-            split = splits.sample(run.now())
             if scraping is None or scraping.done():
                 scraping = asyncio.create_task(scrape())
             now, base = window["now"], start_hits
             hits = now - base if now is not None and base is not None else None
-            progress.show(progress.line(run, hits, split))
+            progress.show(progress.line(run, hits, splits.last))
 
         wall = time.monotonic()
         try:
@@ -107,7 +108,7 @@ async def replay(
         end = window["end"] or await scrape_prefix_tokens(session, settings.url)
         begin = window["start"]
         hits = end - begin if end is not None and begin is not None else None
-        splits.sample(run.now())
+        await splits.sample(run.now())
         return live_result(name, run, hits, splits, time.monotonic() - wall)
 
 

@@ -58,12 +58,12 @@ def test_plan_of_the_example(tmp_path: Path) -> None:
     assert initial_roles(pool) == ["prefill"] * 3 + ["decode"] * 3
     p = plan(pool, LocalOptions(router_port=18000), tmp_path)
     names = [s.name for s in p.specs]
-    assert names == ["redis", "directory", *(f"engine-{i}" for i in range(6)), "router"]
+    assert names == ["redis", "directory", *(f"engine-{i}" for i in range(6)), "router", "planner"]
     for secret in ("redis-password", "directory-token", "report-token"):
         assert (tmp_path / secret).stat().st_mode & 0o777 == 0o600
         value = (tmp_path / secret).read_text().strip()
         assert all(value not in " ".join(s.argv) for s in p.specs)  # never on a command line
     assert [(p.roles_dir / f"engine-{i}").read_text().strip() for i in range(6)] == initial_roles(pool)
-    router = p.specs[-1]
+    router = p.specs[-2]
     assert isinstance(router.ready, HttpReady) and ":18000/" in router.ready.url
-    assert len({port for _, port in p.ports()}) == len(p.specs)
+    assert len({port for _, port in p.ports()}) == len(p.specs) - 1  # all but the planner listen

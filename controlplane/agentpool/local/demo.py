@@ -1,0 +1,129 @@
+"""``agentpool demo``: a local pool (``up``) and a live replay of the bundled Claude Code sample.
+
+The defaults finish in about four minutes on two cores: the pool of ``data/demo-pool.yaml`` (four
+sim engines, a 30 s planner warmup and 40 s windows), 12 agents for a 30 s warmup and 150 s
+measured, recorded pauses divided by 10 and capped at 5 s, outputs capped at 128 tokens. The
+report shows the live run's throughput, latency percentiles, hit rate and lost KV reuse and the
+split over time (the engines' served roles), beside the simulator's run of the same workload on
+the same pool (``--no-sim`` leaves it out).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from agentpool.api import AgentServingPool
+from agentpool.local.live_report import EngineRoles, Progress, SplitSource
+from agentpool.local.pool import LocalOptions
+from agentpool.local.pool_sim import apply_pool, pool_system
+from agentpool.local.replay import ReplaySettings
+from agentpool.local.run_replay import ReplayOutput, Slo, replay, write_reports
+from agentpool.local.up import LocalPool, endpoints_text
+from agentpool.sim.run import Scenario, run_system
+from agentpool.sim.trace import Conversation
+
+
+def demo_manifest() -> Path:
+    return Path(str(resources.files("agentpool.local").joinpath("data/demo-pool.yaml")))
+
+
+def scaled(conversations: list[Conversation], time_scale: float) -> list[Conversation]:
+    """The conversations with their recorded pauses divided by ``time_scale`` (for the simulator,
+    which caps pauses but does not scale them)."""
+    out = []
+    for c in conversations:
+        reqs = [dataclasses.replace(r, delay_s=r.delay_s / time_scale) for r in c.requests]
+        out.append(dataclasses.replace(c, requests=tuple(reqs)))
+    return out
+
+
+def simulated(
+    pool: AgentServingPool, settings: ReplaySettings, conversations: list[Conversation]
+) -> dict[str, Any]:
+    """The simulator's run of the same workload on the same pool (the manifest's system)."""
+    sc = apply_pool(
+        Scenario(
+            agents=settings.agents,
+            shared_prefix_tokens=settings.shared_prefix_tokens,
+            max_pause_s=settings.max_pause_s,
+            warmup_s=settings.warmup_s,
+            duration_s=settings.duration_s,
+        ),
+        pool,
+    )
+    sc = dataclasses.replace(sc, sim=dataclasses.replace(sc.sim, block_size=conversations[0].block_size))
+    convs = scaled(conversations, settings.time_scale)
+    if settings.max_output_tokens is not None:
+        cap = settings.max_output_tokens
+        convs = [
+            dataclasses.replace(
+                c,
+                requests=tuple(
+                    dataclasses.replace(r, output_tokens=min(r.output_tokens, cap)) for r in c.requests
+                ),
+            )
+            for c in convs
+        ]
+    name = pool_system(pool)
+    result = run_system(name, sc, convs)
+    result["system"] = f"simulated {name}"
+    return result
+
+
+async def run_demo(
+    pool: AgentServingPool,
+    options: LocalOptions,
+    settings_for: Any,
+    conversations: list[Conversation],
+    out: ReplayOutput,
+    slo: Slo,
+    with_sim: bool = True,
+    quiet: bool = False,
+) -> int:
+    """``settings_for(router_url, model)`` gives the replay settings once the pool is up."""
+    t0 = time.monotonic()
+    print(f"agentpool demo: starting a local pool of {pool.spec.nodes} sim engines ...", flush=True)
+    async with LocalPool(pool, options) as local:
+        assert local.plan is not None
+        plan = local.plan
+        print(endpoints_text(plan).replace("Ctrl-C stops everything.", ""), flush=True)
+        settings: ReplaySettings = settings_for(plan.router_url, plan.model)
+        print(
+            f"replaying the Claude Code sample: {settings.agents} agents, {settings.warmup_s:.0f} s warmup + "
+            f"{settings.duration_s:.0f} s measured (pauses / {settings.time_scale:g}, at most "
+            f"{settings.max_pause_s} s) ...",
+            flush=True,
+        )
+
+        def roles(session: aiohttp.ClientSession) -> SplitSource:
+            return EngineRoles(plan.engine_urls, session)
+
+        live = await replay(
+            settings,
+            conversations,
+            slo,
+            split_source=roles,
+            progress=Progress(enabled=False if quiet else None),
+            name=f"live {pool.metadata.get('name', 'pool')}",
+        )
+        exited = [r.spec.name for r in local.supervisor.exited()]
+    results = [live]
+    if with_sim:
+        print("simulating the same workload on the same pool ...", flush=True)
+        results.append(simulated(pool, settings, conversations))
+    text = write_reports(
+        out, settings, results, {"pool": pool.metadata.get("name"), "nodes": pool.spec.nodes}
+    )
+    print(text)
+    if exited:
+        print(f"processes that exited during the run: {', '.join(exited)}")
+    if out.directory is not None:
+        print(f"wrote {out.directory}/report.md, results.json" + (" and PNG plots" if out.plots else ""))
+    print(f"demo took {time.monotonic() - t0:.0f} s; every process of the pool is stopped")
+    return 0 if live["summary"]["failed"] == 0 else 1

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from planner_link_harness import router_config, start_router
 from test_planner_controller import NODE, NS, PODS, SHAPE, pod_body
 
 from agentpool.models import Work
@@ -181,4 +182,43 @@ async def test_bad_settings_or_kubeconfig_fail_the_start(tmp_path: Path) -> None
     settings = tmp_path / "planner.yaml"
     settings.write_text("window_s: 60\nbogus: 1\n")
     args = parser().parse_args([*common, "--settings", str(settings)])
+    assert await run(args, asyncio.Event()) == 1
+
+
+async def test_process_pushes_the_saved_fits_to_a_real_router_with_its_token(
+    kmock: Any, tmp_path: Path
+) -> None:
+    """Started as users start it: the resumed models reach the router (authenticated), which then
+    routes each node with its own model."""
+    token = "router-token-from-a-secret"
+    (tmp_path / "token").write_text(token + "\n")
+    config = router_config([(n, f"http://127.0.0.1:9/{n}", "both") for n in PODS])
+    real = await start_router(config, token)
+    add_pods(kmock, {n: ("prefill" if n in PODS[:3] else "decode") for n in PODS})
+    state = PlannerState.of(SHAPE, dict.fromkeys(PODS, NODE), fitted_at=1.0, last_switch_at=2.0)
+    kmock.objects[kmock.resource("v1", "configmaps"), NS, "demo-planner-state"] = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "demo-planner-state", "namespace": NS, "resourceVersion": "1"},
+        "data": {"state.json": state.model_dump_json()},
+    }
+    try:
+        proc = await start(
+            tmp_path, kmock, real.url, "--warmup-s", "3600", "--router-token-file", str(tmp_path / "token")
+        )
+        nodes = real.service.nodes
+        await until(lambda: nodes.fits_version is not None, 20, proc)
+        assert all(nodes.fitted(n) for n in PODS)
+        assert nodes.get(PODS[0]).model.prefill == NODE.prefill
+        await stop(proc)
+    finally:
+        await real.stop()
+
+
+async def test_an_empty_token_file_fails_the_start(tmp_path: Path) -> None:
+    (tmp_path / "empty").write_text("\n")
+    common = ["--namespace", NS, "--pool", "demo", "--router", "http://127.0.0.1:9"]
+    args = parser().parse_args([*common, "--router-token-file", str(tmp_path / "empty")])
+    assert await run(args, asyncio.Event()) == 1
+    args = parser().parse_args([*common, "--directory-token-file", str(tmp_path / "missing")])
     assert await run(args, asyncio.Event()) == 1

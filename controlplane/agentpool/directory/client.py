@@ -34,6 +34,14 @@ class DirectoryRpcError(Exception):
         self.reason = reason
 
 
+class EventStreamClosedError(DirectoryRpcError):
+    """The ``PublishEvents`` stream ended under the publisher (the directory died or restarted, the
+    connection broke): open a new stream and resync."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(grpc.StatusCode.UNAVAILABLE, reason)
+
+
 @dataclass(frozen=True, slots=True)
 class NodePrefix:
     node: str
@@ -119,15 +127,16 @@ def removed_event(hashes: Sequence[int], tier: Tier) -> pb.KvEvent:
 
 
 def resync_batch(node: str, seq: int, phase: Phase, blocks: Iterable[HeldBlock]) -> pb.KvEventBatch:
+    """A resync in the packed wire form (17 bytes a block; parents before children)."""
+    held = list(blocks)
     return pb.KvEventBatch(
         node=node,
         seq=seq,
         phase=phase_to_pb(phase),
         resync=pb.Resync(
-            blocks=[
-                pb.HeldBlock(block_hash=b.block_hash, parent_hash=b.parent_hash, tiers=tier_to_pb(b.tiers))
-                for b in blocks
-            ]
+            block_hashes=[b.block_hash for b in held],
+            parent_hashes=[b.parent_hash for b in held],
+            tiers=bytes([tier_to_pb(b.tiers) for b in held]),
         ),
     )
 
@@ -137,7 +146,10 @@ def _ack(a: pb.PublishAck) -> Ack:
 
 
 class EventStream:
-    """One open ``PublishEvents`` stream: each batch sent gets one ack, in order."""
+    """One open ``PublishEvents`` stream: each batch sent gets one ack, in order.
+
+    Every failure is a :class:`DirectoryRpcError`: the server's status when it ended the stream with
+    one, else :class:`EventStreamClosedError` (the directory went away: open a new stream, resync)."""
 
     def __init__(self, call: Any) -> None:
         self._call = call
@@ -147,11 +159,20 @@ class EventStream:
             await self._call.write(batch)
             ack = await self._call.read()
         except grpc.aio.AioRpcError as e:
-            raise DirectoryRpcError(e.code(), e.details() or "") from None
+            raise _stream_error(e) from None
+        except (asyncio.InvalidStateError, grpc.aio.UsageError) as e:  # written after the call ended
+            raise await self._ended(e) from None
         if ack is _EOF:
-            code = await self._call.code()
-            raise DirectoryRpcError(code, await self._call.details() or "stream closed")
+            raise await self._ended(None)
         return _ack(ack)
+
+    async def _ended(self, cause: Exception | None) -> DirectoryRpcError:
+        """The error of a call that ended: its status when it has one, else a closed stream."""
+        code = await self._call.code()
+        details = await self._call.details() or ""
+        if code in (grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, None):
+            return EventStreamClosedError(f"event stream closed ({details or cause or 'no status'})")
+        return DirectoryRpcError(code, details)
 
     async def send_many(self, batches: Sequence[pb.KvEventBatch]) -> list[Ack]:
         """Pipeline ``batches``: write them all while reading the acks."""
@@ -166,18 +187,28 @@ class EventStream:
             for _ in batches:
                 ack = await self._call.read()
                 if ack is _EOF:
-                    code = await self._call.code()
-                    raise DirectoryRpcError(code, await self._call.details() or "stream closed")
+                    raise await self._ended(None)
                 acks.append(_ack(ack))
             await writer
         except grpc.aio.AioRpcError as e:
-            raise DirectoryRpcError(e.code(), e.details() or "") from None
+            raise _stream_error(e) from None
+        except (asyncio.InvalidStateError, grpc.aio.UsageError) as e:
+            raise await self._ended(e) from None
         finally:
             writer.cancel()
         return acks
 
     async def close(self) -> None:
-        await self._call.done_writing()
+        try:
+            await self._call.done_writing()
+        except (asyncio.InvalidStateError, grpc.aio.UsageError, grpc.aio.AioRpcError):
+            self._call.cancel()  # already ended: nothing left to close
+
+
+def _stream_error(e: grpc.aio.AioRpcError) -> DirectoryRpcError:
+    if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+        return EventStreamClosedError(f"event stream closed ({e.details() or e.code().name})")
+    return DirectoryRpcError(e.code(), e.details() or "")
 
 
 class NodePublisher:
@@ -217,13 +248,16 @@ class DirectoryClient:
         max_message_bytes: int = 64 << 20,
         client_cert: bytes | None = None,
         client_key: bytes | None = None,
+        options: Sequence[tuple[str, Any]] = (),
     ) -> None:
         """``token``: the bearer token sent on every call (the server requires it unless started
         ``--insecure``). ``root_certificates`` (PEM): use TLS and trust this CA; ``client_cert`` and
-        ``client_key`` (PEM): present a client certificate (mTLS)."""
+        ``client_key`` (PEM): present a client certificate (mTLS). ``options``: more gRPC channel
+        options."""
         opts = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
+            *options,
         ]
         if root_certificates is not None or client_cert is not None:
             creds = channel_credentials(root_certificates, client_cert, client_key)

@@ -6,9 +6,11 @@ Every check raises :class:`InvalidRequestError` with a reason; the service maps 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from operator import eq
 
-from agentpool.kv import EvictionCandidate, HeldBlock, Phase, PrefixMatch, Tier, check_branch_id
+from agentpool.kv import EvictionCandidate, Phase, PrefixMatch, Tier, check_branch_id
 from agentpool.kv.branches import InvalidBranchIdError
 from agentpool.v1 import directory_pb2 as pb
 
@@ -98,35 +100,87 @@ def stored_chain(parent: int, hashes: Sequence[int], max_blocks: int) -> list[in
     return out
 
 
-def held_blocks(resync: pb.Resync, max_blocks: int) -> list[HeldBlock]:
-    """A resync's block list, checked: parents before children (a block's parent is the root, a block
-    listed before it, or a block the node does not hold), no block twice, no block its own parent; so
-    the list cannot describe a cycle."""
-    blocks = resync.blocks
-    if len(blocks) > max_blocks:
-        raise InvalidRequestError(f"resync has {len(blocks)} blocks, more than the limit {max_blocks}")
-    out = []
-    seen: set[int] = set()
-    for i, b in enumerate(blocks):
-        h, parent = b.block_hash, b.parent_hash
-        if h == 0:
-            raise InvalidRequestError(f"resync block {i} has hash 0, the root hash")
-        if h == parent:
-            raise InvalidRequestError(f"resync block {i} ({h:#x}) is its own parent")
-        if h in seen:
-            raise InvalidRequestError(f"resync block {i} ({h:#x}) is listed twice")
-        seen.add(h)
-        out.append(HeldBlock(h, parent, tier_from_pb(b.tiers)))
-    later = [(i, b) for i, b in enumerate(out) if b.parent_hash in seen]  # parents the node holds
-    position = {b.block_hash: i for i, b in enumerate(out)} if later else {}
-    for i, b in later:
-        j = position[b.parent_hash]
-        if j > i:
-            raise InvalidRequestError(
-                f"resync block {i} ({b.block_hash:#x}) comes before its parent (block {j}, "
-                f"{b.parent_hash:#x}): list parents before children"
-            )
+def resync_size(resync: pb.Resync) -> int:
+    return len(resync.blocks) or len(resync.block_hashes)
+
+
+@dataclass(frozen=True, slots=True)
+class ResyncBlocks:
+    """A checked resync block list as three equally long int lists (no object per block)."""
+
+    hashes: list[int]
+    parents: list[int]
+    tiers: list[int]  # Tier values: 1 GPU, 2 HOST, 3 both
+
+    def __len__(self) -> int:
+        return len(self.hashes)
+
+
+_TIER_VALUES: dict[int, int] = {pb.TIER_GPU: 1, pb.TIER_HOST: 2, pb.TIER_GPU_AND_HOST: 3}
+
+
+def held_blocks(resync: pb.Resync, max_blocks: int) -> ResyncBlocks:
+    """:func:`held_blocks_steps` at once."""
+    steps = held_blocks_steps(resync, max_blocks)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            blocks: ResyncBlocks = done.value
+            return blocks
+
+
+def held_blocks_steps(
+    resync: pb.Resync, max_blocks: int, step: int = 1024
+) -> Generator[None, None, ResyncBlocks]:
+    """A resync's block list in steps of ``step`` blocks (a generator), checked block by block: no hash
+    0, a valid tier, no block its own parent. Either wire form: ``blocks`` (a message per block) or
+    the packed ``block_hashes``/``parent_hashes``/``tiers``. The checks over the whole list (no block
+    twice, parents before children) run in the core's resync (:meth:`PrefixIndex.resync_steps`),
+    which raises before changing anything."""
+    n = resync_size(resync)
+    if n > max_blocks:
+        raise InvalidRequestError(f"resync has {n} blocks, more than the limit {max_blocks}")
+    packed = not resync.blocks
+    if packed and not (len(resync.parent_hashes) == len(resync.tiers) == n):
+        raise InvalidRequestError(
+            f"packed resync has {n} block hashes, {len(resync.parent_hashes)} parent hashes and "
+            f"{len(resync.tiers)} tiers: they must be equally long"
+        )
+    out = ResyncBlocks([], [], [])
+    for i in range(0, n, step):
+        yield
+        if packed:
+            hashes = list(resync.block_hashes[i : i + step])
+            parents = list(resync.parent_hashes[i : i + step])
+            wire_tiers = list(resync.tiers[i : i + step])
+        else:
+            chunk = resync.blocks[i : i + step]
+            hashes = [b.block_hash for b in chunk]
+            parents = [b.parent_hash for b in chunk]
+            wire_tiers = [b.tiers for b in chunk]
+        tiers = list(map(_tier_value, wire_tiers))
+        if 0 in hashes or 0 in tiers or any(map(eq, hashes, parents)):
+            _explain(i, hashes, parents, wire_tiers)
+        out.hashes.extend(hashes)
+        out.parents.extend(parents)
+        out.tiers.extend(tiers)
     return out
+
+
+def _tier_value(wire: int) -> int:
+    return _TIER_VALUES.get(wire, 0)
+
+
+def _explain(start: int, hashes: list[int], parents: list[int], tiers: list[int]) -> None:
+    """Raise the error of the first bad block of a chunk (the fast checks found one)."""
+    for j, (h, p, t) in enumerate(zip(hashes, parents, tiers, strict=True), start):
+        if h == 0:
+            raise InvalidRequestError(f"resync block {j} has hash 0, the root hash")
+        if h == p:
+            raise InvalidRequestError(f"resync block {j} ({h:#x}) is its own parent")
+        tier_from_pb(t)  # raises for a bad tier
+    raise AssertionError("no bad block in the chunk")
 
 
 def node_prefix(node: str, phase: Phase | None, m: PrefixMatch, page_size: int) -> pb.NodePrefix:

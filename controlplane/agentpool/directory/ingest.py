@@ -15,13 +15,15 @@ from agentpool.directory.convert import (
     InvalidRequestError,
     QuotaExceededError,
     block_list,
-    held_blocks,
+    held_blocks_steps,
     node_name,
     phase_from_pb,
+    resync_size,
     stored_chain,
     tier_from_pb,
 )
 from agentpool.directory.metrics import DirectoryMetrics
+from agentpool.directory.steps import run_steps
 from agentpool.kv import Changes, Directory, InvalidEventError, Tier
 from agentpool.v1 import directory_pb2 as pb
 
@@ -77,6 +79,7 @@ class EventIngest:
         self._removed_events = metrics.events.labels("removed")
         self._seq: dict[str, int | None] = {}  # node -> last applied seq; None: waiting for a resync
         self._last_heard: dict[str, float] = {}
+        self._busy: set[str] = set()  # nodes whose resync is being applied (alive meanwhile)
 
     # -- liveness ----------------------------------------------------------------------------
     def expect(self, nodes: Iterable[str]) -> None:
@@ -95,13 +98,12 @@ class EventIngest:
         self._last_heard.pop(node, None)
 
     def silent_since(self, cutoff: float) -> list[str]:
-        return sorted(n for n, t in self._last_heard.items() if t < cutoff)
+        return sorted(n for n, t in self._last_heard.items() if t < cutoff and n not in self._busy)
 
     # -- batches -----------------------------------------------------------------------------
     def apply(self, batch: pb.KvEventBatch) -> tuple[pb.PublishAck, Changes]:
+        """An event or heartbeat batch (a resync goes to :meth:`resync`)."""
         node = node_name(batch.node)
-        if batch.HasField("resync"):
-            return self._resync(node, batch)
         events = self._parse(batch)
         last = self._seq.get(node)
         if last is None or not self.dir.has_node(node):
@@ -128,23 +130,32 @@ class EventIngest:
         self._seq[node] = batch.seq
         return pb.PublishAck(node=node, seq=batch.seq), changes
 
-    def _resync(self, node: str, batch: pb.KvEventBatch) -> tuple[pb.PublishAck, Changes]:
+    async def resync(self, batch: pb.KvEventBatch) -> tuple[pb.PublishAck, Changes]:
+        """A resync batch, checked and applied in steps that leave the event loop to other RPCs between
+        time slices (a million blocks take seconds; Resolves go on meanwhile)."""
+        node = node_name(batch.node)
         phase = phase_from_pb(batch.phase)
-        blocks = held_blocks(batch.resync, self.limits.max_resync_blocks)
-        cap = self.limits.max_blocks_per_node
-        if len(blocks) > cap:
+        size, cap = resync_size(batch.resync), self.limits.max_blocks_per_node
+        if size > cap:
             raise QuotaExceededError(
-                f"resync of {node} lists {len(blocks)} blocks, more than the cap of {cap} per node"
+                f"resync of {node} lists {size} blocks, more than the cap of {cap} per node"
             )
-        changes = Changes()
-        if not self.dir.has_node(node) or self.dir.phase(node) is not phase:
-            changes.merge(self.dir.register_node(node, phase))
+        self._busy.add(node)
         try:
-            changes.merge(self.dir.resync_node(node, blocks, self.wall()))
-        except InvalidEventError as e:
-            raise InvalidRequestError(f"resync of {node}: {e}") from None
+            blocks = await run_steps(held_blocks_steps(batch.resync, self.limits.max_resync_blocks))
+            changes = Changes()
+            if not self.dir.has_node(node) or self.dir.phase(node) is not phase:
+                changes.merge(self.dir.register_node(node, phase))
+            try:
+                now = self.wall()
+                steps = self.dir.resync_node_steps(node, blocks.hashes, blocks.parents, blocks.tiers, now)
+                changes.merge(await run_steps(steps))
+            except InvalidEventError as e:
+                raise InvalidRequestError(f"resync of {node}: {e}") from None
+        finally:
+            self._busy.discard(node)
+            self._last_heard[node] = self.mono()
         self._seq[node] = batch.seq
-        self._last_heard[node] = self.mono()
         self.metrics.resyncs.inc()
         return pb.PublishAck(node=node, seq=batch.seq), changes
 

@@ -34,6 +34,7 @@ from agentpool.directory.convert import (
 )
 from agentpool.directory.ingest import EventIngest, ServiceLimits
 from agentpool.directory.metrics import DirectoryMetrics
+from agentpool.directory.steps import run_steps
 from agentpool.directory.store import BranchStore, RowTracker, StoreUnavailableError, snapshot
 from agentpool.kv import Changes, CountChanges, Directory
 from agentpool.v1 import directory_pb2 as pb
@@ -94,6 +95,7 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         self.store_ok = False
         self._reload_needed = False
         self._write_lock = asyncio.Lock()
+        self._node_locks: dict[str, asyncio.Lock] = {}
         self._rows = RowTracker()  # writes only the changed fields of known branch rows
         self._epoch = 0  # bumped by a failed write: snapshots diffed before it are rewritten whole
         self.ingest = EventIngest(directory, self.limits, self.metrics, wall_clock, monotonic)
@@ -168,10 +170,7 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         self.metrics.expired_branches.inc(len(expired))
         for node in self.ingest.silent_since(self.mono() - self.timers.node_timeout_s):
             log.warning("node %s silent for %.1fs: purging it", node, self.timers.node_timeout_s)
-            if self.dir.has_node(node):
-                changes.merge(self.dir.drop_node(node))
-            self.ingest.forget(node)
-            self.metrics.dropped_nodes.labels("timeout").inc()
+            changes.merge(await self._purge(node, "timeout"))
         if changes:
             await self._commit(changes, strict=False)
 
@@ -358,9 +357,7 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         node = self._known_node(request.node)
         self._require_store()
         purged = self.dir.index.node_block_count(node) if self.dir.index.has_node(node) else 0
-        changes = self.dir.drop_node(node)
-        self.ingest.forget(node)
-        self.metrics.dropped_nodes.labels("request").inc()
+        changes = await self._purge(node, "request")
         await self._commit(changes)
         return pb.DropNodeResponse(released_branches=len(changes.branches), purged_blocks=purged)
 
@@ -404,11 +401,34 @@ class DirectoryService(pb_grpc.DirectoryServicer):
             yield ack
 
     async def apply_batch(self, batch: pb.KvEventBatch) -> pb.PublishAck:
-        """Apply one engine batch (validated as a whole first), persist what it changed; returns its ack."""
-        ack, changes = self.ingest.apply(batch)
+        """Apply one engine batch (validated as a whole first), persist what it changed; returns its ack.
+        A resync runs in steps (other RPCs are served between them); the node's lock keeps its other
+        batches and its purge out meanwhile."""
+        async with self._node_lock(node_name(batch.node)):
+            if batch.HasField("resync"):
+                ack, changes = await self.ingest.resync(batch)
+            else:
+                ack, changes = self.ingest.apply(batch)
         if changes:
             await self._commit(changes, strict=False)
         return ack
+
+    def _node_lock(self, node: str) -> asyncio.Lock:
+        lock = self._node_locks.get(node)
+        if lock is None:
+            lock = self._node_locks[node] = asyncio.Lock()
+        return lock
+
+    async def _purge(self, node: str, reason: str) -> Changes:
+        """Drop ``node`` (gone from every answer at once; its index entries are cleared in steps)."""
+        async with self._node_lock(node):
+            changes = Changes()
+            if self.dir.has_node(node):
+                changes = await run_steps(self.dir.drop_node_steps(node))
+            self.ingest.forget(node)
+            self.metrics.dropped_nodes.labels(reason).inc()
+        self._node_locks.pop(node, None)
+        return changes
 
     # -- count streams -----------------------------------------------------------------------
     async def WatchCounts(

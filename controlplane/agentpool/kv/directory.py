@@ -8,14 +8,16 @@ updates to engines. Pure: no I/O, time is passed in.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
+from typing import TypeVar
 
 from agentpool.kv.branches import BranchState, BranchTable, Observation, PendingMove
 from agentpool.kv.counts import BranchCounts, CountChanges
 from agentpool.kv.eviction import EvictionCandidate, eviction_hashes_counted, eviction_order_counted
 from agentpool.kv.hashing import DEFAULT_PAGE_SIZE
-from agentpool.kv.index import HeldBlock, PrefixIndex
+from agentpool.kv.index import HeldBlock, PrefixIndex, split_blocks
 from agentpool.kv.types import Phase, PrefixMatch, Tier, UnknownNodeError
 
 
@@ -115,6 +117,16 @@ class Directory:
 
     def drop_node(self, node: str) -> Changes:
         """``node`` is gone: purge its placements, release its counts, forget its phase."""
+        return _drain(self.drop_node_steps(node))
+
+    def drop_node_steps(self, node: str) -> Generator[None, None, Changes]:
+        """:meth:`drop_node` in steps (a generator): the node, its phase and its counts are gone before the
+        first step; the steps clear its placements from the index."""
+        changes = self._forget_node(node)
+        yield from self.index.drop_node_steps(node)
+        return changes
+
+    def _forget_node(self, node: str) -> Changes:
         self.phase(node)
         changes = Changes(nodes={node})
         affected = self._branches_counting_on(node) | self._branches_pending_on(node)
@@ -124,7 +136,6 @@ class Directory:
             state.pending.pop(node, None)
             changes.branches.add(state.branch_id)
         changes.counts.pop(node, None)
-        self.index.drop_node(node)
         self._pending_hint.pop(node, None)
         del self._phases[node]
         return changes
@@ -161,9 +172,17 @@ class Directory:
     def resync_node(self, node: str, blocks: Iterable[HeldBlock], now: float) -> Changes:
         """Replace ``node``'s placement with its engine's full block list (atomic for the index). Blocks
         whose host copy or every copy is gone since the last known state lose their counts (E.2 line 20)."""
+        return _drain(self.resync_node_steps(node, *split_blocks(blocks), now))
+
+    def resync_node_steps(
+        self, node: str, hashes: Sequence[int], parents: Sequence[int], tiers: Sequence[int], now: float
+    ) -> Generator[None, None, Changes]:
+        """:meth:`resync_node` in steps (a generator), the blocks as three int lists (see
+        :meth:`PrefixIndex.resync_steps`)."""
         self.phase(node)
-        host_lost, gone = self.index.resync(node, blocks, now)
-        changes = self._zero_counts(node, dict.fromkeys([*host_lost, *gone]))
+        host_lost, gone = yield from self.index.resync_steps(node, hashes, parents, tiers, now)
+        self.phase(node)  # still registered (the caller keeps drops of the node out meanwhile)
+        changes = self._zero_counts(node, chain(host_lost, gone))
         # Counted blocks the node never stored (e.g. before a directory restart) stay counted: the
         # branch placed there and the prefill will store them.
         self._settle_moves_to(node, changes)
@@ -271,3 +290,16 @@ class Directory:
         """The hashes of :meth:`eviction_order`, in its order (for a caller that only removes them)."""
         self.phase(node)
         return eviction_hashes_counted(self.index.host_access(node), self.counts.counts_view(node), limit)
+
+
+R = TypeVar("R")
+
+
+def _drain(steps: Generator[None, None, R]) -> R:
+    """Run a stepwise operation to its end at once."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            result: R = done.value
+            return result

@@ -16,9 +16,9 @@ values); every further node holding a block adds one slot in that node's last-ac
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import islice, repeat
 
 from agentpool.kv.hashing import ROOT_HASH
 from agentpool.kv.types import InvalidEventError, PrefixMatch, Tier, UnknownNodeError
@@ -35,6 +35,9 @@ class HeldBlock:
 
 _MATCH_CACHE_SIZE = 1 << 16
 _COMPACT_MIN_PEAK = 1 << 16  # smaller tables are not worth rebuilding
+STEP_BLOCKS = 256  # blocks per step of the stepwise resync and purge (a few hundred microseconds)
+
+Steps = Generator[None, None, tuple[list[int], list[int]]]
 _GPU, _HOST = int(Tier.GPU), int(Tier.HOST)
 _ALL_TIERS = _GPU | _HOST
 
@@ -49,6 +52,8 @@ class PrefixIndex:
         self._slot_of: dict[str, int] = {}
         self._name_of: dict[int, str] = {}
         self._free_slots: list[int] = []
+        self._next_slot = 0
+        self._live = 0  # bits of the registered slots: a slot being purged is out of every answer
         self._last_access: dict[int, dict[int, float]] = {}  # slot -> block hash -> last access
         # slots that may hold a block without a host copy; every other slot's held blocks all have one
         self._not_all_host: set[int] = set()
@@ -66,20 +71,53 @@ class PrefixIndex:
         """Give ``node`` a slot (idempotent)."""
         if node in self._slot_of:
             return
-        slot = self._free_slots.pop() if self._free_slots else len(self._slot_of)
+        if self._free_slots:
+            slot = self._free_slots.pop()
+        else:
+            slot, self._next_slot = self._next_slot, self._next_slot + 1
         self._slot_of[node] = slot
         self._name_of[slot] = node
         self._last_access[slot] = {}
+        self._live |= 1 << slot
 
     def drop_node(self, node: str) -> list[int]:
         """Forget ``node`` and every placement it had; returns the hashes it held."""
-        held = self._clear_node(node)
-        slot = self._slot_of.pop(node)
+        held = list(self._last_access[self._slot(node)])
+        for _ in self.drop_node_steps(node):
+            pass
+        return held
+
+    def drop_node_steps(self, node: str, step: int = STEP_BLOCKS) -> Generator[None, None, None]:
+        """:meth:`drop_node` in steps of ``step`` blocks (a generator: the caller may run other work
+        between steps). The node leaves every answer before the first step; its slot is reused only
+        once its bits are cleared."""
+        slot = self._slot(node)
+        bit = 1 << slot
+        del self._slot_of[node]
         del self._name_of[slot]
-        del self._last_access[slot]
+        self._live &= ~bit
+        la = self._last_access.pop(slot)
+        keep = ~bit
+        gpu, host, parents = self._gpu, self._host, self._parent
+        for _ in range(0, len(la), step):  # emptied as it goes: no big deallocation at the end
+            yield
+            for _ in range(min(step, len(la))):
+                h = la.popitem()[0]
+                g = gpu.get(h, 0) & keep
+                if g:
+                    gpu[h] = g
+                else:
+                    gpu.pop(h, None)
+                s = host.get(h, 0) & keep
+                if s:
+                    host[h] = s
+                else:
+                    host.pop(h, None)
+                if not g and not s:
+                    parents.pop(h, None)
+        self._not_all_host.discard(slot)
         self._free_slots.append(slot)
         self._compact()
-        return held
 
     def _compact(self) -> None:
         """Give memory back after a big purge: a dict keeps its table size when entries are deleted,
@@ -100,34 +138,6 @@ class PrefixIndex:
             return self._slot_of[node]
         except KeyError:
             raise UnknownNodeError(f"node {node!r} is not in the index") from None
-
-    def _clear_bits(self, h: int, keep: int, tier: Tier) -> None:
-        """Keep only the ``keep`` bits of block ``h`` in ``tier``; forget the block once no one holds it."""
-        if tier & Tier.GPU:
-            g = self._gpu.get(h, 0) & keep
-            if g:
-                self._gpu[h] = g
-            else:
-                self._gpu.pop(h, None)
-        if tier & Tier.HOST:
-            s = self._host.get(h, 0) & keep
-            if s:
-                self._host[h] = s
-            else:
-                self._host.pop(h, None)
-        if h not in self._gpu and h not in self._host:
-            del self._parent[h]
-
-    def _clear_node(self, node: str) -> list[int]:
-        slot = self._slot(node)
-        keep = ~(1 << slot)
-        held = list(self._last_access[slot])
-        both = Tier.GPU | Tier.HOST
-        for h in held:
-            self._clear_bits(h, keep, both)
-        self._last_access[slot] = {}
-        self._not_all_host.discard(slot)
-        return held
 
     def _link(self, h: int, parent: int) -> None:
         known = self._parent.setdefault(h, parent)
@@ -202,7 +212,7 @@ class PrefixIndex:
         host_t = bool(tier & Tier.HOST)
         host_lost: list[int] = []
         gone: list[int] = []
-        for h in hashes:  # _clear_bits(h, keep, tier), inlined
+        for h in hashes:
             if h not in la:
                 continue
             g = gpu.get(h, 0)
@@ -237,30 +247,126 @@ class PrefixIndex:
         return self.resync(node, blocks, now)[1]
 
     def resync(self, node: str, blocks: Iterable[HeldBlock], now: float) -> tuple[list[int], list[int]]:
-        """Resync: ``node`` holds exactly ``blocks`` now. Returns ``(host_lost, gone)``: the hashes it held
-        in host memory before but not now, and the hashes it held before but not now in any tier."""
+        """Resync: ``node`` holds exactly ``blocks`` now. Returns ``(host_lost, gone)``, sorted: the hashes
+        it held in host memory before but not now, and the hashes it held before but not now in any tier.
+        A block known under another parent raises :class:`InvalidEventError` before anything changes."""
+        host_lost, gone = _drain(self.resync_steps(node, *split_blocks(blocks), now))
+        return sorted(host_lost), sorted(gone)
+
+    def resync_steps(
+        self,
+        node: str,
+        hashes: Sequence[int],
+        parents_of: Sequence[int],
+        tiers: Sequence[int],
+        now: float,
+        step: int = STEP_BLOCKS,
+    ) -> Steps:
+        """:meth:`resync` in steps of ``step`` blocks (a generator; ``(host_lost, gone)`` unsorted). The
+        blocks come as three equally long lists of plain ints (block hash, parent hash, :class:`Tier`
+        value; 0: not held): a million blocks are then no million objects for the garbage collector.
+
+        A first pass checks the list without changing anything and raises :class:`InvalidEventError`:
+        a block listed twice, a block listed before its parent (a parent is the root, a block listed
+        earlier, or a block the node does not hold), a block known under another parent. A second
+        adds the new placement (between steps an answer may show the node holding old and new blocks),
+        a third clears what the node no longer holds, then its last-access table is swapped for the
+        new one. The caller keeps other changes of ``node`` out until the generator finishes."""
+        if not len(hashes) == len(parents_of) == len(tiers):
+            raise ValueError("hashes, parents and tiers must be equally long")
+        parents = self._parent
+        n = len(hashes)
+        new: dict[int, float] = {}  # the node's last-access table after the resync
+        unlisted: set[int] = set()  # parents not listed before their child (fine unless listed later)
+        for i in range(0, n, step):
+            yield
+            for h, p, t in zip(
+                hashes[i : i + step], parents_of[i : i + step], tiers[i : i + step], strict=True
+            ):
+                if not t:
+                    continue
+                if h in new:
+                    raise InvalidEventError(f"resync block {h:#x} is listed twice")
+                known = parents.get(h)
+                if known is not None and known != p:
+                    self._link(h, p)  # raises
+                if p and p not in new:
+                    unlisted.add(p)
+                new[h] = now
+        late = unlisted.intersection(new)
+        if late:
+            child = next(i for i, p in enumerate(parents_of) if p in late and tiers[i])
+            raise InvalidEventError(
+                f"resync block {hashes[child]:#x} comes before its parent {parents_of[child]:#x}: "
+                "list parents before children"
+            )
         self.add_node(node)
         slot = self._slot_of[node]
         bit = 1 << slot
-        host_before = {h for h in self._last_access[slot] if self._host.get(h, 0) & bit}
-        before = set(self._clear_node(node))
-        la = self._last_access[slot]
-        for b in blocks:
-            if not b.tiers:
-                continue
-            h = b.block_hash
-            self._link(h, b.parent_hash)
-            if b.tiers & Tier.GPU:
-                self._gpu[h] = self._gpu.get(h, 0) | bit
-            if b.tiers & Tier.HOST:
-                self._host[h] = self._host.get(h, 0) | bit
-                host_before.discard(h)
-            else:
-                self._not_all_host.add(slot)
-            la[h] = now
-            before.discard(h)
+        keep = ~bit
+        self._not_all_host.add(slot)  # "may hold a block without a host copy" is safe meanwhile
+        old = self._last_access[slot]
+        all_host = True
+        gpu, host = self._gpu, self._host
+        setdefault = parents.setdefault
+        host_lost: list[int] = []
+        for i in range(0, n, step):
+            yield
+            if self._slot_of.get(node) != slot:
+                raise InvalidEventError(f"node {node!r} was dropped during its resync")
+            for h, p, t in zip(
+                hashes[i : i + step], parents_of[i : i + step], tiers[i : i + step], strict=True
+            ):
+                if not t:
+                    continue
+                setdefault(h, p)
+                g = gpu.get(h, 0)
+                s = host.get(h, 0)
+                if t & _GPU:
+                    gpu[h] = g | bit
+                elif g & bit:  # held before with a GPU copy, not now
+                    if g & keep:
+                        gpu[h] = g & keep
+                    else:
+                        del gpu[h]
+                if t & _HOST:
+                    host[h] = s | bit
+                else:
+                    all_host = False
+                    if s & bit:  # the host copy is gone (E.2 line 20)
+                        host_lost.append(h)
+                        if s & keep:
+                            host[h] = s & keep
+                        else:
+                            del host[h]
+        gone: list[int] = []
+        before = iter(old)  # not resized meanwhile: the caller keeps the node's other changes out
+        for _ in range(0, len(old), step):
+            yield
+            for h in islice(before, step):
+                if h in new:
+                    continue
+                gone.append(h)
+                g = gpu.get(h, 0) & keep
+                if g:
+                    gpu[h] = g
+                else:
+                    gpu.pop(h, None)
+                s = host.get(h, 0)
+                if s & bit:
+                    host_lost.append(h)
+                s &= keep
+                if s:
+                    host[h] = s
+                else:
+                    host.pop(h, None)
+                if not g and not s:
+                    parents.pop(h, None)
+        self._last_access[slot] = new
+        if all_host:
+            self._not_all_host.discard(slot)
         self._compact()
-        return sorted(host_before), sorted(before)
+        return host_lost, gone
 
     def touch(self, node: str, hashes: Iterable[int], now: float) -> None:
         """Record an access at ``now`` to the blocks of ``hashes`` that ``node`` holds."""
@@ -328,7 +434,7 @@ class PrefixIndex:
         gpu_depth: dict[int, int] = {}
         host_depth: dict[int, int] = {}
         any_depth: dict[int, int] = {}
-        gpu_alive = host_alive = any_alive = -1  # all bits: the first block sets them
+        gpu_alive = host_alive = any_alive = self._live  # the first block narrows them
         depth = 0
         for h in hashes:
             eg = gpu_get(h, 0)
@@ -362,7 +468,9 @@ class PrefixIndex:
         prefix is ``(0, d, d)``, so one running AND suffices, and the nodes that leave it at the same
         block share one result."""
         host_get = self._host.get
-        alive = -1
+        alive = self._live
+        if not alive:
+            return {}
         depth = 0
         drops: list[tuple[int, int]] = []  # (slots leaving at this block, depth)
         for h in hashes:
@@ -405,3 +513,19 @@ def _slots(mask: int) -> list[int]:
         slots.append(low.bit_length() - 1)
         mask ^= low
     return slots
+
+
+def _drain(steps: Steps) -> tuple[list[int], list[int]]:
+    """Run a stepwise operation to its end at once."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            result: tuple[list[int], list[int]] = done.value
+            return result
+
+
+def split_blocks(blocks: Iterable[HeldBlock]) -> tuple[list[int], list[int], list[int]]:
+    """``(hashes, parents, tier values)`` of ``blocks``, the form :meth:`PrefixIndex.resync_steps` takes."""
+    held = list(blocks)
+    return [b.block_hash for b in held], [b.parent_hash for b in held], [int(b.tiers) for b in held]

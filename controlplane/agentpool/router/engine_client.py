@@ -1,20 +1,38 @@
-"""HTTP client for the engine protocol (:mod:`agentpool.router.engine_protocol`), with timeouts."""
+"""HTTP client for the engine protocol (:mod:`agentpool.router.engine_protocol`), with timeouts.
+
+A lean HTTP/1.1 client: asyncio protocols with httptools' response parser (llhttp) on persistent
+connections kept per engine, one request at a time on each. It replaced an aiohttp session, whose
+per-request machinery was the largest single cost of the router's shell (bench/results/router_cpu.md).
+
+- A pooled connection the engine closed while idle is detected before reuse; a reused connection that
+  fails before any byte of the answer is retried once on a new one (not the engine's fault).
+- A stream the router stops reading (the client went away) closes its connection: it is never reused
+  half-read. A response over ``MAX_BUFFER`` unread bytes pauses reading from the engine.
+- Timeouts: connecting (``connect_s``), the first event (``first_event_s``) and each later event
+  (``between_events_s``).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from typing import Protocol, cast
+from urllib.parse import urlsplit
 
-import aiohttp
-from pydantic import ValidationError
-from pydantic_core import PydanticSerializationError
+import httptools
+import orjson
 
-from agentpool.router.engine_protocol import EngineEvent, GenerateRequest
+from agentpool.router.engine_protocol import EngineEvent, GenerateRequest, encode_generate
 
 GENERATE_PATH = "/agentpool/v1/generate"
-# The longest event line accepted (aiohttp's readline limit, which the client used before).
+# The longest event line accepted.
 MAX_EVENT_BYTES = 1 << 17
-_JSON = {"content-type": "application/json"}
+# Unread response bytes at which reading from the engine pauses (resumes below half of it).
+MAX_BUFFER = 1 << 20
+# Idle connections kept per engine.
+MAX_IDLE = 256
 
 
 class EngineFailure(Exception):
@@ -34,76 +52,318 @@ class EngineBusy(Exception):
     """The engine refused the request without failing (HTTP 429/503): route it elsewhere."""
 
 
+class _Content(Protocol):
+    def read_nowait(self) -> bytes: ...
+
+    async def readany(self) -> bytes: ...
+
+
+class _ConnectionLost(Exception):
+    """The connection closed or broke; ``started``: whether any of the answer had arrived."""
+
+    def __init__(self, message: str, started: bool) -> None:
+        super().__init__(message)
+        self.started = started
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    host: str
+    port: int
+    tls: bool
+    path: bytes
+    host_header: bytes
+
+
+class _Connection(asyncio.Protocol):
+    """One HTTP/1.1 connection; its current response's body is read with ``read_nowait``/``readany``."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpResponseParser(self)
+        self._buf = bytearray()
+        self._waiter: asyncio.Future[None] | None = None
+        self._paused = False
+        self.status = 0
+        self.headers_done = False
+        self.complete = False
+        self.started = False
+        self.lost: BaseException | None = None
+        self.keep_alive = True
+
+    # -- protocol callbacks (asyncio and httptools) ---------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # a stream transport (uvloop's does not subclass asyncio.Transport, so no isinstance check)
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.started = True
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as e:
+            self._fail(e)
+            if self.transport is not None:
+                self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(exc or ConnectionResetError("the engine closed the connection"))
+
+    def on_headers_complete(self) -> None:
+        self.status = self._parser.get_status_code()
+        self.keep_alive = self._parser.should_keep_alive()
+        self.headers_done = True
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self._buf += body
+        if len(self._buf) > MAX_BUFFER and self.transport is not None and not self._paused:
+            self._paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        self._wake()
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _fail(self, exc: BaseException) -> None:
+        if self.lost is None:
+            self.lost = exc
+        self.keep_alive = False
+        self._wake()
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    @property
+    def has_body(self) -> bool:
+        return bool(self._buf)
+
+    async def wait(self) -> None:
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    @property
+    def reusable(self) -> bool:
+        t = self.transport
+        return self.lost is None and self.keep_alive and t is not None and not t.is_closing()
+
+    def send(self, head: bytes, body: bytes) -> None:
+        assert self.transport is not None
+        self._parser = httptools.HttpResponseParser(self)
+        self._buf.clear()
+        self.status, self.headers_done, self.complete, self.started = 0, False, False, False
+        self.transport.write(head + body)
+
+    async def headers(self) -> int:
+        while not self.headers_done:
+            if self.lost is not None:
+                raise _ConnectionLost(str(self.lost) or type(self.lost).__name__, self.started)
+            await self.wait()
+        return self.status
+
+    def read_nowait(self) -> bytes:
+        data = bytes(self._buf)
+        self._buf.clear()
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+        return data
+
+    async def readany(self) -> bytes:
+        """Body bytes as they arrive; ``b""`` at the end of the response."""
+        while not self._buf:
+            if self.complete:
+                return b""
+            if self.lost is not None:
+                raise _ConnectionLost(str(self.lost) or type(self.lost).__name__, True)
+            await self.wait()
+        return self.read_nowait()
+
+    def close(self) -> None:
+        self.keep_alive = False
+        if self.transport is not None:
+            self.transport.close()
+
+
 class EngineClient:
-    """Streams :class:`EngineEvent` objects from one ``generate`` call; owns an aiohttp session."""
+    """Streams :class:`EngineEvent` objects from one ``generate`` call over pooled connections."""
 
     def __init__(self, connect_s: float, first_event_s: float, between_events_s: float) -> None:
         self.connect_s = connect_s
         self.first_event_s = first_event_s
         self.between_events_s = between_events_s
-        self._session: aiohttp.ClientSession | None = None
-        self._urls: dict[str, str] = {}  # engine base URL -> its generate URL
+        self._targets: dict[str, _Target] = {}
+        self._idle: dict[_Target, list[_Connection]] = {}
+        self._ssl: ssl.SSLContext | None = None
+        self._started = False
+        self._pending: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
-        if self._session is None:
-            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_s),
-            )
+        self._started = True
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        self._started = False
+        for task in list(self._pending):
+            task.cancel()
+        for conns in self._idle.values():
+            for c in conns:
+                c.close()
+        self._idle.clear()
 
-    def _url(self, url: str) -> str:
-        full = self._urls.get(url)
-        if full is None:
-            full = self._urls[url] = url.rstrip("/") + GENERATE_PATH
-        return full
+    def _target(self, url: str) -> _Target:
+        t = self._targets.get(url)
+        if t is None:
+            parts = urlsplit(url)
+            tls = parts.scheme == "https"
+            if parts.hostname is None:
+                raise EngineFailure(f"engine url {url!r} has no host")
+            port = parts.port or (443 if tls else 80)
+            path = (parts.path.rstrip("/") + GENERATE_PATH).encode()
+            t = self._targets[url] = _Target(parts.hostname, port, tls, path, parts.netloc.encode())
+        return t
+
+    async def _connect(self, t: _Target) -> _Connection:
+        loop = asyncio.get_running_loop()
+        context = None
+        if t.tls:
+            if self._ssl is None:
+                self._ssl = ssl.create_default_context()
+            context = self._ssl
+        async with asyncio.timeout(self.connect_s):
+            _, conn = await loop.create_connection(_Connection, t.host, t.port, ssl=context)
+        return conn
+
+    def _release(self, t: _Target, conn: _Connection) -> None:
+        idle = self._idle.setdefault(t, [])
+        if conn.reusable and self._started and len(idle) < MAX_IDLE:
+            idle.append(conn)
+        else:
+            conn.close()
+
+    async def _send(self, t: _Target, head: bytes, body: bytes) -> tuple[_Connection, int]:
+        """The connection the answer's headers came back on, and their status."""
+        idle = self._idle.get(t)
+        while idle:
+            conn = idle.pop()
+            if not conn.reusable:
+                conn.close()
+                continue
+            conn.send(head, body)
+            try:
+                async with asyncio.timeout(self.first_event_s):
+                    return conn, await conn.headers()
+            except _ConnectionLost as e:
+                conn.close()
+                if e.started:
+                    raise
+                # the engine closed this idle connection as we reused it: try a new one
+            except BaseException:
+                conn.close()
+                raise
+        conn = await self._connect(t)
+        conn.send(head, body)
+        try:
+            async with asyncio.timeout(self.first_event_s):
+                return conn, await conn.headers()
+        except BaseException:
+            conn.close()
+            raise
 
     async def generate(self, url: str, request: GenerateRequest) -> AsyncGenerator[EngineEvent, None]:
-        if self._session is None:
+        if not self._started:
             raise RuntimeError("EngineClient.start() was not called")
         try:
-            data = request.model_dump_json().encode()
-        except (PydanticSerializationError, UnicodeEncodeError) as e:
+            body = encode_generate(request)
+        except (orjson.JSONEncodeError, UnicodeEncodeError) as e:
             raise EngineRejected(f"the request cannot be encoded for the engine: {e}") from e
+        t = self._target(url)
+        head = (
+            b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+            % (
+                t.path,
+                t.host_header,
+                len(body),
+            )
+        )
+        conn: _Connection | None = None
+        lines: _Lines | None = None
+        finished = False
         try:
-            async with self._session.post(
-                self._url(url),
-                data=data,
-                headers=_JSON,
-                timeout=aiohttp.ClientTimeout(total=None, connect=self.connect_s, sock_read=None),
-            ) as resp:
-                if resp.status in (429, 503):
-                    raise EngineBusy(f"{url} answered {resp.status}")
-                if resp.status != 200:
-                    text = (await resp.content.read(500)).decode(errors="replace")
-                    if resp.status in REJECTED_STATUSES:
-                        raise EngineRejected(f"{url} rejected the request ({resp.status}): {text}")
-                    raise EngineFailure(f"{url} answered {resp.status}: {text}")
-                lines = _Lines(resp.content)
-                wait = self.first_event_s
-                while True:
-                    line = await lines.next(wait)
-                    if not line:
-                        raise EngineFailure(f"{url} closed the stream before the request finished")
-                    wait = self.between_events_s
-                    if not line.strip():
-                        continue
-                    try:
-                        event = EngineEvent.model_validate_json(line)
-                    except ValidationError as e:
-                        raise EngineFailure(f"{url} sent an invalid event: {e}") from e
+            conn, status = await self._send(t, head, body)
+            if status in (429, 503):
+                raise EngineBusy(f"{url} answered {status}")
+            if status != 200:
+                text = (await self._some(conn)).decode(errors="replace")
+                if status in REJECTED_STATUSES:
+                    raise EngineRejected(f"{url} rejected the request ({status}): {text}")
+                raise EngineFailure(f"{url} answered {status}: {text}")
+            lines = _Lines(conn)
+            wait = self.first_event_s
+            while True:
+                line = await lines.next(wait)
+                if not line:
+                    raise EngineFailure(f"{url} closed the stream before the request finished")
+                wait = self.between_events_s
+                if not line.strip():
+                    continue
+                try:
+                    event = EngineEvent.model_validate_json(line)
+                except ValueError as e:  # pydantic's ValidationError is a ValueError
+                    raise EngineFailure(f"{url} sent an invalid event: {e}") from e
+                if event.type in ("done", "error", "requeue"):
+                    finished = True
                     yield event
-                    if event.type in ("done", "error", "requeue"):
-                        return
+                    return
+                yield event
         except TimeoutError as e:
             raise EngineFailure(f"{url} timed out") from e
-        except (aiohttp.ClientError, ValueError) as e:  # ValueError: a line over MAX_EVENT_BYTES
+        except _ConnectionLost as e:
+            raise EngineFailure(f"{url}: connection lost: {e}") from e
+        except (OSError, ValueError) as e:  # ValueError: a line over MAX_EVENT_BYTES
             raise EngineFailure(f"{url}: {type(e).__name__}: {e}") from e
+        finally:
+            if conn is not None:
+                if finished and lines is not None and not lines.pending:
+                    self._release_when_complete(t, conn)
+                else:
+                    conn.close()
+
+    async def _some(self, conn: _Connection) -> bytes:
+        """Up to 500 bytes of an error answer (bounded in time)."""
+        try:
+            async with asyncio.timeout(self.between_events_s):
+                return (await conn.readany())[:500]
+        except (TimeoutError, _ConnectionLost):
+            return b""
+
+    def _release_when_complete(self, t: _Target, conn: _Connection) -> None:
+        """Pool ``conn`` once its response ended (the chunked terminator often arrives after the last
+        event); close it if more body comes, it breaks, or the end takes over a second."""
+        if conn.complete:
+            self._release(t, conn)
+            return
+        task = asyncio.get_running_loop().create_task(self._await_complete(t, conn))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _await_complete(self, t: _Target, conn: _Connection) -> None:
+        try:
+            async with asyncio.timeout(1.0):
+                while not conn.complete and conn.lost is None and not conn.has_body:
+                    await conn.wait()
+        except TimeoutError:
+            conn.close()
+            return
+        if conn.complete and not conn.has_body:
+            self._release(t, conn)
+        else:
+            conn.close()
 
 
 class _Lines:
@@ -117,10 +377,15 @@ class _Lines:
 
     __slots__ = ("_buf", "_content", "_pos")
 
-    def __init__(self, content: aiohttp.StreamReader) -> None:
+    def __init__(self, content: _Content) -> None:
         self._content = content
         self._buf = b""
         self._pos = 0
+
+    @property
+    def pending(self) -> bool:
+        """Whether received bytes are left unread."""
+        return len(self._buf) > self._pos
 
     async def next(self, timeout_s: float) -> bytes:
         deadline: float | None = None

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentpool.router.policy import Role
@@ -67,6 +68,25 @@ class Usage(BaseModel):
     model_config = ConfigDict(extra="allow")
     prompt_tokens: int = 0
     completion_tokens: int = 0
+
+
+def encode_generate(r: GenerateRequest) -> bytes:
+    """``r`` as JSON (orjson: the request body and token ids are the bulk; the fields were validated
+    where they came from, so the model's own serializer is not needed)."""
+    kv = None if r.kv_source is None else r.kv_source.model_dump()
+    return orjson.dumps(
+        {
+            "request_id": r.request_id,
+            "dispatch_seq": r.dispatch_seq,
+            "phase": r.phase,
+            "endpoint": r.endpoint,
+            "body": r.body,
+            "prompt_token_ids": r.prompt_token_ids,
+            "cached_tokens": r.cached_tokens,
+            "fetch_tokens": r.fetch_tokens,
+            "kv_source": kv,
+        }
+    )
 
 
 class EngineEvent(BaseModel):

@@ -10,7 +10,6 @@ and the SSE chunks.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any, Literal
 
@@ -188,8 +187,9 @@ def completion_response(rid: str, model: str, text: str, finish: str, usage: Usa
 
 
 def sse(payload: dict[str, Any] | str) -> bytes:
-    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
-    return f"data: {data}\n\n".encode()
+    if isinstance(payload, str):
+        return f"data: {payload}\n\n".encode()
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
 def chat_chunk(

@@ -19,6 +19,7 @@ import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, TypeVar
 
+import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
@@ -279,7 +280,8 @@ async def answer(
             if not stream:
                 text, finish, usage, tokens = await collect(head, outs)
                 make = chat_response if endpoint == "chat" else completion_response
-                return web.json_response(make(prep.request_id, model, text, finish, usage))
+                body = orjson.dumps(make(prep.request_id, model, text, finish, usage))
+                return web.Response(body=body, content_type="application/json")
             resp = web.StreamResponse(
                 headers={"content-type": "text/event-stream", "cache-control": "no-cache"}
             )

@@ -138,7 +138,7 @@ def shifting(args: argparse.Namespace) -> None:
         duration_s=3 * args.duration,
         static_prefill_nodes=5,
     )
-    systems = ["agentpool", "static-cache-aware", "dynamo-like", "oracle"]
+    systems = ["agentpool", "static-cache-aware", "dynamo-like", "oracle-reference"]
     res = compare(sc, systems, quiet=True, jobs=args.jobs)
     _print("shifting composition", res)
     if args.write:

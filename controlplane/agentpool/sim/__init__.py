@@ -59,6 +59,11 @@ Modelling choices and approximations (each a knob or documented where it is made
   ``f_n`` are remeasured from simulated iterations every window.
 - Seeds: ``--seed`` draws the order in which conversations are replayed (a fresh order per pass
   over the trace), the iteration noise, the synthetic workloads and open-loop arrivals.
+- Bounds and references (:mod:`.bounds`): every closed-loop trace run reports an analytic upper
+  bound (Little's law over conversations with the ground truth's minimal response times, or the
+  ideal replay of the same window if higher); ``static-reference`` is the hindsight best static
+  split (every split swept, unlimited shared cache, free fetches, no switches) and
+  ``oracle-reference`` Eq. 5's best split per past window: references, not bounds.
 - Arrow-like switches strand KV: the switched node's cache is dropped. Dynamo-like relaunches:
   the node drains, is out of service for ``relaunch_s`` and loses its KV.
 - Replay may cap recorded pauses (``max_pause_s``) to reach the paper's offered load.

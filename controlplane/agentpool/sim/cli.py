@@ -14,7 +14,16 @@ from typing import Any
 from agentpool.sim.parallel import run_parallel
 from agentpool.sim.planners import ModelSource, PlannerSettings
 from agentpool.sim.report import markdown_report, write_json, write_plots
-from agentpool.sim.run import WORKLOADS, Scenario, load_conversations, run_system, scenario_dict
+from agentpool.sim.run import (
+    WORKLOADS,
+    Scenario,
+    best_reference,
+    load_conversations,
+    reference_runs,
+    run_system,
+    scenario_bound,
+    scenario_dict,
+)
 from agentpool.sim.simulator import DECODE_BINDINGS, TRUTHS, SimConfig
 from agentpool.sim.systems import COLOCATED_DEFAULT, DISAGGREGATED_DEFAULT, SYSTEMS
 from agentpool.sim.trace import Conversation
@@ -200,12 +209,17 @@ def run(args: argparse.Namespace, adjust: Callable[[Scenario], Scenario] | None 
     jobs = default_jobs(names) if args.jobs is None else args.jobs
     if jobs < 1:
         raise SystemExit(f"agentpool simulate: --jobs must be at least 1, got {jobs}")
-    results = compare(sc, names, quiet=args.quiet, jobs=jobs)
+    conversations = load_conversations(sc)
+    runs = reference_runs(names, sc.sim.nodes)
+    results = best_reference(compare(sc, runs, quiet=args.quiet, jobs=jobs, conversations=conversations))
+    bound = scenario_bound(sc, conversations)
     command = "agentpool simulate " + " ".join(shlex.quote(a) for a in sys.argv[2:])
     scen = scenario_dict(sc)
-    md = markdown_report("agentpool simulate", command, scen, results)
+    md = markdown_report("agentpool simulate", command, scen, results, bound)
     (out / "report.md").write_text(md, encoding="utf-8")
-    write_json(out / "results.json", {"command": command, "scenario": scen, "results": results})
+    payload: dict[str, Any] = {"command": command, "scenario": scen, "results": results}
+    payload["bound"] = None if bound is None else bound.as_dict()
+    write_json(out / "results.json", payload)
     if not args.no_plots:
         write_plots(out, results, sc.warmup_s + sc.duration_s)
     print(md)

@@ -33,7 +33,9 @@
   TTFT above the deadline moves a decode node to prefill; a TTFT far below it while decode
   iterations approach the TPOT limit moves one back.
 - ``oracle``: the split with the best Eq. 5 throughput for each window's measured work, applied at
-  once with free switches (an upper bound together with the oracle's unlimited shared cache).
+  once with free switches (the ``oracle-reference`` system, with an unlimited shared cache). A
+  reference, not a bound: it uses the past window's work and Eq. 5's proxy; the bound is
+  :mod:`agentpool.sim.bounds`, the hindsight reference the ``static-reference`` sweep.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from agentpool.sim.bounds import ClosedLoopBound
+
 _COLUMNS = (
     ("system", "system", "{}"),
     ("req/s", "throughput_rps", "{:.3f}"),
@@ -64,8 +66,24 @@ def markdown_table(results: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def bound_line(bound: ClosedLoopBound | None, results: Sequence[dict[str, Any]]) -> str:
+    if bound is None:
+        return "No analytic bound for this workload (open loop, Mooncake or phased synthetic agents).\n"
+    shares = ", ".join(
+        f"{r['system']} {r['summary']['throughput_rps'] / bound.throughput_rps:.0%}" for r in results
+    )
+    return (
+        f"Upper bound (Little's law over conversations, ground-truth minimal response times): "
+        f"{bound.throughput_rps:.3f} req/s for {bound.agents} agents. Share of it: {shares}.\n"
+    )
+
+
 def markdown_report(
-    title: str, command: str, scenario: dict[str, Any], results: Sequence[dict[str, Any]]
+    title: str,
+    command: str,
+    scenario: dict[str, Any],
+    results: Sequence[dict[str, Any]],
+    bound: ClosedLoopBound | None = None,
 ) -> str:
     parts = [
         f"# {title}\n",
@@ -75,6 +93,7 @@ def markdown_report(
         + "\n",
         f"Pool: {scenario.get('sim')}\n",
         markdown_table(results),
+        bound_line(bound, results),
         "\nTimes in seconds unless noted; the measurement window excludes the warmup. Lost KV reuse is "
         "`1 - h/h*` (h* with an unlimited cache shared by all nodes and no switches, same requests). "
         "Prefill imbalance: per minute, the most loaded prefill node's mean queueing time over the mean "

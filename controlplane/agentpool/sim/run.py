@@ -13,13 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from agentpool.models import TtftSlo
+from agentpool.node.timing import EquationTimes
+from agentpool.sim.bounds import ClosedLoopBound, closed_loop_bound
 from agentpool.sim.metrics import Metrics
 from agentpool.sim.planners import PlannerSettings, attach
 from agentpool.sim.presets import preset
 from agentpool.sim.replay import ConversationSource, Phase, Replay, cycle
 from agentpool.sim.simulator import SimConfig, Simulator
 from agentpool.sim.synthetic import generator
-from agentpool.sim.systems import PlannerKind, system
+from agentpool.sim.systems import STATIC_REFERENCE, PlannerKind, split_of, system
 from agentpool.sim.trace import Conversation, load_claude_code, load_mooncake
 
 BUNDLED_TRACE = "claude-code-sample.jsonl.gz"
@@ -124,6 +126,9 @@ def run_system(
 ) -> dict[str, Any]:
     """Run system ``name`` on scenario ``sc``; returns its summary, timelines and wall time."""
     cfg = system(name)
+    pinned = split_of(name)
+    if pinned is not None:
+        sc = dataclasses.replace(sc, static_prefill_nodes=pinned)
     p = preset(sc.preset)
     if conversations is None:
         conversations = load_conversations(sc)
@@ -182,3 +187,60 @@ def run_system(
 
 def scenario_dict(sc: Scenario) -> dict[str, Any]:
     return asdict(sc)
+
+
+def scenario_bound(sc: Scenario, conversations: Sequence[Conversation] | None) -> ClosedLoopBound | None:
+    """The analytic closed-loop bound of ``sc`` (:mod:`agentpool.sim.bounds`), where one applies:
+    a closed loop over trace conversations (not open loop, Mooncake or synthetic phases)."""
+    if sc.workload != "claude-code" or sc.arrival_per_min is not None or not conversations:
+        return None
+    p = preset(sc.preset)
+    truth = p.roofline() if sc.sim.truth == "roofline" else EquationTimes(p.prefill_model(), p.decode_model())
+    return closed_loop_bound(
+        conversations,
+        sc.agents,
+        truth,
+        p.truth.noise if sc.sim.noise is None else sc.sim.noise,
+        t_acc=p.t_acc,
+        shared_blocks=sc.shared_prefix_tokens // sc.sim.block_size,
+        group=sc.sim.block_size // sc.trace_block_tokens,
+        block=sc.sim.block_size,
+        max_pause_s=sc.max_pause_s,
+        order=None if sc.ramp_s else _conversation_order(sc, conversations),
+        window=(sc.warmup_s, sc.warmup_s + sc.duration_s),
+    )
+
+
+def _conversation_order(sc: Scenario, conversations: Sequence[Conversation]) -> Iterator[Conversation]:
+    """The order in which the replay hands out ``conversations`` (the same seeded cycle)."""
+    source = _sources(sc, conversations)["claude-code"]
+    while True:
+        yield source()
+
+
+def reference_runs(names: Sequence[str], nodes: int) -> list[str]:
+    """``names`` with ``static-reference`` swept over every split (1 .. nodes - 1 prefill nodes)."""
+    out: list[str] = []
+    for n in names:
+        out.extend([f"{STATIC_REFERENCE}@{p}" for p in range(1, nodes)] if n == STATIC_REFERENCE else [n])
+    return out
+
+
+def best_reference(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The sweep's runs folded into one result, the split with the highest throughput, in its
+    place; the sweep's throughputs stay in its ``sweep``."""
+    sweep = [r for r in results if r["system"].startswith(STATIC_REFERENCE + "@")]
+    if not sweep:
+        return list(results)
+    best = dict(max(sweep, key=lambda r: (r["summary"]["throughput_rps"], r["system"])))
+    best["sweep"] = {r["system"]: r["summary"]["throughput_rps"] for r in sweep}
+    best["reference_split"] = best["system"].partition("@")[2]
+    best["system"] = STATIC_REFERENCE
+    out: list[dict[str, Any]] = []
+    for r in results:
+        if r in sweep:
+            if r is sweep[0]:
+                out.append(best)
+        else:
+            out.append(r)
+    return out

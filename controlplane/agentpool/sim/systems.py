@@ -44,6 +44,19 @@ class Eviction(enum.StrEnum):
     LRU = "lru"
 
 
+STATIC_REFERENCE = "static-reference"
+
+
+def split_of(name: str) -> int | None:
+    """The prefill nodes a ``static-reference@P`` run pins (None for any other name)."""
+    base, at, p = name.partition("@")
+    if not at:
+        return None
+    if base != STATIC_REFERENCE or not p.isdigit():
+        raise ValueError(f"only {STATIC_REFERENCE}@P takes a split, got {name!r}")
+    return int(p)
+
+
 @dataclass(frozen=True, slots=True)
 class SystemConfig:
     name: str
@@ -134,11 +147,20 @@ SYSTEMS: Mapping[str, SystemConfig] = {
             switch=SwitchMode.STRANDED,
         ),
         _d(
-            "oracle",
-            "upper bound: best split per window, unlimited shared cache, free fetches and switches",
+            "oracle-reference",
+            "reference, not a bound: Eq. 5's best split for each past window, unlimited shared cache, "
+            "free fetches and switches",
             policy="evolving",
             planner=PlannerKind.ORACLE,
             switch=SwitchMode.FREE,
+            fetch=FetchMode.FREE,
+            unlimited_cache=True,
+        ),
+        _d(
+            STATIC_REFERENCE,
+            "hindsight reference: the best static split over the whole run (every split swept), "
+            "unlimited shared cache, free fetches, no switches",
+            policy="evolving",
             fetch=FetchMode.FREE,
             unlimited_cache=True,
         ),
@@ -154,11 +176,13 @@ SYSTEMS: Mapping[str, SystemConfig] = {
     )
 }
 
-DISAGGREGATED_DEFAULT = ("agentpool", "static-cache-aware", "dynamo-like", "arrow-like", "oracle")
+DISAGGREGATED_DEFAULT = ("agentpool", "static-cache-aware", "dynamo-like", "arrow-like", "oracle-reference")
 COLOCATED_DEFAULT = ("smetric", "lmetric", "linear", "least-loaded", "session-id")
 
 
 def system(name: str) -> SystemConfig:
+    """The system ``name``; ``static-reference@P`` is the static reference at ``P`` prefill nodes."""
+    name = name.partition("@")[0]
     try:
         return SYSTEMS[name]
     except KeyError:

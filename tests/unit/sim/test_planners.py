@@ -81,7 +81,7 @@ def test_no_planner_for_static_systems() -> None:
     assert tick_for(PlannerKind.NONE, sim_of("static-cache-aware"), PlannerSettings()) is None
 
 
-@pytest.mark.parametrize("name", ["agentpool", "oracle"])
+@pytest.mark.parametrize("name", ["agentpool", "oracle-reference"])
 def test_window_planners_tolerate_an_empty_window(name: str) -> None:
     sim = sim_of(name)
     sim.now = 600.0

@@ -88,7 +88,7 @@ def summary(name: str) -> dict[str, float]:
 
 
 def test_oracle_loses_no_kv_reuse_and_baselines_do() -> None:
-    oracle = summary("oracle")
+    oracle = summary("oracle-reference")
     assert oracle["requests"] > 200
     assert oracle["ideal_hit_rate"] > 0.8
     assert oracle["lost_kv_reuse"] == pytest.approx(0.0, abs=1e-12)

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 import uuid
 
 from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
 
 from agentpool.planner.roles import (
     OBSERVED_ROLE_ANNOTATION,
@@ -34,6 +36,7 @@ from agentpool.planner.roles import (
 )
 
 MERGE_PATCH = "application/merge-patch+json"
+log = logging.getLogger(__name__)
 
 
 class PodRoles:
@@ -109,4 +112,37 @@ __all__ = [
     "ObjectRef",
     "PodRoleState",
     "PodRoles",
+    "RouterPods",
 ]
+
+
+class RouterPods:
+    """The router replicas of a pool: the running pods matching ``label_selector``, as base URLs
+    ``http://<pod IP>:<port>``. The planner polls each one's work log and pushes models to each."""
+
+    def __init__(self, api: k8s.ApiClient, namespace: str, label_selector: str, port: int) -> None:
+        self._core = k8s.CoreV1Api(api)
+        self._namespace = namespace
+        self._selector = label_selector
+        self._port = port
+
+    async def urls(self) -> list[str] | None:
+        """The replicas' URLs by pod name; None when the API did not answer (logged)."""
+        try:
+            pods = await asyncio.to_thread(
+                self._core.list_namespaced_pod, namespace=self._namespace, label_selector=self._selector
+            )
+        except ApiException as e:
+            log.warning("router pods not listed (%s %s): keeping the routers known", e.status, e.reason)
+            return None
+        out: list[tuple[str, str]] = []
+        for p in pods.items:
+            meta, status = p.metadata, p.status
+            if meta is None or status is None or meta.deletion_timestamp is not None:
+                continue
+            ip = status.pod_ip
+            if status.phase != "Running" or not ip:
+                continue
+            host = f"[{ip}]" if ":" in ip else ip
+            out.append((str(meta.name), f"http://{host}:{self._port}"))
+        return [url for _, url in sorted(out)]

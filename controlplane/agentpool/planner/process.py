@@ -6,11 +6,14 @@
   kubeconfig lookup). The engine pods are those matching ``--selector`` (default
   ``agentpool.io/pool=<pool>``); Events are about the ``AgentServingPool`` (its uid from
   ``--pool-uid``, else read from the API when readable).
-- Data: every ``--poll-interval-s`` each ``--router`` URL (repeat the flag, one per router pod)
-  is polled for work records, occupancy and the engines' iteration records, which engines send
-  with their load reports (:mod:`agentpool.planner.router_source`). Until engines send iteration
-  records, every warmup fits nothing and is repeated (logged), and the pool stays colocated.
-- Models out: every ``--router`` gets each node's fitted model after the fit and after every
+- Routers: each ``--router`` URL (repeat the flag, one per router pod) and, with
+  ``--router-selector``, every running pod it matches (``http://<pod IP>:--router-port``, listed
+  again before every poll, so replicas that come and go are followed).
+- Data: every ``--poll-interval-s`` each router is polled for work records, occupancy and the
+  engines' iteration records, which engines send with their load reports
+  (:mod:`agentpool.planner.router_source`). Until engines send iteration records, every warmup
+  fits nothing and is repeated (logged), and the pool stays colocated.
+- Models out: every router gets each node's fitted model after the fit and after every
   window (:mod:`agentpool.planner.router_models`), with the bearer token of
   ``--router-token-file`` (the routers' ``reportToken``).
 - Directory: with ``--directory HOST:PORT`` (token: ``--directory-token-file``) the planner tells
@@ -45,7 +48,7 @@ from agentpool.directory.client import DirectoryClient
 from agentpool.models import MoeShape, OccupancyCount
 from agentpool.planner.controller import PlannerController, PlannerError
 from agentpool.planner.inbox import PlannerInbox
-from agentpool.planner.kube import ObjectRef, PodRoles
+from agentpool.planner.kube import ObjectRef, PodRoles, RouterPods
 from agentpool.planner.metrics import PlannerMetrics
 from agentpool.planner.router_models import ModelBroadcast
 from agentpool.planner.router_source import RouterWorkSource
@@ -74,7 +77,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--pool", required=True, help="the AgentServingPool's name")
     p.add_argument("--pool-uid", default=None, help="its uid (default: read from the API)")
     p.add_argument("--selector", default=None, help="engine pods (default agentpool.io/pool=<pool>)")
-    p.add_argument("--router", action="append", required=True, help="a router's base URL (repeatable)")
+    p.add_argument("--router", action="append", default=[], help="a router's base URL (repeatable)")
+    p.add_argument(
+        "--router-selector", default=None, help="label selector of the router pods (found every poll)"
+    )
+    p.add_argument("--router-port", type=int, default=8000, help="the router pods' HTTP port")
     p.add_argument("--poll-interval-s", type=float, default=5.0)
     p.add_argument(
         "--router-token-file", type=Path, default=None, help="bearer token for pushing models to routers"
@@ -153,6 +160,8 @@ async def pool_ref(api: k8s.ApiClient, args: argparse.Namespace) -> ObjectRef:
 async def run(args: argparse.Namespace, stop: asyncio.Event) -> int:
     """Run until ``stop`` (0) or until the controller fails (1)."""
     try:
+        if not args.router and not args.router_selector:
+            raise ValueError("no router: give --router URL (repeatable) and/or --router-selector")
         settings = PlannerSettings(setting_flags(args), args.settings)
         shape = MoeShape(args.experts_active, args.experts_total)
         router_token = await asyncio.to_thread(read_token, args.router_token_file)
@@ -185,8 +194,16 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> int:
                 controller.directory = await stack.enter_async_context(
                     DirectoryClient(args.directory, token=directory_token)
                 )
+            routers = None
+            if args.router_selector:
+                routers = RouterPods(api, args.namespace, args.router_selector, args.router_port).urls
             source = RouterWorkSource(
-                args.router, inbox, session, interval_s=args.poll_interval_s, models=broadcast
+                args.router,
+                inbox,
+                session,
+                interval_s=args.poll_interval_s,
+                models=broadcast,
+                discover=routers,
             )
             helpers = [asyncio.create_task(source.run(stop)), asyncio.create_task(settings.run(stop))]
             try:

@@ -37,8 +37,6 @@ class ModelBroadcast:
         timeout_s: float = 5.0,
         first_version: int = 0,
     ) -> None:
-        if not urls:
-            raise ValueError("no router to push models to")
         self.urls = [u.rstrip("/") for u in urls]
         self._session = session
         self._headers = {} if token is None else {"Authorization": f"Bearer {token}"}
@@ -48,6 +46,11 @@ class ModelBroadcast:
         self.current: ModelSet | None = None
         self.held: dict[str, int | None] = dict.fromkeys(self.urls)  # version each router holds
         self.failures = 0
+
+    def set_urls(self, urls: Sequence[str]) -> None:
+        """Push to exactly ``urls`` from now on (a new router gets the current set at the next sync)."""
+        self.urls = [u.rstrip("/") for u in urls]
+        self.held = {u: self.held.get(u) for u in self.urls}
 
     def next_set(self, models: Mapping[str, NodeModel], fitted_at: float) -> ModelSet:
         version = max(self._last_version + 1, int(self._clock() * 1000))

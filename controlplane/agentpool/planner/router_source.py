@@ -7,8 +7,8 @@ is lost unless its ring buffer overwrote it meanwhile (``dropped``: logged). Occ
 keep the router's URL as their ``source``: the planner sums the routers' occupancy per slice.
 
 Engines' iteration records come through the routers too (each engine reports to every router):
-the source keeps one copy of each (``node``, engine ``seq``, ``at``) for ``dedupe_s`` seconds, so
-several replicas do not multiply them in the fit.
+the source passes each iteration on once (:class:`IterationDeduper`), so several replicas do not
+multiply them in the fit.
 
 Poll each router replica directly (one URL per pod), not a Service that load-balances several:
 cursors belong to one router process.
@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import aiohttp
@@ -45,29 +45,31 @@ class RouterCursor:
 
 
 class IterationDeduper:
-    """Passes each iteration (``node``, engine ``seq``, ``at``) once; remembers keys ``keep_s`` seconds
-    (of the records' own clock) after the newest one seen."""
+    """Passes each engine's iterations once, however many routers carry them.
 
-    def __init__(self, keep_s: float = 600.0) -> None:
-        self.keep_s = keep_s
-        self._seen: dict[tuple[str, int, float], float] = {}
-        self._newest = float("-inf")
+    Per engine it keeps the newest ``(at, seq)`` passed on and drops what is not newer: every
+    router gets every report of an engine and keeps its iterations in order, so the copies from a
+    second router are never newer than what the first one delivered. An engine that restarts
+    numbers again from 0, at later times: ``at`` first keeps it newer. Memory: one pair per engine.
+    (An iteration only a router that was polled later carries, older than what another delivered,
+    is dropped: routers that missed reports lose samples, never duplicate them.)
+    """
+
+    def __init__(self) -> None:
+        self._newest: dict[str, tuple[float, int]] = {}
         self.duplicates = 0
 
     def new(self, items: Iterable[WireNodeIteration]) -> list[IterationRecord]:
         out: list[IterationRecord] = []
         for item in items:
             it = item.iteration
-            key = (item.node, it.seq, it.at)
-            if key in self._seen:
+            key = (it.at, it.seq)
+            last = self._newest.get(item.node)
+            if last is not None and key <= last:
                 self.duplicates += 1
                 continue
-            self._seen[key] = it.at
-            self._newest = max(self._newest, it.at)
+            self._newest[item.node] = key
             out.append(item.record())
-        if len(self._seen) > 1024:
-            horizon = self._newest - self.keep_s
-            self._seen = {k: at for k, at in self._seen.items() if at >= horizon}
         return out
 
 
@@ -82,12 +84,17 @@ class RouterWorkSource:
         limit: int = MAX_BATCH,
         max_pages: int = 20,
         models: ModelBroadcast | None = None,
+        discover: Callable[[], Awaitable[list[str] | None]] | None = None,
     ) -> None:
-        if not urls:
+        """``urls``: routers always polled; ``discover``: finds the others (router pods) before every
+        poll (None: it failed, keep the routers known)."""
+        if not urls and discover is None:
             raise ValueError("no router to poll")
         if interval_s <= 0 or timeout_s <= 0 or max_pages < 1:
             raise ValueError("interval, timeout and max pages must be positive")
-        self.routers = [RouterCursor(u.rstrip("/")) for u in urls]
+        self.static = [u.rstrip("/") for u in urls]
+        self.routers = [RouterCursor(u) for u in self.static]
+        self._discover = discover
         self._inbox = inbox
         self._session = session
         self._interval_s = interval_s
@@ -102,10 +109,27 @@ class RouterWorkSource:
 
         With a model broadcast, a router that reports another model set than the current one
         gets the current one again."""
+        if self._discover is not None:
+            found = await self._discover()
+            if found is not None:
+                self.set_urls([*self.static, *found])
         counts = await asyncio.gather(*(self._poll(r) for r in self.routers))
         if self._models is not None:
             await self._models.sync({r.url: r.models_version for r in self.routers if r.failures_in_row == 0})
         return sum(counts)
+
+    def set_urls(self, urls: Sequence[str]) -> None:
+        """Poll exactly ``urls`` from now on: known routers keep their cursors, new ones start from
+        their oldest entry, gone ones are forgotten (and get no more model sets)."""
+        wanted = list(dict.fromkeys(u.rstrip("/") for u in urls))
+        known = {r.url: r for r in self.routers}
+        added = [u for u in wanted if u not in known]
+        gone = [u for u in known if u not in wanted]
+        if added or gone:
+            log.info("routers: %s added, %s gone", added or "none", gone or "none")
+        self.routers = [known.get(u) or RouterCursor(u) for u in wanted]
+        if self._models is not None:
+            self._models.set_urls(wanted)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Poll every ``interval_s`` until ``stop``."""

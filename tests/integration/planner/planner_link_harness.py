@@ -28,13 +28,13 @@ class Served:
         await self.runner.cleanup()
 
 
-async def serve(app: web.Application) -> Served:
+async def serve(app: web.Application, host: str = "127.0.0.1", port: int = 0) -> Served:
     runner = web.AppRunner(app, shutdown_timeout=0.1)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site = web.TCPSite(runner, host, port)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return Served(runner, f"http://127.0.0.1:{port}")
+    return Served(runner, f"http://{host}:{port}")
 
 
 class Engine:
@@ -88,12 +88,14 @@ def router_config(nodes: list[tuple[str, str, str]], **kw: Any) -> RouterConfig:
     return RouterConfig.model_validate(raw)
 
 
-async def start_router(config: RouterConfig, token: str | None = None) -> Router:
+async def start_router(
+    config: RouterConfig, token: str | None = None, host: str = "127.0.0.1", port: int = 0
+) -> Router:
     """A router whose reports (and model pushes) need ``token``; None: open."""
     view = InProcessDirectoryView(Directory(config.page_size), time.monotonic)
     auth = ReportAuth.unauthenticated() if token is None else ReportAuth.token(token)
     service = RouterService(config, view, report_auth=auth)
-    return Router(service, await serve(build_app(service)))
+    return Router(service, await serve(build_app(service), host, port))
 
 
 def chat(text: str = "hello there", max_tokens: int = 8) -> dict[str, Any]:

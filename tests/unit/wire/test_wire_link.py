@@ -88,7 +88,7 @@ def test_the_work_log_records_the_decode_nodes_t_acc_and_passes_iterations_on() 
 
 
 def test_iterations_that_reach_the_planner_through_two_routers_count_once() -> None:
-    dedupe = IterationDeduper(keep_s=100.0)
+    dedupe = IterationDeduper()
     it = WireDecodeIteration(seq=4, at=50.0, seconds=0.01, running=2)
     via_r0 = [WireNodeIteration(seq=1, node="e0", iteration=it)]
     via_r1 = [

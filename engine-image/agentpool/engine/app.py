@@ -56,8 +56,13 @@ class EngineApp:
         cfg = self.cfg
         await self.transport.start()
         self._session = aiohttp.ClientSession()
-        fetcher = PeerFetcher(
-            self.pool, self.transport, self._session, verify=cfg.fetch.verify, timeout_s=cfg.fetch.timeout_s
+        self.fetcher = fetcher = PeerFetcher(
+            self.pool,
+            self.transport,
+            self._session,
+            verify=cfg.fetch.verify,
+            verify_stride=cfg.fetch.verify_stride,
+            timeout_s=cfg.fetch.timeout_s,
         )
         gpu = GpuCache(max(1, cfg.sim.gpu_kv_tokens // cfg.page_size))
         self.ledger = KvLedger(gpu, self.pool, NoSink())
@@ -117,6 +122,7 @@ class EngineApp:
         if self._runner is not None:
             await self._runner.cleanup()
         if self._session is not None:
+            await self.fetcher.close()
             await self._session.close()
         if self.directory is not None:
             await self.directory.close()

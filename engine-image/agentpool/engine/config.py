@@ -84,6 +84,12 @@ class SimSettings(_Model):
     default_max_tokens: int = Field(16, gt=0)
     max_tokens_limit: int = Field(1 << 16, gt=0)
 
+    @model_validator(mode="after")
+    def _positive_iterations(self) -> SimSettings:
+        if self.d0 + self.d1 + self.d2 <= 0 or self.c0 + self.c1 + self.c2 + self.c3 <= 0:
+            raise ValueError("a sim iteration must take some time: some c* and some d* must be positive")
+        return self
+
     def prefill_model(self) -> PrefillModel:
         return PrefillModel(self.c0, self.c1, self.c2, self.c3)
 
@@ -100,6 +106,8 @@ class FetchSettings(_Model):
     """How long a prefilled request's KV waits for its decode node."""
     verify: bool = True
     """Check fetched bytes against their block hashes (the ``sim`` backend's bytes)."""
+    verify_stride: int = Field(16, ge=1)
+    """Check every n-th 8-byte word of each fetched block (1: every byte)."""
 
 
 class EngineConfig(_Model):

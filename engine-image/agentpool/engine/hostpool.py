@@ -15,6 +15,7 @@ No I/O, no clock: callers pass ``now``. Not thread-safe; one event loop owns it.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -52,7 +53,7 @@ class HostPool:
         self.access: dict[int, float] = {}
         self.pins: dict[int, int] = {}
         self.counts: dict[int, int] = {}  # positive branch counts from the directory
-        self._free: list[int] = list(range(slots - 1, -1, -1))
+        self._free: list[int] = list(range(slots))  # a min-heap: reserved runs come out ascending
 
     # -- state ----------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -157,11 +158,12 @@ class HostPool:
             for h in victims:
                 self._drop(h)
             evicted = victims
-        return Reserved([self._free.pop() for _ in range(n)], evicted)
+        return Reserved([heapq.heappop(self._free) for _ in range(n)], evicted)
 
     def release_slots(self, slots: Iterable[int]) -> None:
         """Give back reserved slots that were never committed (a failed fetch)."""
-        self._free.extend(slots)
+        for s in slots:
+            heapq.heappush(self._free, s)
 
     def commit(self, blocks: Sequence[tuple[int, int, int]], now: float) -> list[int]:
         """Index ``(hash, parent, slot)`` blocks whose bytes were written into their reserved slots.
@@ -171,7 +173,7 @@ class HostPool:
         out: list[int] = []
         for depth, (h, parent, s) in enumerate(blocks):
             if h in self.slot_of:
-                self._free.append(s)
+                heapq.heappush(self._free, s)
             else:
                 self.slot_of[h] = s
                 self.parent_of[h] = parent
@@ -213,7 +215,7 @@ class HostPool:
         return out
 
     def _drop(self, h: int) -> None:
-        self._free.append(self.slot_of.pop(h))
+        heapq.heappush(self._free, self.slot_of.pop(h))
         del self.parent_of[h]
         del self.access[h]
 

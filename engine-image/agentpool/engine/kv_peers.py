@@ -143,6 +143,7 @@ class PeerFetcher:
         session: aiohttp.ClientSession,
         *,
         verify: bool = True,
+        verify_stride: int = 1,
         timeout_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -150,6 +151,7 @@ class PeerFetcher:
         self.transport = transport
         self.session = session
         self.verify = verify
+        self.verify_stride = verify_stride
         self.timeout_s = timeout_s
         self.clock = clock
         self._releases: set[asyncio.Task[None]] = set()
@@ -199,7 +201,9 @@ class PeerFetcher:
                 moved = await self.transport.read(info, pairs, self.timeout_s)
                 if self.verify:
                     for k, i in enumerate(want):
-                        if not _matches(self.pool, res.slots[k], hashes[i]):
+                        if not block_matches(
+                            self.pool.slot_view(res.slots[k]), hashes[i], self.verify_stride
+                        ):
                             raise FetchError(f"{peer_url} answered wrong bytes for block {hashes[i]:#x}")
             except BaseException:
                 self.pool.release_slots(res.slots)
@@ -214,12 +218,13 @@ class PeerFetcher:
             task.add_done_callback(self._releases.discard)
         return FetchResult(hashes, len(hashes) - len(want), res.evicted, moved, time.perf_counter() - t0)
 
+    async def close(self) -> None:
+        """Wait for the lease releases still under way (before closing the HTTP session)."""
+        if self._releases:
+            await asyncio.gather(*self._releases, return_exceptions=True)
+
     async def _release(self, peer_url: str, lease_id: str) -> None:
         try:
             await self._json("DELETE", f"{peer_url}{LEASE_PATH}/{lease_id}")
         except FetchError as e:  # the lease expires on its own
             log.debug("releasing lease %s on %s: %s", lease_id, peer_url, e)
-
-
-def _matches(pool: HostPool, slot: int, block_hash: int) -> bool:
-    return block_matches(pool.slot_view(slot), block_hash)

@@ -28,6 +28,7 @@ import numpy.typing as npt
 from agentpool.engine.errors import FetchError
 
 log = logging.getLogger(__name__)
+_SPIN_S = 0.05  # a transfer polled without sleeping for this long (most finish well within it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,13 +169,13 @@ class NixlTransport:
                 "READ", agent.get_xfer_descs(local, "DRAM"), agent.get_xfer_descs(remote, "DRAM"), remote_name
             )
             state = agent.transfer(handle)
-            spins = 0
+            spin_until = time.monotonic() + _SPIN_S
             while state == "PROC":
-                if time.monotonic() > deadline:
+                now = time.monotonic()
+                if now > deadline:
                     raise FetchError(f"NIXL read from {peer.agent} timed out after {timeout_s:.3g} s")
-                spins += 1
-                if spins > 1000:
-                    time.sleep(0.0001)
+                # poll, yielding the CPU (sched_yield) for the first _SPIN_S, then sleeping 0.5 ms
+                time.sleep(0 if now < spin_until else 0.0005)
                 state = agent.check_xfer_state(handle)
             if state != "DONE":
                 raise FetchError(f"NIXL read from {peer.agent} failed: {state}")

@@ -1,0 +1,369 @@
+"""The engine agent: host-pool fetch vs raw NIXL, switch times, overhead per request.
+
+    python -m bench.bench_engine [--block-kib 64] [--repeats 20] [--switches 12] [--requests 400]
+
+1. Host-pool fetch: a peer process holds blocks in its NIXL-registered pool; this process fetches a
+   prefix of N blocks as the engine does (lease over HTTP, NIXL READ, byte check against the block
+   hashes, index) and, in the same run and on the same slots, a raw NIXL READ of the same bytes.
+   Throughput (GiB/s) and p50 latency by size; target: pool >= 80% of raw.
+2. Switch times on the ``sim`` backend (an engine started from its CLI, the role flipped through its
+   role file): drain excluded (``switch``) and included (``total``), idle and under load.
+3. Engine overhead per request with zero-time iterations: requests per CPU second of the engine
+   process (its utime+stime), against a bare aiohttp server streaming the same NDJSON events.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from agentpool.engine.hostpool import HostPool
+from agentpool.engine.http_errors import error_middleware
+from agentpool.engine.kv_peers import LEASE_PATH, KvExporter, PeerFetcher
+from agentpool.engine.nixl_transport import NixlTransport, PoolInfo
+from agentpool.kv import ROOT_HASH, block_hashes
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGE = 16
+
+
+def chain(n: int) -> list[int]:
+    return block_hashes(list(range(n * PAGE)), PAGE)
+
+
+def pct(xs: list[float], q: int) -> float:
+    return statistics.quantiles(xs, n=100, method="inclusive")[q - 1] if len(xs) > 1 else xs[0]
+
+
+# -- 1. host-pool fetch vs raw NIXL ------------------------------------------------------------------
+async def serve_pool(blocks: int, block_bytes: int) -> None:
+    """The peer: a pool holding ``blocks`` blocks of one chain, its lease API on 127.0.0.1:0."""
+    pool = HostPool(blocks, block_bytes)
+    pool.store_generated(ROOT_HASH, chain(blocks), 0.0)
+    transport = NixlTransport("bench-peer", pool.buffer, block_bytes)
+    await transport.start()
+    app = web.Application(middlewares=[error_middleware])
+    KvExporter(pool, transport).add_routes(app)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    print(json.dumps({"url": f"http://127.0.0.1:{port}"}), flush=True)
+    await asyncio.Event().wait()
+
+
+async def start_peer(blocks: int, block_bytes: int) -> tuple[asyncio.subprocess.Process, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bench.bench_engine", "--serve-pool", str(blocks), str(block_bytes),
+        cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    while True:
+        line = (await proc.stdout.readline()).decode()
+        if not line:
+            raise RuntimeError("the pool peer exited")
+        if line.startswith("{"):
+            return proc, json.loads(line)["url"]
+
+
+async def bench_fetch(block_kib: int, repeats: int) -> bool:
+    block_bytes = block_kib << 10
+    sizes = [4, 16, 64, 256]
+    n_max = max(sizes)
+    proc, url = await start_peer(n_max, block_bytes)
+    pool = HostPool(n_max, block_bytes)
+    transport = NixlTransport("bench-local", pool.buffer, block_bytes)
+    await transport.start()
+    hashes = chain(n_max)
+    ok = True
+    try:
+        async with aiohttp.ClientSession() as http:
+            fetcher = PeerFetcher(pool, transport, http, timeout_s=30.0, verify_stride=16)
+            async with http.post(url + LEASE_PATH, json={"block_hashes": hashes}) as r:
+                lease = await r.json()
+            peer = PoolInfo.from_json(lease["pool"])
+            remote_slots = lease["slots"]
+            await fetcher.fetch_prefix(url, hashes[:1])  # connect both sides once
+            pool.remove(list(pool.slot_of))
+            print(
+                f"host-pool fetch (lease over HTTP, NIXL READ, byte check of every 16th word, index) vs raw "
+                f"NIXL READ of the same slots, {block_kib} KiB blocks, {repeats} interleaved repeats"
+            )
+            print(
+                f"{'blocks':>7} {'MiB':>6} | {'raw GiB/s':>9} {'pool GiB/s':>10} {'ratio':>5} | "
+                f"{'raw p50 ms':>10} {'pool p50 ms':>11} {'ratio':>5}   (best of {repeats} | median)"
+            )
+            for n in sizes:
+                raw_t: list[float] = []
+                pool_t: list[float] = []
+                for _ in range(repeats):
+                    res = pool.reserve(n)  # the same local slots the fetch will use
+                    pairs = list(zip(res.slots, remote_slots[:n], strict=True))
+                    t0 = time.perf_counter()
+                    await transport.read(peer, pairs, 30.0)
+                    raw_t.append(time.perf_counter() - t0)
+                    pool.release_slots(res.slots)
+                    t0 = time.perf_counter()
+                    got = await fetcher.fetch_prefix(url, hashes[:n])
+                    pool_t.append(time.perf_counter() - t0)
+                    assert len(got.blocks) == n and got.bytes == n * block_bytes
+                    pool.remove(hashes[:n])
+                size = n * block_bytes
+                best = min(raw_t) / min(pool_t)
+                med = statistics.median(raw_t) / statistics.median(pool_t)
+                print(
+                    f"{n:>7} {size / 2**20:>6.1f} | {size / min(raw_t) / 2**30:>9.2f} "
+                    f"{size / min(pool_t) / 2**30:>10.2f} {best:>5.2f} | "
+                    f"{statistics.median(raw_t) * 1e3:>10.2f} "
+                    f"{statistics.median(pool_t) * 1e3:>11.2f} {med:>5.2f}"
+                )
+                if n >= 64 and best < 0.8:
+                    ok = False
+            print(
+                "target: pool >= 0.80 x raw throughput (best of the interleaved repeats) for >= 64 blocks:",
+                "met" if ok else "NOT met",
+            )
+            await fetcher.close()
+    finally:
+        proc.kill()
+        await proc.wait()
+        await transport.close()
+    return ok
+
+
+# -- engines from the CLI ----------------------------------------------------------------------------
+async def start_engine(tmp: Path, cfg: dict[str, Any]) -> tuple[asyncio.subprocess.Process, str]:
+    path = tmp / f"{cfg['nodeId']}.json"
+    path.write_text(json.dumps(cfg))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agentpool.engine", "--config", str(path), "--log-level", "WARNING",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    while True:
+        line = (await proc.stdout.readline()).decode()
+        if not line:
+            raise RuntimeError("the engine exited")
+        if line.startswith("engine listening on "):
+            _keep(asyncio.create_task(_drain(proc)))
+            return proc, line.split()[-1]
+
+
+_TASKS: set[asyncio.Task[None]] = set()
+
+
+def _keep(task: asyncio.Task[None]) -> None:
+    _TASKS.add(task)
+    task.add_done_callback(_TASKS.discard)
+
+
+async def _drain(proc: asyncio.subprocess.Process) -> None:
+    assert proc.stdout is not None
+    while await proc.stdout.read(65536):
+        pass
+
+
+async def generate(
+    http: aiohttp.ClientSession, url: str, rid: str, tokens: list[int], phase: str, out: int
+) -> str:
+    body = {
+        "request_id": rid, "dispatch_seq": 0, "phase": phase, "endpoint": "completion",
+        "body": {"max_tokens": out}, "prompt_token_ids": tokens,
+    }  # fmt: skip
+    async with http.post(url + "/agentpool/v1/generate", json=body) as r:
+        last = ""
+        async for line in r.content:
+            if line.strip():
+                last = json.loads(line)["type"]
+        return last
+
+
+async def state(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    async with http.get(url + "/agentpool/v1/state") as r:
+        out: dict[str, Any] = await r.json()
+        return out
+
+
+async def wait_switches(http: aiohttp.ClientSession, url: str, n: int) -> None:
+    for _ in range(6000):
+        if len((await state(http, url))["switches"]) >= n:
+            return
+        await asyncio.sleep(0.01)
+    raise RuntimeError(f"switch {n} did not happen within a minute")
+
+
+# -- 2. switch times ---------------------------------------------------------------------------------
+async def bench_switch(tmp: Path, switches: int) -> None:
+    role_file = tmp / "role"
+    role_file.write_text("prefill")
+    cfg = {
+        "nodeId": "sw", "port": 0, "role": "prefill", "roleFile": str(role_file), "rolePollS": 0.02,
+        "pageSize": PAGE, "hostKvBytes": 4096 * 4096, "blockBytes": 4096,
+        "sim": {"c0": 0.02, "c1": 2e-5, "d0": 0.01, "d1": 0.0, "d2": 0.0, "chunkTokens": 2048},
+    }  # fmt: skip
+    proc, url = await start_engine(tmp, cfg)
+    try:
+        async with aiohttp.ClientSession() as http:
+            for load in (False, True):
+                stop = asyncio.Event()
+                workers: list[asyncio.Task[None]] = []
+                if load:
+
+                    async def worker(w: int, stop: asyncio.Event) -> None:
+                        i = 0
+                        while not stop.is_set():
+                            i += 1
+                            role = (await state(http, url))["role"]
+                            phase = "prefill" if role == "prefill" else "decode"
+                            if phase == "prefill":
+                                await generate(http, url, f"w{w}-{i}", list(range(w, w + 512)), phase, 1)
+                            else:
+                                await asyncio.sleep(0.01)
+
+                    workers = [asyncio.create_task(worker(w, stop)) for w in range(8)]
+                    await asyncio.sleep(0.3)
+                done0 = len((await state(http, url))["switches"])
+                roles = ["decode", "prefill"]
+                for k in range(switches):
+                    role_file.write_text(roles[k % 2])
+                    await wait_switches(http, url, done0 + k + 1)
+                    await asyncio.sleep(0.1 if load else 0.02)
+                stop.set()
+                for t in workers:
+                    t.cancel()
+                hist = (await state(http, url))["switches"][done0:]
+                total = [h["total_s"] * 1e3 for h in hist]
+                drain = [h["drain_s"] * 1e3 for h in hist]
+                switch = [t - d for t, d in zip(total, drain, strict=True)]
+                what = "under load (8 clients of 512-token prefills)" if load else "idle"
+                print(f"switch times, {what}, {len(hist)} switches (ms, from the new role seen in the file):")
+                for name, xs in (
+                    ("drain excluded", switch),
+                    ("drain included", total),
+                    ("drain alone", drain),
+                ):
+                    print(f"  {name:>15}: p50 {pct(xs, 50):8.2f}  p90 {pct(xs, 90):8.2f}  max {max(xs):8.2f}")
+    finally:
+        proc.terminate()
+        await proc.wait()
+
+
+# -- 3. overhead per request -------------------------------------------------------------------------
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def bare_server(tmp: Path) -> tuple[asyncio.subprocess.Process, str]:
+    code = (
+        "import asyncio, json\n"
+        "from aiohttp import web\n"
+        "async def gen(request):\n"
+        "    g = json.loads(await request.read())\n"
+        "    r = web.StreamResponse(headers={'content-type': 'application/x-ndjson'})\n"
+        "    await r.prepare(request)\n"
+        "    n = g['body']['max_tokens']\n"
+        '    await r.write(b\'{"type":"started"}\\n\')\n'
+        "    for i in range(n):\n"
+        "        await r.write(json.dumps({'type': 'token', 'text': f't{i} '}).encode() + b'\\n')\n"
+        '    await r.write(b\'{"type":"done"}\\n\')\n'
+        "    return r\n"
+        "async def main():\n"
+        "    app = web.Application(); app.router.add_post('/agentpool/v1/generate', gen)\n"
+        "    runner = web.AppRunner(app, access_log=None); await runner.setup()\n"
+        "    site = web.TCPSite(runner, '127.0.0.1', 0); await site.start()\n"
+        "    port = site._server.sockets[0].getsockname()[1]\n"
+        "    print('engine listening on http://127.0.0.1:%d' % port, flush=True)\n"
+        "    await asyncio.Event().wait()\n"
+        "asyncio.run(main())\n"
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", code, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
+    )
+    assert proc.stdout is not None
+    line = (await proc.stdout.readline()).decode()
+    _keep(asyncio.create_task(_drain(proc)))
+    return proc, line.split()[-1]
+
+
+async def one(http: aiohttp.ClientSession, url: str, sem: asyncio.Semaphore, i: int) -> str:
+    async with sem:
+        return await generate(http, url, f"r{i}", list(range(i, i + 256)), "both", 8)
+
+
+async def bench_overhead(tmp: Path, requests: int) -> None:
+    cfg = {
+        "nodeId": "ov", "port": 0, "role": "both", "pageSize": PAGE, "hostKvBytes": 8192 * 4096,
+        "blockBytes": 4096, "maxQueue": 100000,
+        "sim": {"c0": 1e-9, "c1": 0, "c2": 0, "c3": 0, "d0": 1e-9, "d1": 0, "d2": 0},  # ~zero-time
+    }  # fmt: skip
+    results: dict[str, float] = {}
+    for name in ("bare aiohttp NDJSON", "engine (sim)"):
+        proc, url = await (bare_server(tmp) if name.startswith("bare") else start_engine(tmp, cfg))
+        try:
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=32)) as http:
+                for i in range(20):  # warm up
+                    await generate(http, url, f"warm{i}", list(range(i, i + 256)), "both", 8)
+                c0, t0 = cpu_seconds(proc.pid), time.perf_counter()
+                sem = asyncio.Semaphore(16)
+                ends = await asyncio.gather(*(one(http, url, sem, i) for i in range(requests)))
+                cpu, wall = cpu_seconds(proc.pid) - c0, time.perf_counter() - t0
+                assert all(e == "done" for e in ends), set(ends)
+                results[name] = requests / cpu
+                print(
+                    f"  {name:>20}: {requests} requests (256-token prompts, 8 tokens out), "
+                    f"{cpu:.2f} CPU s, {requests / cpu:8.0f} req per CPU s, {requests / wall:7.0f} req/s wall"
+                )
+        finally:
+            proc.terminate()
+            await proc.wait()
+    base, eng = results["bare aiohttp NDJSON"], results["engine (sim)"]
+    print(
+        f"  engine CPU per request: {1e3 / eng:.2f} ms, {base / eng:.2f}x the bare server's {1e3 / base:.2f}"
+    )
+
+
+async def amain(args: argparse.Namespace) -> int:
+    ok = True
+    if "fetch" in args.parts:
+        ok = await bench_fetch(args.block_kib, args.repeats)
+    with tempfile.TemporaryDirectory() as tmp:
+        if "switch" in args.parts:
+            await bench_switch(Path(tmp), args.switches)
+        if "overhead" in args.parts:
+            print("engine overhead per request, zero-time iterations:")
+            await bench_overhead(Path(tmp), args.requests)
+    return 0 if ok else 1
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.bench_engine")
+    p.add_argument("--block-kib", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--switches", type=int, default=12)
+    p.add_argument("--requests", type=int, default=2000)
+    p.add_argument(
+        "--parts", nargs="+", default=["fetch", "switch", "overhead"], choices=["fetch", "switch", "overhead"]
+    )
+    p.add_argument("--serve-pool", nargs=2, type=int, metavar=("BLOCKS", "BYTES"), help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.serve_pool:
+        asyncio.run(serve_pool(*args.serve_pool))
+        return 0
+    return asyncio.run(amain(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,7 +1,6 @@
 """Router benchmark: policy decision latency, and router overhead against sglang-router.
 
 ``python -m bench.bench_router [--skip-overhead | --skip-decision] [--seconds S] [--uvloop]``
-``python -m bench.bench_router --cpu [--seconds S] [--repeats N]``
 
 1. Decision latency per policy (in-process, pure): ``prefill_candidates`` + ``policy.choose`` on
    8, 64 and 512 prefill nodes with random queues, reports and cached prefixes. Prints p50/p99 in
@@ -15,10 +14,7 @@
    Prints requests/s and latency at concurrency 1 and 32, the latency each router adds over the
    direct baseline, and the agentpool/sglang ratios. Engines, routers and the load generator are
    separate processes.
-3. ``--cpu``: CPU per request of each router process (user + system from /proc) for the agentpool
-   router (asyncio and uvloop) and sglang-router (round_robin, cache_aware), interleaved, ``--repeats``
-   times, at concurrency 1 and 64, with the agentpool/sglang ratio of each repeat. Results:
-   ``bench/results/router_cpu.md``.
+CPU per request against sglang-router, and router replicas: :mod:`bench.bench_router_cpu`.
 """
 
 from __future__ import annotations
@@ -409,89 +405,6 @@ def start_sglang(
     return ""
 
 
-# ---- 3. CPU per request of the router process --------------------------------------------------
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of ``pid``'s threads and its live descendants (Linux /proc)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    todo = [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
-            for task in Path(f"/proc/{p}/task").iterdir():
-                todo.extend(int(c) for c in (task / "children").read_text().split())
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-    return total
-
-
-def router_cpu(seconds: float, engines: int, repeats: int, concurrencies: Sequence[int]) -> None:
-    """CPU per request of each router process, interleaved, ``repeats`` times; ratios per repeat."""
-    print(
-        f"\n## Router CPU per request ({engines} instant engines, {seconds:.0f}s per measurement, "
-        f"{repeats} interleaved repeats, concurrency {list(concurrencies)})"
-    )
-    procs: list[subprocess.Popen[bytes]] = []
-    tmp = Path(tempfile.mkdtemp(prefix="bench-router-cpu-"))
-    try:
-        ports = [free_port() for _ in range(engines)]
-        eng = subprocess.Popen(
-            [sys.executable, "-c", ENGINE_SCRIPT, *map(str, ports)], stdout=subprocess.PIPE
-        )
-        procs.append(eng)
-        assert eng.stdout is not None
-        eng.stdout.readline()
-        engine_urls = [f"http://127.0.0.1:{p}" for p in ports]
-        targets: list[tuple[str, list[str]]] = []
-        pids: dict[str, int] = {}
-        for loop in ("asyncio", "uvloop"):
-            name = "agentpool-evolving" + ("" if loop == "asyncio" else "-uvloop")
-            port = start_agentpool("evolving", engine_urls, procs, tmp, loop)
-            targets.append((name, [f"http://127.0.0.1:{port}/v1/chat/completions"]))
-            pids[name] = procs[-1].pid
-        note = start_sglang(engine_urls, procs, targets, tmp, pids)
-        if note:
-            print(note)
-        per_req: dict[tuple[str, int], list[float]] = {}
-        for rep in range(repeats):
-            for concurrency in concurrencies:
-                for name, urls in targets:
-                    asyncio.run(load(urls, concurrency, 0.5, name))  # warm-up
-                    before = cpu_seconds(pids[name])
-                    r = asyncio.run(load(urls, concurrency, seconds, name))
-                    used = cpu_seconds(pids[name]) - before
-                    us = used / max(1, r.requests) * 1e6
-                    per_req.setdefault((name, concurrency), []).append(us)
-                    print(
-                        f"  repeat {rep + 1} c={concurrency:<3} {name:<26} {us:8.0f} us CPU/request "
-                        f"({r.requests} requests, {r.rps:.0f} req/s, errors {r.errors})",
-                        flush=True,
-                    )
-        print("\nmedian CPU per request (us) and ratio to sglang-router, per repeat:")
-        for concurrency in concurrencies:
-            for name, _ in targets:
-                vals = per_req[(name, concurrency)]
-                line = f"  c={concurrency:<3} {name:<26} {statistics.median(vals):8.0f} us"
-                for other in ("sglang-round_robin", "sglang-cache_aware"):
-                    if name.startswith("agentpool") and (other, concurrency) in per_req:
-                        ratios = [a / b for a, b in zip(vals, per_req[(other, concurrency)], strict=True)]
-                        line += f"  vs {other}: " + ", ".join(f"{x:.2f}x" for x in ratios)
-                print(line)
-    finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 def print_ratios(results: dict[tuple[str, int], Result], names: list[str]) -> None:
     print("\nadded latency over direct (p50, ms) and throughput relative to direct:")
     for concurrency in (1, 32):
@@ -521,12 +434,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds per overhead measurement")
     parser.add_argument("--skip-decision", action="store_true", help="only the router overhead")
     parser.add_argument("--engines", type=int, default=4)
-    parser.add_argument(
-        "--cpu",
-        action="store_true",
-        help="only CPU per request of each router process vs sglang-router (interleaved repeats)",
-    )
-    parser.add_argument("--repeats", type=int, default=3)
+
     parser.add_argument(
         "--uvloop",
         action="store_true",
@@ -534,9 +442,6 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     print(f"router benchmark on {os.cpu_count()} CPUs (shared machine: figures are noisy)")
-    if args.cpu:
-        router_cpu(args.seconds, args.engines, args.repeats, (1, 64))
-        return
     if not args.skip_decision:
         decision_latency((8, 64, 512))
     if not args.skip_overhead:

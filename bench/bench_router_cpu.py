@@ -1,0 +1,187 @@
+"""Router CPU per request against sglang-router, and router replicas (issue 16, section 5).
+
+``python -m bench.bench_router_cpu [--seconds S] [--repeats N] [--engines N] [--skip-replicas]``
+
+1. CPU per request of each router process (user + system from /proc, the process and its
+   descendants) for the agentpool router (asyncio and uvloop loops) and sglang-router 0.3.2
+   (``pip install sglang-router==0.3.2``; round_robin and cache_aware) on the same instant engines,
+   interleaved, ``--repeats`` times, at concurrency 1 and 64, with the agentpool/sglang ratio of each
+   repeat.
+2. Replicas: one agentpool router against two sharing the same engines (the load generator spreads
+   requests over the replicas), interleaved, ``--repeats`` times at concurrency 64: requests per second
+   and CPU per request summed over the replicas. (The instant engines send no load reports, so this
+   measures the shell's scaling, not report fan-out.)
+
+Results: ``bench/results/router_cpu.md``. On a 2-core machine the load generator, the engines and the
+routers share the cores, so replicas cannot scale past the cores the others leave.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench.bench_router import ENGINE_SCRIPT, free_port, load, start_agentpool, start_sglang
+
+
+def start_engines(engines: int, procs: list[subprocess.Popen[bytes]]) -> list[str]:
+    ports = [free_port() for _ in range(engines)]
+    eng = subprocess.Popen([sys.executable, "-c", ENGINE_SCRIPT, *map(str, ports)], stdout=subprocess.PIPE)
+    procs.append(eng)
+    assert eng.stdout is not None
+    eng.stdout.readline()
+    return [f"http://127.0.0.1:{p}" for p in ports]
+
+
+def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in reversed(procs):
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of ``pid``'s threads and its live descendants (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo.extend(int(c) for c in (task / "children").read_text().split())
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total
+
+
+def router_cpu(seconds: float, engines: int, repeats: int, concurrencies: Sequence[int]) -> None:
+    """CPU per request of each router process, interleaved, ``repeats`` times; ratios per repeat."""
+    print(
+        f"\n## Router CPU per request ({engines} instant engines, {seconds:.0f}s per measurement, "
+        f"{repeats} interleaved repeats, concurrency {list(concurrencies)})"
+    )
+    procs: list[subprocess.Popen[bytes]] = []
+    tmp = Path(tempfile.mkdtemp(prefix="bench-router-cpu-"))
+    try:
+        ports = [free_port() for _ in range(engines)]
+        eng = subprocess.Popen(
+            [sys.executable, "-c", ENGINE_SCRIPT, *map(str, ports)], stdout=subprocess.PIPE
+        )
+        procs.append(eng)
+        assert eng.stdout is not None
+        eng.stdout.readline()
+        engine_urls = [f"http://127.0.0.1:{p}" for p in ports]
+        targets: list[tuple[str, list[str]]] = []
+        pids: dict[str, int] = {}
+        for loop in ("asyncio", "uvloop"):
+            name = "agentpool-evolving" + ("" if loop == "asyncio" else "-uvloop")
+            port = start_agentpool("evolving", engine_urls, procs, tmp, loop)
+            targets.append((name, [f"http://127.0.0.1:{port}/v1/chat/completions"]))
+            pids[name] = procs[-1].pid
+        note = start_sglang(engine_urls, procs, targets, tmp, pids)
+        if note:
+            print(note)
+        per_req: dict[tuple[str, int], list[float]] = {}
+        for rep in range(repeats):
+            for concurrency in concurrencies:
+                for name, urls in targets:
+                    asyncio.run(load(urls, concurrency, 0.5, name))  # warm-up
+                    before = cpu_seconds(pids[name])
+                    r = asyncio.run(load(urls, concurrency, seconds, name))
+                    used = cpu_seconds(pids[name]) - before
+                    us = used / max(1, r.requests) * 1e6
+                    per_req.setdefault((name, concurrency), []).append(us)
+                    print(
+                        f"  repeat {rep + 1} c={concurrency:<3} {name:<26} {us:8.0f} us CPU/request "
+                        f"({r.requests} requests, {r.rps:.0f} req/s, errors {r.errors})",
+                        flush=True,
+                    )
+        print("\nmedian CPU per request (us) and ratio to sglang-router, per repeat:")
+        for concurrency in concurrencies:
+            for name, _ in targets:
+                vals = per_req[(name, concurrency)]
+                line = f"  c={concurrency:<3} {name:<26} {statistics.median(vals):8.0f} us"
+                for other in ("sglang-round_robin", "sglang-cache_aware"):
+                    if name.startswith("agentpool") and (other, concurrency) in per_req:
+                        ratios = [a / b for a, b in zip(vals, per_req[(other, concurrency)], strict=True)]
+                        line += f"  vs {other}: " + ", ".join(f"{x:.2f}x" for x in ratios)
+                print(line)
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def replicas(seconds: float, engines: int, repeats: int, concurrency: int = 64) -> None:
+    """One router against two on the same engines, interleaved; req/s and summed CPU per request."""
+    print(f"\n## Router replicas: 1 vs 2 ({engines} instant engines, c={concurrency}, {repeats} repeats)")
+    procs: list[subprocess.Popen[bytes]] = []
+    tmp = Path(tempfile.mkdtemp(prefix="bench-router-replicas-"))
+    try:
+        engine_urls = start_engines(engines, procs)
+        routers: list[tuple[str, int]] = []
+        for _ in range(2):
+            port = start_agentpool("evolving", engine_urls, procs, tmp)
+            routers.append((f"http://127.0.0.1:{port}/v1/chat/completions", procs[-1].pid))
+        setups = {"1 router": routers[:1], "2 routers": routers}
+        rps: dict[str, list[float]] = {}
+        cpu: dict[str, list[float]] = {}
+        for rep in range(repeats):
+            for name, group in setups.items():
+                urls = [u for u, _ in group]
+                asyncio.run(load(urls, concurrency, 0.5, name))  # warm-up
+                before = sum(cpu_seconds(pid) for _, pid in group)
+                r = asyncio.run(load(urls, concurrency, seconds, name))
+                used = sum(cpu_seconds(pid) for _, pid in group) - before
+                rps.setdefault(name, []).append(r.rps)
+                cpu.setdefault(name, []).append(used / max(1, r.requests) * 1e6)
+                print(
+                    f"  repeat {rep + 1} {name:<10} {r.rps:8.0f} req/s  {cpu[name][-1]:6.0f} us CPU/request "
+                    f"(errors {r.errors})",
+                    flush=True,
+                )
+        ratios = [b / a for a, b in zip(rps["1 router"], rps["2 routers"], strict=True)]
+        print(
+            f"  median: 1 router {statistics.median(rps['1 router']):.0f} req/s, "
+            f"2 routers {statistics.median(rps['2 routers']):.0f} req/s; "
+            "2/1 per repeat: " + ", ".join(f"{x:.2f}x" for x in ratios)
+        )
+    finally:
+        stop_all(procs)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.bench_router_cpu")
+    parser.add_argument("--seconds", type=float, default=3.0, help="seconds per measurement")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--engines", type=int, default=4)
+    parser.add_argument("--skip-replicas", action="store_true")
+    args = parser.parse_args(argv)
+    print(f"router CPU benchmark on {os.cpu_count()} CPUs (shared machine: figures are noisy)")
+    router_cpu(args.seconds, args.engines, args.repeats, (1, 64))
+    if not args.skip_replicas:
+        replicas(args.seconds, args.engines, args.repeats)
+
+
+if __name__ == "__main__":
+    main()

@@ -210,7 +210,10 @@ class Result:
         return pct(self.latencies_ms, 0.99)
 
 
-async def load(urls: Sequence[str], concurrency: int, seconds: float, target: str) -> Result:
+async def load(
+    urls: Sequence[str], concurrency: int, seconds: float, target: str, branches: bool = False
+) -> Result:
+    """Closed-loop load; with ``branches`` each worker sends ``x-agentpool-branch: bench-<worker>``."""
     import aiohttp
 
     body = json.dumps(
@@ -224,13 +227,14 @@ async def load(urls: Sequence[str], concurrency: int, seconds: float, target: st
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
 
-        async def worker() -> None:
+        async def worker(i: int) -> None:
             nonlocal errors, counter
+            mine = {**headers, "x-agentpool-branch": f"bench-{i}"} if branches else headers
             while time.perf_counter() < stop_at:
                 url = urls[counter % len(urls)]
                 counter += 1
                 t0 = time.perf_counter()
-                async with http.post(url, data=body, headers=headers) as resp:
+                async with http.post(url, data=body, headers=mine) as resp:
                     await resp.read()
                     if resp.status != 200:
                         errors += 1
@@ -238,7 +242,7 @@ async def load(urls: Sequence[str], concurrency: int, seconds: float, target: st
                 latencies.append((time.perf_counter() - t0) * 1e3)
 
         t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        await asyncio.gather(*(worker(i) for i in range(concurrency)))
         elapsed = time.perf_counter() - t0
     return Result(target, concurrency, len(latencies), elapsed, latencies, errors)
 
@@ -333,6 +337,8 @@ def start_agentpool(
     procs: list[subprocess.Popen[bytes]],
     tmp: Path,
     loop: str = "asyncio",
+    extra: Sequence[str] = (),
+    name: str = "",
 ) -> int:
     """``python -m agentpool.router`` with ``policy`` over the engines; returns its port once ready.
 
@@ -343,13 +349,14 @@ def start_agentpool(
         "policy": policy,
         "nodes": [{"id": f"e{i}", "url": u, "role": "both"} for i, u in enumerate(engine_urls)],
     }
-    path = tmp / f"router-{policy}.json"
+    path = tmp / f"router-{policy}{name}.json"
     path.write_text(json.dumps(config))
     # the bench engines post no load reports
     args = ["--config", str(path), "--host", "127.0.0.1", "--port", str(port)]
     args.append("--insecure-allow-unauthenticated-reports")
     if loop != "asyncio":
         args += ["--loop", loop]
+    args += extra
     proc = subprocess.Popen(
         [sys.executable, "-m", "agentpool.router", *args],
         cwd=ROOT,

@@ -3,7 +3,9 @@
 ``python -m bench.bench_router_cpu [--seconds S] [--repeats N] [--engines N] [--skip-replicas]``
 
 1. CPU per request of each router process (user + system from /proc, the process and its
-   descendants) for the agentpool router (asyncio and uvloop loops) and sglang-router 0.3.2
+   descendants) for the agentpool router (asyncio and uvloop loops; and with the gRPC directory,
+   in-memory store, and a branch header per load worker, where the directory's CPU is added) and
+   sglang-router 0.3.2
    (``pip install sglang-router==0.3.2``; round_robin and cache_aware) on the same instant engines,
    interleaved, ``--repeats`` times, at concurrency 1 and 64, with the agentpool/sglang ratio of each
    repeat.
@@ -39,6 +41,25 @@ def start_engines(engines: int, procs: list[subprocess.Popen[bytes]]) -> list[st
     assert eng.stdout is not None
     eng.stdout.readline()
     return [f"http://127.0.0.1:{p}" for p in ports]
+
+
+def start_directory(procs: list[subprocess.Popen[bytes]], tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """``python -m agentpool.directory`` with an in-memory store and a token; (process, HOST:PORT)."""
+    token = tmp / "directory-token"
+    token.write_text("bench-directory-token-0123456789")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentpool.directory", "--host", "127.0.0.1", "--port", "0",
+         "--redis-url", "", "--auth-token-file", str(token)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    procs.append(proc)
+    assert proc.stdout is not None
+    for raw in proc.stdout:
+        line = raw.decode()
+        if line.startswith("directory listening on "):
+            return proc, line.split()[-1]
+    raise RuntimeError("the directory exited before it listened")
 
 
 def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
@@ -92,6 +113,13 @@ def router_cpu(seconds: float, engines: int, repeats: int, concurrencies: Sequen
             port = start_agentpool("evolving", engine_urls, procs, tmp, loop)
             targets.append((name, [f"http://127.0.0.1:{port}/v1/chat/completions"]))
             pids[name] = procs[-1].pid
+        # with the gRPC directory (in-memory store) and a branch header per load worker
+        directory, address = start_directory(procs, tmp)
+        token = ["--directory", address, "--directory-token-file", str(tmp / "directory-token")]
+        port = start_agentpool("evolving", engine_urls, procs, tmp, extra=token, name="-grpc")
+        grpc_name = "agentpool-evolving-grpc-branch"
+        targets.append((grpc_name, [f"http://127.0.0.1:{port}/v1/chat/completions"]))
+        pids[grpc_name] = procs[-1].pid
         note = start_sglang(engine_urls, procs, targets, tmp, pids)
         if note:
             print(note)
@@ -99,10 +127,18 @@ def router_cpu(seconds: float, engines: int, repeats: int, concurrencies: Sequen
         for rep in range(repeats):
             for concurrency in concurrencies:
                 for name, urls in targets:
-                    asyncio.run(load(urls, concurrency, 0.5, name))  # warm-up
-                    before = cpu_seconds(pids[name])
-                    r = asyncio.run(load(urls, concurrency, seconds, name))
+                    branches = name == grpc_name
+                    asyncio.run(load(urls, concurrency, 0.5, name, branches))  # warm-up
+                    before, dir_before = cpu_seconds(pids[name]), cpu_seconds(directory.pid)
+                    r = asyncio.run(load(urls, concurrency, seconds, name, branches))
                     used = cpu_seconds(pids[name]) - before
+                    dir_used = cpu_seconds(directory.pid) - dir_before if branches else 0.0
+                    if branches:
+                        print(
+                            f"    (router {used / max(1, r.requests) * 1e6:.0f} us + directory "
+                            f"{dir_used / max(1, r.requests) * 1e6:.0f} us)"
+                        )
+                    used += dir_used
                     us = used / max(1, r.requests) * 1e6
                     per_req.setdefault((name, concurrency), []).append(us)
                     print(

@@ -8,6 +8,7 @@
     python -m bench.bench_sim smetric         # colocated routing comparison (SMetric §5)
     python -m bench.bench_sim scale           # App. D.2's 256-GPU setting (64 nodes, 2,560 agents), wall time
     python -m bench.bench_sim fit             # agentpool with preset vs online-fitted models (noise levels)
+    python -m bench.bench_sim pressure        # host pool 0.25x/0.5x/1x of the working set: branch counts/LRU
 
 ``--trace PATH`` replays another Claude Code file (e.g. ``../shared/traces/claude-code/v8-dev.jsonl.gz``);
 ``--write`` stores Markdown and JSON under ``bench/results/`` with the command that produced them.
@@ -293,13 +294,41 @@ def fit(args: argparse.Namespace) -> None:
         )
 
 
+def pressure(args: argparse.Namespace) -> None:
+    """Host pools below the working set: branch-count eviction against LRU (issue 15 f)."""
+    agents = args.agents[0] if args.agents else 90
+    base = _cc_scenario(args, agents)
+    convs = load_conversations(base)
+    probe = run_system("agentpool", base, convs)
+    working_set = probe["summary"]["unique_blocks"] * base.sim.block_size
+    nodes = base.sim.nodes
+    print(f"working set: {working_set / 1e6:.1f}M tokens ({working_set / nodes / 1e6:.2f}M per node)")
+    sections = []
+    for fraction in args.fractions:
+        host = int(fraction * working_set / nodes)
+        sc = dataclasses.replace(base, sim=dataclasses.replace(base.sim, host_kv_tokens=host))
+        results = compare(
+            sc, ["agentpool", "agentpool-lru", "static-cache-aware"], jobs=args.jobs, conversations=convs
+        )
+        heading = f"host pool {fraction:g}x of the working set ({host / 1e6:.2f}M tokens per node)"
+        _print(heading, results)
+        sections.append((heading, sc, results))
+    if args.write:
+        notes = (
+            f"{agents} agents; working set {working_set / 1e6:.1f}M tokens (distinct KV blocks the run "
+            f"computes), host pool per node a fraction of it / {nodes} nodes. agentpool evicts by branch "
+            "counts, agentpool-lru is the same system with LRU, static-cache-aware is SGLang's LRU."
+        )
+        _write("pressure", "Host-pool capacity pressure: branch-count eviction vs LRU", sections, notes)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.bench_sim")
     p.add_argument(
         "what",
         nargs="?",
         default="speed",
-        choices=["speed", "cc", "shifting", "open-loop", "smetric", "scale", "fit"],
+        choices=["speed", "cc", "shifting", "open-loop", "smetric", "scale", "fit", "pressure"],
     )
     p.add_argument("--trace", default=None)
     p.add_argument("--warmup", type=float, default=1800.0)
@@ -318,6 +347,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--noises", type=float, nargs="*", default=[0.02, 0.05, 0.10], help="fit: noise levels")
     p.add_argument(
+        "--fractions",
+        type=float,
+        nargs="*",
+        default=[0.25, 0.5, 1.0],
+        help="pressure: host pool / working set",
+    )
+    p.add_argument(
         "--decode-binding", default="prefill-start", choices=list(DECODE_BINDINGS), help="cc and fit only"
     )
     p.add_argument(
@@ -333,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         "smetric": smetric,
         "scale": scale,
         "fit": fit,
+        "pressure": pressure,
     }[args.what](args)
     return 0
 

@@ -51,12 +51,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--agents", type=int, default=90, help="concurrent agents (closed loop)")
     parser.add_argument("--arrival-rate", type=float, default=None, help="agents per minute (open loop)")
     parser.add_argument("--max-agents", type=int, default=258, help="admission limit (open loop)")
-    parser.add_argument("--duration", type=float, default=1800.0, help="measured seconds after the warmup")
+    parser.add_argument("--duration", type=float, default=1200.0, help="measured seconds after the warmup")
     parser.add_argument("--warmup", type=float, default=600.0, help="warmup seconds (not measured)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--preset", default="glm52-4xgb300", help="node calibration preset")
     parser.add_argument("--block-tokens", type=int, default=512, help="KV block size of the simulation")
-    parser.add_argument("--max-pause", type=float, default=None, help="cap recorded pauses (seconds)")
+    parser.add_argument(
+        "--max-pause",
+        type=float,
+        default=60.0,
+        help="cap recorded pauses (seconds; 60 gives the paper's offered load, 0 or less: as recorded)",
+    )
     parser.add_argument("--ramp", type=float, default=0.0, help="start closed-loop agents over N seconds")
     parser.add_argument(
         "--decode-binding",
@@ -98,7 +103,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", default="sim-results", help="output directory")
     parser.add_argument("--no-plots", action="store_true")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--quiet", action="store_true", help="no progress (drawn only on a terminal anyway)")
     parser.add_argument(
         "--jobs",
         type=int,
@@ -127,7 +132,7 @@ def scenario_from(args: argparse.Namespace) -> Scenario:
         arrival_per_min=args.arrival_rate,
         max_agents=args.max_agents,
         shared_prefix_tokens=args.shared_prefix,
-        max_pause_s=args.max_pause,
+        max_pause_s=args.max_pause if args.max_pause is not None and args.max_pause > 0 else None,
         ramp_s=args.ramp,
         preset=args.preset,
         sim=SimConfig(
@@ -146,6 +151,18 @@ def scenario_from(args: argparse.Namespace) -> Scenario:
         seed=args.seed,
         planner=PlannerSettings(fit=ModelSource(args.fit), fit_noise=args.fit_noise, fit_seed=args.seed),
     )
+
+
+class _Say:
+    """One line per step on stderr, from the first second (``--quiet`` silences it)."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.start = time.perf_counter()
+
+    def __call__(self, text: str) -> None:
+        if not self.quiet:
+            print(f"agentpool simulate: {text}", file=sys.stderr, flush=True)
 
 
 class _Bar:
@@ -209,9 +226,19 @@ def run(args: argparse.Namespace, adjust: Callable[[Scenario], Scenario] | None 
     jobs = default_jobs(names) if args.jobs is None else args.jobs
     if jobs < 1:
         raise SystemExit(f"agentpool simulate: --jobs must be at least 1, got {jobs}")
+    quiet = args.quiet or not sys.stderr.isatty()  # a progress line redrawn in place only on a terminal
+    say = _Say(args.quiet)
+    if sc.workload == "claude-code":
+        say(f"loading the Claude Code trace ({sc.trace or 'bundled sample'}) ...")
     conversations = load_conversations(sc)
     runs = reference_runs(names, sc.sim.nodes)
-    results = best_reference(compare(sc, runs, quiet=args.quiet, jobs=jobs, conversations=conversations))
+    plural = "s" if len(runs) > 1 else ""
+    say(
+        f"simulating {len(runs)} run{plural} ({', '.join(names)}), {min(jobs, len(runs))} at a time: "
+        f"{(sc.warmup_s + sc.duration_s) / 60:g} simulated minutes each ..."
+    )
+    results = best_reference(compare(sc, runs, quiet=quiet, jobs=jobs, conversations=conversations))
+    say(f"done in {time.perf_counter() - say.start:.0f} s")
     bound = scenario_bound(sc, conversations)
     command = "agentpool simulate " + " ".join(shlex.quote(a) for a in sys.argv[2:])
     scen = scenario_dict(sc)

@@ -58,6 +58,7 @@ class Metrics:
         self.split_timeline: list[tuple[float, int, int, int]] = []
         self.planner_log: list[dict[str, float | str]] = []
         self.fit_error: dict[str, float] | None = None  # fitted models against the ground truth
+        self.per_minute: dict[int, int] = {}  # completed requests per minute of the run
 
     # -- ideal cache ------------------------------------------------------------------------------
     def ideal_prefix(self, blocks: Sequence[int], cap: int) -> int:
@@ -87,6 +88,8 @@ class Metrics:
 
     def done(self, req: Request) -> None:
         self.completed_total += 1
+        minute = int(req.done_at // 60.0)
+        self.per_minute[minute] = self.per_minute.get(minute, 0) + 1
         if not self.start <= req.done_at < self.end:
             return
         ttft = req.first_token_at - req.issued_at
@@ -172,11 +175,13 @@ class Metrics:
             "prefill_imbalance": self.prefill_imbalance(),
             "mean_queue_s": float(np.mean([r[10] for r in rows])) if rows else float("nan"),
             "switches": len(in_window),
+            "switches_total": len(self.switches),  # the warmup's too
             "switch_mean_s": float(np.mean([float(s["duration_s"]) for s in in_window]))
             if in_window
             else 0.0,
             "switch_downtime_s": float(sum(float(s["downtime_s"]) for s in in_window)),
             "evicted_blocks": self.evicted_blocks,
+            "unique_blocks": len(self._ideal),  # distinct KV blocks computed in the whole run
             "final_split": list(self.split_timeline[-1][1:]) if self.split_timeline else [],
             "fit_error": self.fit_error,
         }

@@ -66,6 +66,65 @@ def markdown_table(results: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+_NARROW = (
+    ("system", "system", "{}"),
+    ("req/s", "throughput_rps", "{:.3f}"),
+    ("TTFT p50 / p95 s", None, ""),
+    ("TPOT ms", ("tpot_s", "mean"), "{:.1f}", 1000.0),
+    ("E2E mean s", ("e2e_s", "mean"), "{:.2f}"),
+    ("lost reuse", "lost_kv_reuse", "{:.1%}"),
+    ("switches", None, ""),
+    ("final split", "final_split", "{}"),
+)
+
+
+def summary_table(results: Sequence[dict[str, Any]]) -> str:
+    """A narrow table for a terminal (details in results.json): switches after the warmup / in all."""
+    lines = ["| " + " | ".join(c[0] for c in _NARROW) + " |", "|" + "|".join("---" for _ in _NARROW) + "|"]
+    for r in results:
+        s = r["summary"]
+        cells = []
+        for col in _NARROW:
+            if col[0].startswith("TTFT"):
+                cells.append(f"{s['ttft_s']['p50']:.2f} / {s['ttft_s']['p95']:.1f}")
+            elif col[0] == "switches":
+                cells.append(f"{s['switches']} / {s.get('switches_total', s['switches'])}")
+            else:
+                assert col[1] is not None
+                v = _value(r, col[1])
+                if len(col) > 3 and isinstance(v, float):
+                    v = v * col[3]
+                cells.append("-" if isinstance(v, float) and math.isnan(v) else col[2].format(v))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def describe(scenario: dict[str, Any]) -> str:
+    """The scenario in words (the exact values are in results.json)."""
+    sim = scenario["sim"]
+    if scenario.get("arrival_per_min") is not None:
+        load = f"open loop, {scenario['arrival_per_min']:g} agents/min (at most {scenario['max_agents']})"
+    else:
+        load = f"{scenario['agents']} concurrent agents (closed loop)"
+    pauses = (
+        "recorded pauses"
+        if scenario.get("max_pause_s") is None
+        else f"pauses capped at {scenario['max_pause_s']:g} s"
+    )
+    trace = scenario.get("trace") or "bundled sample"
+    convs = scenario.get("conversations")
+    return (
+        f"Workload: {scenario['workload']} ({trace}"
+        + (f", first {convs} conversations" if convs else "")
+        + f"), {load}, {pauses}, {scenario['shared_prefix_tokens']}-token shared prefix, seed "
+        f"{scenario['seed']}.\n\nPool: {sim['nodes']} nodes of {scenario['preset']} (ground truth: "
+        f"{sim.get('truth', 'roofline')}); planned systems start at {sim['prefill_nodes']}P"
+        f"{sim['nodes'] - sim['prefill_nodes']}D, static ones run "
+        f"{scenario.get('static_prefill_nodes') or sim['prefill_nodes']} prefill nodes. "
+        f"{scenario['warmup_s'] / 60:g} min warmup, {scenario['duration_s'] / 60:g} min measured.\n"
+    )
+
+
 def bound_line(bound: ClosedLoopBound | None, results: Sequence[dict[str, Any]]) -> str:
     if bound is None:
         return "No analytic bound for this workload (open loop, Mooncake or phased synthetic agents).\n"
@@ -88,16 +147,12 @@ def markdown_report(
     parts = [
         f"# {title}\n",
         f"Command: `{command}`\n",
-        "Scenario: "
-        + ", ".join(f"{k}={v}" for k, v in scenario.items() if k not in ("sim", "planner"))
-        + "\n",
-        f"Pool: {scenario.get('sim')}\n",
-        markdown_table(results),
+        describe(scenario),
+        summary_table(results),
         bound_line(bound, results),
-        "\nTimes in seconds unless noted; the measurement window excludes the warmup. Lost KV reuse is "
-        "`1 - h/h*` (h* with an unlimited cache shared by all nodes and no switches, same requests). "
-        "Prefill imbalance: per minute, the most loaded prefill node's mean queueing time over the mean "
-        "across prefill nodes. `wall s` is the wall time of the simulation on this machine.\n",
+        "\nMeasured after the warmup. Lost reuse: `1 - h/h*`, h* with an unlimited cache shared by all "
+        "nodes and no switches. Switches: after the warmup / in all. Every figure (means, P99s, hit "
+        "rates, imbalance, wall times, timelines) is in results.json.\n",
     ]
     return "\n".join(parts)
 
@@ -107,7 +162,7 @@ def write_json(path: Path, payload: dict[str, Any]) -> None:
 
 
 def write_plots(outdir: Path, results: Sequence[dict[str, Any]], end_s: float) -> list[Path]:
-    """Split over time, TTFT CDF and throughput per system, as PNG files."""
+    """Throughput over time, TTFT CDF and each system's split timeline in its own panel (PNG)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -117,21 +172,14 @@ def write_plots(outdir: Path, results: Sequence[dict[str, Any]], end_s: float) -
     written: list[Path] = []
     fig, ax = plt.subplots(figsize=(8, 4))
     for r in results:
-        tl = r["split_timeline"]
-        if not tl:
-            continue
-        xs = [row[0] / 60.0 for row in tl] + [end_s / 60.0]
-        ys = [row[1] for row in tl] + [tl[-1][1]]
-        ax.step(xs, ys, where="post", label=r["system"])
+        per_min = np.asarray(r.get("completed_per_minute", []), dtype=float)
+        if len(per_min):
+            ax.plot(np.arange(len(per_min)) + 0.5, per_min / 60.0, label=r["system"], lw=1.2)
     ax.set_xlabel("time (min)")
-    ax.set_ylabel("prefill nodes")
-    ax.set_title("PD split over time")
+    ax.set_ylabel("completed requests/s (per minute)")
+    ax.set_title("Throughput over time")
     ax.legend(fontsize=7)
-    p = outdir / "split_over_time.png"
-    fig.tight_layout()
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    written.append(p)
+    written.append(_save(fig, plt, outdir / "throughput.png"))
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in results:
@@ -142,21 +190,31 @@ def write_plots(outdir: Path, results: Sequence[dict[str, Any]], end_s: float) -
     ax.set_xlabel("TTFT (s)")
     ax.set_ylabel("CDF")
     ax.legend(fontsize=7)
-    p = outdir / "ttft_cdf.png"
-    fig.tight_layout()
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    written.append(p)
+    written.append(_save(fig, plt, outdir / "ttft_cdf.png"))
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    names = [r["system"] for r in results]
-    ax.bar(names, [r["summary"]["throughput_rps"] for r in results])
-    ax.set_ylabel("requests/s")
-    ax.set_title("Throughput")
-    ax.tick_params(axis="x", rotation=30, labelsize=7)
-    p = outdir / "throughput.png"
-    fig.tight_layout()
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    written.append(p)
+    fig, axes = plt.subplots(
+        len(results), 1, figsize=(8, 1.2 + 1.1 * len(results)), sharex=True, squeeze=False
+    )
+    for ax, r in zip(axes[:, 0], results, strict=True):
+        tl = r["split_timeline"]
+        if tl:
+            xs = [row[0] / 60.0 for row in tl] + [end_s / 60.0]
+            ax.step(xs, [row[1] for row in tl] + [tl[-1][1]], where="post", label="prefill")
+            ax.step(xs, [row[2] for row in tl] + [tl[-1][2]], where="post", label="decode")
+        ax.set_ylabel(r["system"], fontsize=7, rotation=0, ha="right")
+        ax.tick_params(labelsize=7)
+        top = max((row[1] + row[2] + row[3] for row in tl), default=1)
+        ax.set_ylim(-0.5, top + 0.5)
+        ax.yaxis.get_major_locator().set_params(integer=True)
+    axes[0, 0].legend(fontsize=7, loc="upper right")
+    axes[0, 0].set_title("Nodes per phase over time")
+    axes[-1, 0].set_xlabel("time (min)")
+    written.append(_save(fig, plt, outdir / "split_over_time.png"))
     return written
+
+
+def _save(fig: Any, plt: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -178,6 +178,7 @@ def run_system(
         "switches": metrics.switches,
         "planner_log": metrics.planner_log,
         "ttft_samples": metrics.ttfts(),
+        "completed_per_minute": [metrics.per_minute.get(m, 0) for m in range(int(end // 60.0))],
         "requests_simulated": metrics.completed_total,
         "agents_started": replay.agents_started,
         "wall_s": wall,

@@ -119,6 +119,14 @@ SYSTEMS: Mapping[str, SystemConfig] = {
             eviction=Eviction.BRANCH_COUNT,
         ),
         _d(
+            "agentpool-lru",
+            "agentpool with LRU host eviction instead of branch counts (routing still sees branches)",
+            policy="evolving",
+            planner=PlannerKind.EVOLVING,
+            fetch=FetchMode.ASYNC,
+            session_header=True,
+        ),
+        _d(
             "static-cache-aware",
             "SGLang PD at a static split: cache-aware routing, LRU, no peer pool",
             policy="cache-aware",

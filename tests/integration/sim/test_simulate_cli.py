@@ -68,3 +68,30 @@ def test_simulate_rejects_unknown_systems(tmp_path: Path) -> None:
 def test_simulate_rejects_bad_settings_before_running(tmp_path: Path, args: list[str], message: str) -> None:
     with pytest.raises(SystemExit, match=message):
         main(["simulate", *args, "--quiet", "--out", str(tmp_path)])
+
+
+def test_simulate_says_what_it_does_and_draws_no_progress_off_a_terminal(tmp_path: Path) -> None:
+    """Run as a user would, output to a pipe: step lines from the start, no redrawn progress, a
+    narrow table, the bound."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    args = ["--systems", "agentpool,static-cache-aware", "--conversations", "8", "--agents", "8"]
+    args += ["--warmup", "30", "--duration", "120", "--no-plots", "--out", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentpool.cli", "simulate", *args],
+        capture_output=True,
+        text=True,
+        env=os.environ,
+        timeout=300,
+        check=True,
+    )
+    assert proc.stderr.startswith("agentpool simulate: loading the Claude Code trace")
+    assert "simulating 2 runs" in proc.stderr and "\r" not in proc.stderr
+    table = [line for line in proc.stdout.splitlines() if line.startswith("|")]
+    assert table and max(len(line) for line in table) <= 110
+    assert "Upper bound (Little's law" in proc.stdout
+    data = json.loads((out / "results.json").read_text())
+    assert data["bound"]["throughput_rps"] >= max(r["summary"]["throughput_rps"] for r in data["results"])

@@ -38,10 +38,22 @@ PRINTER_COLUMNS: tuple[dict[str, str], ...] = (
     },
     {"name": "Nodes", "type": "integer", "jsonPath": ".spec.nodes", "description": "Engine nodes"},
     {
+        "name": "Serving",
+        "type": "integer",
+        "jsonPath": ".status.readyNodes",
+        "description": "Engine nodes that are ready",
+    },
+    {
         "name": "Split",
         "type": "string",
         "jsonPath": ".status.split.label",
         "description": "Current prefill/decode split, e.g. 4P5D",
+    },
+    {
+        "name": "Desired",
+        "type": "string",
+        "jsonPath": ".status.desiredSplit.label",
+        "description": "Split the planner asks for",
     },
     {"name": "Policy", "type": "string", "jsonPath": ".spec.router.policy", "description": "Router policy"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

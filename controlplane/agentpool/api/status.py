@@ -31,6 +31,10 @@ class Reason(StrEnum):
     """Progressing=True: the planner's warmup, fitting the iteration models in colocated mode."""
     SWITCHING = "Switching"
     """Progressing=True: nodes are switching phase after a planner decision."""
+    DRAINING = "Draining"
+    """Progressing=True: engines that a scale-down removes finish their work before they go."""
+    CONTROL_PLANE_STARTING = "ControlPlaneStarting"
+    """Ready=False: the router or the KV directory is not available yet."""
     STABLE = "Stable"
     """Progressing=False: nothing to change."""
     HEALTHY = "Healthy"
@@ -99,6 +103,8 @@ class SwitchStatus(ApiModel):
     """Split before the last switch, e.g. `6P3D`."""
     last_to: str | None = Field(default=None, max_length=64)
     """Split after the last switch, e.g. `4P5D`."""
+    last_reason: str | None = Field(default=None, max_length=1024)
+    """The planner's reason for the last switch (its `PhaseSplitChanged` Event)."""
 
 
 class PrefillFit(ApiModel):
@@ -150,8 +156,15 @@ class AgentServingPoolStatus(ApiModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     """`Ready`, `Progressing` and `Degraded`, each with a reason."""
+    config_generation: int | None = Field(default=None, ge=0)
+    """`metadata.generation` whose router and planner settings the pool's ConfigMap holds; the
+    router and planner re-read it within seconds, without a restart."""
     split: SplitStatus | None = None
-    """Current split."""
+    """Current split: the roles the engines report serving."""
+    desired_split: SplitStatus | None = None
+    """The split the planner asks for (the pods' `agentpool.io/role` annotations)."""
+    ready_nodes: int = Field(default=0, ge=0)
+    """Engine nodes that are ready."""
     nodes: list[NodeStatus] = Field(
         default_factory=list,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},

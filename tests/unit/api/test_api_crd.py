@@ -62,7 +62,9 @@ def test_identity_names_columns_and_status_subresource() -> None:
     assert (version["name"], version["served"], version["storage"]) == ("v1alpha1", True, True)
     assert version["subresources"] == {"status": {}}
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
-    assert list(columns) == ["Ready", "Nodes", "Split", "Policy", "Age"]
+    assert list(columns) == ["Ready", "Nodes", "Serving", "Split", "Desired", "Policy", "Age"]
+    assert columns["Serving"]["jsonPath"] == ".status.readyNodes"
+    assert columns["Desired"]["jsonPath"] == ".status.desiredSplit.label"
     assert columns["Ready"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].status'
     assert columns["Age"]["type"] == "date"
 

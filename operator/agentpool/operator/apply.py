@@ -1,0 +1,88 @@
+"""Idempotent apply: write a child only when the cluster's copy differs from what the pool needs.
+
+`contains(existing, desired)` says whether every field the operator sets already has that value
+(fields the server or other controllers added are ignored; quantities compare by value, so the
+server's `3Gi` equals the builder's `3072Mi`). Only then is nothing written: a second reconcile of
+an unchanged pool makes no write. Otherwise the child is created, or server-side applied with the
+operator's field manager, which leaves other managers' fields (e.g. the planner's role
+annotations on pods) alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from agentpool.operator.kube import KubeApi
+from agentpool.operator.quantity import quantity_value
+
+
+class Outcome(StrEnum):
+    CREATED = "created"
+    UPDATED = "updated"
+    UNCHANGED = "unchanged"
+
+
+def _same_scalar(existing: Any, desired: Any) -> bool:
+    if existing == desired:
+        return True
+    if isinstance(desired, str) and isinstance(existing, str | int):
+        try:
+            return quantity_value(existing) == quantity_value(desired)
+        except ValueError:
+            return False
+    return False
+
+
+def contains(existing: Any, desired: Any) -> bool:
+    """Whether `existing` holds every value of `desired` (maps: a superset; lists: same length,
+    item by item; scalars: equal, quantities by value)."""
+    if isinstance(desired, Mapping):
+        return isinstance(existing, Mapping) and all(
+            key in existing and contains(existing[key], value) for key, value in desired.items()
+        )
+    if isinstance(desired, list):
+        return (
+            isinstance(existing, list)
+            and len(existing) == len(desired)
+            and all(contains(e, d) for e, d in zip(existing, desired, strict=True))
+        )
+    return _same_scalar(existing, desired)
+
+
+@dataclass
+class ApplyReport:
+    """What one reconcile did to the children."""
+
+    outcomes: dict[str, Outcome] = field(default_factory=dict)
+
+    @property
+    def changed(self) -> list[str]:
+        return [name for name, outcome in self.outcomes.items() if outcome is not Outcome.UNCHANGED]
+
+
+def child_key(obj: Mapping[str, Any]) -> str:
+    return f"{obj['kind']}/{obj['metadata']['name']}"
+
+
+async def apply_child(api: KubeApi, desired: Mapping[str, Any]) -> Outcome:
+    meta = desired["metadata"]
+    existing = await api.get(desired["kind"], meta["namespace"], meta["name"])
+    if existing is None:
+        await api.create(desired)
+        return Outcome.CREATED
+    if contains(existing, desired):
+        return Outcome.UNCHANGED
+    await api.apply(desired)
+    return Outcome.UPDATED
+
+
+async def create_if_missing(api: KubeApi, desired: Mapping[str, Any]) -> Outcome:
+    """For generated Secrets: made once, never rewritten (a restart rotates nothing)."""
+    meta = desired["metadata"]
+    if await api.get(desired["kind"], meta["namespace"], meta["name"]) is not None:
+        return Outcome.UNCHANGED
+    await api.create(desired)
+    return Outcome.CREATED

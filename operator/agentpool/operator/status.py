@@ -1,0 +1,264 @@
+"""The pool's status from what the operator observed (pure: no client, no clock; `now` is given).
+
+Conditions keep their `lastTransitionTime` while their status stays, so an unchanged cluster gives
+an identical status and the operator writes nothing.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from agentpool.api import (
+    AgentServingPoolSpec,
+    AgentServingPoolStatus,
+    Condition,
+    ModelFitStatus,
+    NodeStatus,
+    Reason,
+    SplitStatus,
+    SwitchStatus,
+)
+from agentpool.api.status import DecodeFit, PrefillFit
+from agentpool.operator.builders.config import initial_role
+from agentpool.operator.names import DRAIN_ANNOTATION, OBSERVED_ROLE_ANNOTATION, ROLE_ANNOTATION
+from agentpool.planner.state import PlannerState
+
+ROLES = ("prefill", "decode", "both")
+FAILING_WAIT_REASONS = frozenset(
+    {"CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "CreateContainerConfigError", "InvalidImageName"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PodView:
+    """What the status needs from one engine pod."""
+
+    name: str
+    desired_role: str | None
+    observed_role: str | None
+    ready: bool
+    draining: bool = False
+    failing: str | None = None
+    """Why its container cannot run (e.g. `CrashLoopBackOff`), if it cannot."""
+
+    @staticmethod
+    def of(pod: Mapping[str, Any]) -> PodView:
+        meta = pod.get("metadata") or {}
+        notes = meta.get("annotations") or {}
+        status = pod.get("status") or {}
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
+        )
+        failing = None
+        for container in status.get("containerStatuses") or []:
+            waiting = (container.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in FAILING_WAIT_REASONS:
+                failing = f"{container.get('name')}: {waiting['reason']}"
+        role, observed = notes.get(ROLE_ANNOTATION), notes.get(OBSERVED_ROLE_ANNOTATION)
+        return PodView(
+            name=str(meta.get("name")),
+            desired_role=role if role in ROLES else None,
+            observed_role=observed if observed in ROLES else None,
+            ready=ready and meta.get("deletionTimestamp") is None,
+            draining=notes.get(DRAIN_ANNOTATION) == "true",
+            failing=failing,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """The cluster as the operator saw it for one pool."""
+
+    pods: Mapping[str, PodView]
+    """Engine pods by name."""
+    router_ready: bool
+    directory_ready: bool
+    redis_ready: bool
+    config_generation: int | None
+    planner_state: PlannerState | None = None
+    last_switch_reason: str | None = None
+    draining: tuple[str, ...] = ()
+    """Engines a scale-down waits for."""
+    children_changed: bool = False
+    """The last reconcile wrote to some child."""
+
+
+def split_status(roles: Sequence[str], colocated_pool: bool) -> SplitStatus:
+    counts = Counter(roles)
+    prefill, decode, both = counts["prefill"], counts["decode"], counts["both"]
+    if colocated_pool and not prefill and not decode:
+        label = f"{both}C"
+    else:
+        label = f"{prefill}P{decode}D" + (f"{both}C" if both else "")
+    return SplitStatus(prefill=prefill, decode=decode, colocated=both, label=label)
+
+
+def model_fit(spec: AgentServingPoolSpec, state: PlannerState | None) -> ModelFitStatus | None:
+    if spec.mode != "disaggregated" or not spec.planner.enabled:
+        return None
+    if state is None or not state.models:
+        return ModelFitStatus(state="Learning")
+    models = list(state.models.values())
+
+    def median(attr: str) -> float:
+        return float(statistics.median(getattr(m, attr) for m in models))
+
+    return ModelFitStatus(
+        state="Fitted",
+        fitted_at=datetime.fromtimestamp(state.fitted_at, UTC),
+        prefill=PrefillFit(c0=median("c0"), c1=median("c1"), c2=median("c2"), c3=median("c3")),
+        decode=DecodeFit(d0=median("d0"), d1=median("d1"), d2=median("d2")),
+    )
+
+
+def _condition(
+    kind: str,
+    true: bool,
+    reason: Reason,
+    message: str,
+    generation: int,
+    previous: AgentServingPoolStatus | None,
+    now: datetime,
+) -> Condition:
+    status = "True" if true else "False"
+    before = next((c for c in (previous.conditions if previous else []) if c.type == kind), None)
+    since = before.last_transition_time if before is not None and before.status == status else now
+    return Condition.model_validate(
+        {
+            "type": kind,
+            "status": status,
+            "reason": reason.value,
+            "message": message,
+            "lastTransitionTime": since,
+            "observedGeneration": generation,
+        }
+    )
+
+
+def _switches(
+    previous: AgentServingPoolStatus | None, desired: SplitStatus, reason: str | None, now: datetime
+) -> SwitchStatus:
+    before = previous.switches if previous is not None and previous.switches is not None else SwitchStatus()
+    old = previous.desired_split if previous is not None else None
+    same_size = old is not None and (old.prefill + old.decode + old.colocated) == (
+        desired.prefill + desired.decode + desired.colocated
+    )
+    if old is None or old.label == desired.label or not same_size:
+        return before
+    return SwitchStatus(
+        total=before.total + 1, last_time=now, last_from=old.label, last_to=desired.label, last_reason=reason
+    )
+
+
+def pool_status(
+    names: Sequence[str],
+    spec: AgentServingPoolSpec,
+    generation: int,
+    observed_generation: int | None,
+    observed: Observed,
+    previous: AgentServingPoolStatus | None,
+    now: datetime,
+) -> AgentServingPoolStatus:
+    """Status of a pool whose spec is valid; `names` are its engine pods, in ordinal order."""
+    nodes: list[NodeStatus] = []
+    for ordinal, name in enumerate(names):
+        pod = observed.pods.get(name)
+        desired = pod.desired_role if pod is not None and pod.desired_role else initial_role(spec, ordinal)
+        nodes.append(
+            NodeStatus.model_validate(
+                {
+                    "name": name,
+                    "desiredRole": desired,
+                    "observedRole": pod.observed_role if pod is not None else None,
+                    "ready": pod.ready if pod is not None else False,
+                }
+            )
+        )
+    colocated = spec.mode == "colocated"
+    desired_split = split_status([n.desired_role for n in nodes], colocated)
+    served = split_status([n.observed_role for n in nodes if n.ready and n.observed_role], colocated)
+    ready_nodes = sum(n.ready for n in nodes)
+    switching = [n.name for n in nodes if n.ready and n.observed_role != n.desired_role]
+    failing = sorted(f"{p.name} ({p.failing})" for p in observed.pods.values() if p.failing)
+    control_plane = observed.router_ready and observed.directory_ready and observed.redis_ready
+    fit = model_fit(spec, observed.planner_state)
+
+    if ready_nodes < len(nodes):
+        ready = (False, Reason.NODES_STARTING, f"{ready_nodes} of {len(nodes)} engines ready")
+    elif not control_plane:
+        missing = [
+            what
+            for what, ok in (
+                ("router", observed.router_ready),
+                ("directory", observed.directory_ready),
+                ("redis", observed.redis_ready),
+            )
+            if not ok
+        ]
+        ready = (False, Reason.CONTROL_PLANE_STARTING, f"not available yet: {', '.join(missing)}")
+    else:
+        ready = (True, Reason.ALL_NODES_SERVING, f"{ready_nodes} engines serving {served.label}")
+
+    if observed.draining:
+        progressing = (True, Reason.DRAINING, f"draining before removal: {', '.join(observed.draining)}")
+    elif observed.children_changed or observed.config_generation != generation:
+        progressing = (True, Reason.RECONCILING, f"applying generation {generation}")
+    elif ready_nodes < len(nodes):
+        progressing = (True, Reason.NODES_STARTING, f"{ready_nodes} of {len(nodes)} engines ready")
+    elif switching:
+        progressing = (True, Reason.SWITCHING, f"switching role: {', '.join(switching)}")
+    elif fit is not None and fit.state == "Learning":
+        progressing = (True, Reason.LEARNING, "the planner's warmup: fitting the iteration models")
+    else:
+        progressing = (False, Reason.STABLE, f"serving {served.label}")
+
+    if failing:
+        degraded = (True, Reason.ENGINE_FAILING, "; ".join(failing))
+    else:
+        degraded = (False, Reason.HEALTHY, "")
+
+    return AgentServingPoolStatus(
+        observed_generation=observed_generation,
+        conditions=[
+            _condition("Ready", *ready, generation, previous, now),
+            _condition("Progressing", *progressing, generation, previous, now),
+            _condition("Degraded", *degraded, generation, previous, now),
+        ],
+        config_generation=observed.config_generation,
+        split=served,
+        desired_split=desired_split,
+        ready_nodes=ready_nodes,
+        nodes=nodes,
+        switches=_switches(previous, desired_split, observed.last_switch_reason, now),
+        model_fit=fit,
+    )
+
+
+def invalid_status(
+    message: str, generation: int, previous: AgentServingPoolStatus | None, now: datetime
+) -> AgentServingPoolStatus:
+    """A spec that cannot be served: Degraded with the reason, nothing else claimed."""
+    keep = previous if previous is not None else AgentServingPoolStatus()
+    return keep.model_copy(
+        update={
+            "observed_generation": generation,
+            "conditions": [
+                _condition("Ready", False, Reason.INVALID_SPEC, message, generation, previous, now),
+                _condition(
+                    "Progressing",
+                    False,
+                    Reason.INVALID_SPEC,
+                    "waiting for a corrected spec",
+                    generation,
+                    previous,
+                    now,
+                ),
+                _condition("Degraded", True, Reason.INVALID_SPEC, message, generation, previous, now),
+            ],
+        }
+    )

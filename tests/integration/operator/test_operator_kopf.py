@@ -1,0 +1,307 @@
+"""The real kopf operator against a Kubernetes API (KMock here; a real server with
+AGENTPOOL_TEST_KUBECONFIG): the scenarios of a pool's life."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from conftest import OPERATOR_ARGS, Cluster, OperatorThread, load_example
+
+T = TypeVar("T")
+CHILDREN = [
+    ("ServiceAccount", "sim-engine"),
+    ("Role", "sim-engine"),
+    ("RoleBinding", "sim-engine"),
+    ("ServiceAccount", "sim-directory"),
+    ("ServiceAccount", "sim-redis"),
+    ("ServiceAccount", "sim-planner"),
+    ("Role", "sim-planner"),
+    ("RoleBinding", "sim-planner"),
+    ("ConfigMap", "sim-config"),
+    ("Service", "sim-redis"),
+    ("StatefulSet", "sim-redis"),
+    ("Service", "sim-directory"),
+    ("Deployment", "sim-directory"),
+    ("Service", "sim-router"),
+    ("Deployment", "sim-router"),
+    ("Service", "sim-engine"),
+    ("StatefulSet", "sim-engine"),
+    ("Secret", "sim-auth"),
+    ("Secret", "sim-redis"),
+]
+
+
+async def eventually(probe: Callable[[], Awaitable[T | None]], what: str, timeout_s: float = 60.0) -> T:
+    deadline = time.monotonic() + timeout_s
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = await probe()
+        if last:
+            return last
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+
+def pool_manifest(cluster: Cluster) -> dict[str, Any]:
+    manifest = copy.deepcopy(load_example("pool-sim.yaml"))
+    manifest["metadata"]["namespace"] = cluster.namespace
+    return manifest
+
+
+async def create_pool(cluster: Cluster, manifest: dict[str, Any]) -> None:
+    await cluster.api.create(manifest)
+
+
+async def pool(cluster: Cluster, name: str = "sim") -> dict[str, Any]:
+    got = await cluster.api.get("AgentServingPool", cluster.namespace, name)
+    assert got is not None
+    return got
+
+
+def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c["type"] == kind:
+            return dict(c)
+    return None
+
+
+async def status_where(
+    cluster: Cluster, check: Callable[[dict[str, Any]], bool], what: str
+) -> dict[str, Any]:
+    async def probe() -> dict[str, Any] | None:
+        obj = await pool(cluster)
+        return obj if check(obj) else None
+
+    return await eventually(probe, what)
+
+
+async def versions(cluster: Cluster) -> dict[tuple[str, str], str]:
+    out = {}
+    for kind, name in CHILDREN:
+        obj = await cluster.api.get(kind, cluster.namespace, name)
+        if obj is not None:
+            out[(kind, name)] = obj["metadata"]["resourceVersion"]
+    return out
+
+
+async def all_engines_serve(cluster: Cluster, n: int = 6) -> None:
+    async def pods_have_roles() -> bool:
+        for i in range(n):
+            pod = await cluster.api.get("Pod", cluster.namespace, f"sim-engine-{i}")
+            if pod is None or "agentpool.io/role" not in (pod["metadata"].get("annotations") or {}):
+                return False
+        return True
+
+    await eventually(pods_have_roles, "initial roles on every engine pod")
+    for i in range(n):
+        await cluster.engines.serve(f"sim-engine-{i}")
+
+
+async def children_exist(cluster: Cluster) -> None:
+    async def probe() -> bool:
+        return len(await versions(cluster)) == len(CHILDREN)
+
+    await eventually(probe, "every child")
+
+
+async def ready_pool(cluster: Cluster) -> dict[str, Any]:
+    """A pool whose engines all serve their initial roles, and its Ready status."""
+    await create_pool(cluster, pool_manifest(cluster))
+    await children_exist(cluster)
+    await all_engines_serve(cluster)
+    return await status_where(
+        cluster, lambda o: (condition(o, "Ready") or {}).get("status") == "True", "Ready"
+    )
+
+
+async def edit_spec(cluster: Cluster, spec: dict[str, Any], name: str = "sim") -> int:
+    await cluster.api.merge_patch("AgentServingPool", cluster.namespace, name, {"spec": spec})
+    return int((await pool(cluster, name))["metadata"]["generation"])
+
+
+async def annotations(cluster: Cluster, pod: str) -> dict[str, str]:
+    got = await cluster.api.get("Pod", cluster.namespace, pod)
+    assert got is not None
+    return dict(got["metadata"].get("annotations") or {})
+
+
+async def test_create_applies_children_and_reports_progressing(cluster: Cluster, operator: Any) -> None:
+    await create_pool(cluster, pool_manifest(cluster))
+    await children_exist(cluster)
+    obj = await status_where(cluster, lambda o: condition(o, "Progressing") is not None, "a status")
+    progressing = condition(obj, "Progressing")
+    assert progressing is not None and progressing["status"] == "True"
+    assert progressing["reason"] in ("Reconciling", "NodesStarting")
+    ready = condition(obj, "Ready")
+    assert ready is not None and ready["status"] == "False"
+    sts = await cluster.api.get("StatefulSet", cluster.namespace, "sim-engine")
+    assert sts is not None and sts["metadata"]["ownerReferences"][0]["uid"] == obj["metadata"]["uid"]
+
+
+async def test_ready_with_the_split_then_an_slo_edit_changes_only_the_config_map(
+    cluster: Cluster, operator: Any
+) -> None:
+    obj = await ready_pool(cluster)
+    status = obj["status"]
+    assert status["split"]["label"] == "3P3D" and status["desiredSplit"]["label"] == "3P3D"
+    assert status["readyNodes"] == 6 and status["observedGeneration"] == 1 and status["configGeneration"] == 1
+    assert [n["desiredRole"] for n in status["nodes"]] == ["prefill"] * 3 + ["decode"] * 3
+    assert all(n["ready"] and n["observedRole"] == n["desiredRole"] for n in status["nodes"])
+    assert condition(obj, "Degraded")["status"] == "False"  # type: ignore[index]
+    assert status["modelFit"]["state"] == "Learning"  # no planner state yet
+    before = await versions(cluster)
+    pods_before = [await annotations(cluster, f"sim-engine-{i}") for i in range(6)]
+
+    generation = await edit_spec(cluster, {"slo": {"ttft": {"base": "3s"}, "tpot": "40ms"}})
+    assert generation == 2
+    await status_where(
+        cluster,
+        lambda o: o["status"].get("observedGeneration") == 2 and o["status"].get("configGeneration") == 2,
+        "generation 2 applied",
+    )
+    after = await versions(cluster)
+    assert [k for k in before if before[k] != after[k]] == [("ConfigMap", "sim-config")]
+    config = await cluster.api.get("ConfigMap", cluster.namespace, "sim-config")
+    assert config is not None and '"ttftBase":3.0' in config["data"]["router.json"]
+    assert [await annotations(cluster, f"sim-engine-{i}") for i in range(6)] == pods_before
+
+
+async def test_a_planner_switch_shows_in_status_and_is_never_reverted(
+    cluster: Cluster, operator: Any
+) -> None:
+    await ready_pool(cluster)
+    # the planner moves engine 0 to decode (it patches only the annotation) and says why
+    await cluster.api.merge_patch(
+        "Pod",
+        cluster.namespace,
+        "sim-engine-0",
+        {"metadata": {"annotations": {"agentpool.io/role": "decode"}}},
+    )
+    uid = (await pool(cluster))["metadata"]["uid"]
+    await cluster.api.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": "sim.planner-1", "namespace": cluster.namespace},
+            "involvedObject": {
+                "apiVersion": "agentpool.io/v1alpha1",
+                "kind": "AgentServingPool",
+                "name": "sim",
+                "namespace": cluster.namespace,
+                "uid": uid,
+            },
+            "reason": "PhaseSplitChanged",
+            "message": "3P3D -> 2P4D: decode is the bottleneck (gain 1.8 req/s)",
+            "type": "Normal",
+        }
+    )
+    obj = await status_where(
+        cluster, lambda o: o["status"]["desiredSplit"]["label"] == "2P4D", "the new split"
+    )
+    progressing = condition(obj, "Progressing")
+    assert progressing is not None and progressing["reason"] == "Switching"
+    switches = obj["status"]["switches"]
+    assert (switches["total"], switches["lastFrom"], switches["lastTo"]) == (1, "3P3D", "2P4D")
+    assert "decode is the bottleneck" in switches["lastReason"]
+    await cluster.engines.serve("sim-engine-0")  # the engine switched
+    obj = await status_where(cluster, lambda o: o["status"]["split"]["label"] == "2P4D", "the served split")
+    # a reconcile (a spec edit) leaves the planner's role alone
+    await edit_spec(cluster, {"router": {"policy": "smetric"}})
+    await status_where(cluster, lambda o: o["status"].get("observedGeneration") == 2, "generation 2")
+    assert (await annotations(cluster, "sim-engine-0"))["agentpool.io/role"] == "decode"
+    assert (await pool(cluster))["status"]["switches"]["total"] == 1
+
+
+async def test_an_unchanged_pool_is_not_written_again(cluster: Cluster) -> None:
+    async with OperatorThread(OPERATOR_ARGS):
+        obj = await ready_pool(cluster)
+        await status_where(
+            cluster, lambda o: condition(o, "Progressing")["status"] == "False" or True, "settled"
+        )  # type: ignore[index]
+        await asyncio.sleep(1.0)
+        before = await versions(cluster)
+        pods = [await cluster.api.get("Pod", cluster.namespace, f"sim-engine-{i}") for i in range(6)]
+        status_version = (await pool(cluster))["metadata"]["resourceVersion"]
+    assert obj["status"]["observedGeneration"] == 1
+    # a new operator resumes the pool: it reconciles and refreshes the status, and writes nothing
+    async with OperatorThread(OPERATOR_ARGS):
+        await asyncio.sleep(4.0)
+        after = await versions(cluster)
+        pods_after = [await cluster.api.get("Pod", cluster.namespace, f"sim-engine-{i}") for i in range(6)]
+    assert after == before
+    assert [p["metadata"]["resourceVersion"] for p in pods_after] == [
+        p["metadata"]["resourceVersion"] for p in pods
+    ]
+    final = await pool(cluster)
+    assert final["status"]["observedGeneration"] == 1
+    assert final["status"] == obj["status"] or final["metadata"]["resourceVersion"] == status_version
+
+
+async def test_scale_down_drains_first_then_delete_cleans_up(cluster: Cluster, operator: Any) -> None:
+    await ready_pool(cluster)
+    await edit_spec(cluster, {"nodes": 4})
+    obj = await status_where(
+        cluster, lambda o: (condition(o, "Progressing") or {}).get("reason") == "Draining", "draining"
+    )
+    assert "sim-engine-4" in condition(obj, "Progressing")["message"]  # type: ignore[index]
+    for leaving in ("sim-engine-4", "sim-engine-5"):
+        assert "agentpool.io/drain" in await annotations(cluster, leaving)
+    assert "agentpool.io/drain" not in await annotations(cluster, "sim-engine-3")
+    config = await cluster.api.get("ConfigMap", cluster.namespace, "sim-config")
+    assert config is not None and "sim-engine-4" not in config["data"]["router.json"]  # no new work
+    sts = await cluster.api.get("StatefulSet", cluster.namespace, "sim-engine")
+    assert sts is not None and sts["spec"]["replicas"] == 6  # not before they drained
+    for leaving in ("sim-engine-4", "sim-engine-5"):
+        await cluster.engines.serve(leaving, ready=False)  # the engine finished its work
+
+    async def shrunk() -> bool:
+        got = await cluster.api.get("StatefulSet", cluster.namespace, "sim-engine")
+        return got is not None and got["spec"]["replicas"] == 4
+
+    await eventually(shrunk, "the StatefulSet at 4 replicas")
+    obj = await status_where(
+        cluster,
+        lambda o: (
+            (condition(o, "Ready") or {}).get("status") == "True"
+            and o["status"].get("observedGeneration") == 2
+        ),
+        "Ready at 4 nodes",
+    )
+    assert obj["status"]["readyNodes"] == 4 and obj["status"]["split"]["label"] == "3P1D"
+
+    await cluster.api.delete("AgentServingPool", cluster.namespace, "sim")
+
+    async def gone() -> bool:
+        return (
+            not await versions(cluster)
+            and await cluster.api.get("AgentServingPool", cluster.namespace, "sim") is None
+        )
+
+    await eventually(gone, "the pool and every child gone")
+
+
+async def test_a_deeper_invalid_spec_is_degraded_without_retries(cluster: Cluster, operator: Any) -> None:
+    manifest = pool_manifest(cluster)
+    manifest["spec"]["engine"]["hostKvSize"] = "8Gi"  # more than its 4Gi memory limit
+    await create_pool(cluster, manifest)
+    obj = await status_where(
+        cluster, lambda o: (condition(o, "Degraded") or {}).get("status") == "True", "Degraded"
+    )
+    degraded = condition(obj, "Degraded")
+    assert degraded is not None and degraded["reason"] == "InvalidSpec"
+    assert "smaller than spec.engine.hostKvSize (8Gi)" in degraded["message"]
+    assert condition(obj, "Ready")["status"] == "False"  # type: ignore[index]
+    version = obj["metadata"]["resourceVersion"]
+    await asyncio.sleep(2.0)
+    assert (await pool(cluster))["metadata"]["resourceVersion"] == version  # no retry loop
+    assert await versions(cluster) == {}
+    # fixing the spec recovers
+    await edit_spec(cluster, {"engine": {**manifest["spec"]["engine"], "hostKvSize": "2Gi"}})
+    await children_exist(cluster)
+    await status_where(
+        cluster, lambda o: (condition(o, "Degraded") or {}).get("status") == "False", "healthy"
+    )

@@ -1,0 +1,144 @@
+"""The pool status from observations (pure), and the no-write comparison of children."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agentpool.api import AgentServingPool, AgentServingPoolSpec
+from agentpool.operator.apply import contains
+from agentpool.operator.status import Observed, PodView, invalid_status, pool_status
+
+ROOT = Path(__file__).resolve().parents[3]
+SPEC = AgentServingPool.model_validate(yaml.safe_load((ROOT / "examples" / "pool-sim.yaml").read_text())).spec
+NAMES = [f"sim-engine-{i}" for i in range(6)]
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+INITIAL = ["prefill"] * 3 + ["decode"] * 3
+
+
+def observed(roles: list[str | None], served: list[str | None], ready: list[bool], **kw: Any) -> Observed:
+    pods = {
+        n: PodView(n, desired_role=r, observed_role=s, ready=ok)
+        for n, r, s, ok in zip(NAMES, roles, served, ready, strict=True)
+    }
+    base: dict[str, Any] = {"pods": pods, "router_ready": True, "directory_ready": True}
+    base |= {"redis_ready": True, "config_generation": 1}
+    return Observed(**{**base, **kw})
+
+
+def conditions(status: Any) -> dict[str, tuple[str, str]]:
+    return {c.type: (c.status, c.reason) for c in status.conditions}
+
+
+@pytest.mark.parametrize(
+    ("obs", "ready", "progressing", "degraded", "split", "desired"),
+    [
+        (observed(INITIAL, [None] * 6, [False] * 6), ("False", "NodesStarting"), ("True", "NodesStarting"),
+         ("False", "Healthy"), "0P0D", "3P3D"),
+        (observed(INITIAL, INITIAL, [True] * 6), ("True", "AllNodesServing"), ("True", "Learning"),
+         ("False", "Healthy"), "3P3D", "3P3D"),
+        (observed(INITIAL, INITIAL, [True] * 6, router_ready=False), ("False", "ControlPlaneStarting"),
+         ("True", "Learning"), ("False", "Healthy"), "3P3D", "3P3D"),
+        (observed(["decode", *INITIAL[1:]], INITIAL, [True] * 6), ("True", "AllNodesServing"),
+         ("True", "Switching"), ("False", "Healthy"), "3P3D", "2P4D"),
+        (observed(INITIAL, INITIAL, [True] * 6, config_generation=0), ("True", "AllNodesServing"),
+         ("True", "Reconciling"), ("False", "Healthy"), "3P3D", "3P3D"),
+        (observed(INITIAL, INITIAL, [True] * 6, draining=("sim-engine-5",)), ("True", "AllNodesServing"),
+         ("True", "Draining"), ("False", "Healthy"), "3P3D", "3P3D"),
+        (observed([None] * 6, [None] * 6, [False] * 6), ("False", "NodesStarting"), ("True", "NodesStarting"),
+         ("False", "Healthy"), "0P0D", "3P3D"),  # no role yet: the initial one is shown as desired
+    ],
+)  # fmt: skip
+def test_conditions_and_splits(
+    obs: Observed,
+    ready: tuple[str, str],
+    progressing: tuple[str, str],
+    degraded: tuple[str, str],
+    split: str,
+    desired: str,
+) -> None:
+    status = pool_status(NAMES, SPEC, 1, 1, obs, None, T0)
+    assert conditions(status) == {"Ready": ready, "Progressing": progressing, "Degraded": degraded}
+    assert status.split is not None and status.split.label == split
+    assert status.desired_split is not None and status.desired_split.label == desired
+
+
+def test_a_failing_engine_is_degraded() -> None:
+    obs = observed(INITIAL, INITIAL, [True] * 5 + [False])
+    pods = dict(obs.pods)
+    pods["sim-engine-5"] = PodView("sim-engine-5", "decode", None, False, failing="engine: CrashLoopBackOff")
+    status = pool_status(NAMES, SPEC, 1, 1, dataclasses.replace(obs, pods=pods), None, T0)
+    assert conditions(status)["Degraded"] == ("True", "EngineFailing")
+    assert "CrashLoopBackOff" in next(c.message for c in status.conditions if c.type == "Degraded")
+
+
+def test_an_unchanged_cluster_gives_the_same_status_and_switches_count_once() -> None:
+    first = pool_status(NAMES, SPEC, 1, 1, observed(INITIAL, INITIAL, [True] * 6), None, T0)
+    again = pool_status(
+        NAMES, SPEC, 1, 1, observed(INITIAL, INITIAL, [True] * 6), first, T0 + timedelta(hours=1)
+    )
+    assert again == first  # no transition, so no new timestamps: nothing to write
+    moved = ["decode", *INITIAL[1:]]
+    switched = pool_status(
+        NAMES,
+        SPEC,
+        1,
+        1,
+        observed(moved, INITIAL, [True] * 6, last_switch_reason="why"),
+        again,
+        T0 + timedelta(hours=2),
+    )
+    assert switched.switches is not None
+    assert (switched.switches.total, switched.switches.last_from, switched.switches.last_to) == (
+        1,
+        "3P3D",
+        "2P4D",
+    )
+    assert switched.switches.last_reason == "why"
+    later = pool_status(
+        NAMES, SPEC, 1, 1, observed(moved, moved, [True] * 6), switched, T0 + timedelta(hours=3)
+    )
+    assert later.switches == switched.switches
+
+
+def test_a_colocated_pool() -> None:
+    spec = AgentServingPoolSpec.model_validate(
+        {**SPEC.to_wire(), "mode": "colocated", "planner": {"enabled": False}, "initialSplit": None}
+    )
+    status = pool_status(NAMES, spec, 1, 1, observed(["both"] * 6, ["both"] * 6, [True] * 6), None, T0)
+    assert status.split is not None and status.split.label == "6C"
+    assert status.model_fit is None
+    assert conditions(status)["Progressing"] == ("False", "Stable")
+
+
+def test_an_invalid_spec() -> None:
+    status = invalid_status("limits too small", 3, None, T0)
+    assert conditions(status) == {
+        "Ready": ("False", "InvalidSpec"),
+        "Progressing": ("False", "InvalidSpec"),
+        "Degraded": ("True", "InvalidSpec"),
+    }
+    assert status.observed_generation == 3
+
+
+@pytest.mark.parametrize(
+    ("existing", "desired", "expected"),
+    [
+        ({"a": 1, "b": {"c": 2, "server": 3}}, {"b": {"c": 2}}, True),
+        ({"a": 1}, {"a": 2}, False),
+        ({"memory": "3Gi"}, {"memory": "3072Mi"}, True),  # the server's canonical quantity
+        ({"cpu": "500m"}, {"cpu": "0.5"}, True),
+        ({"cpu": "1"}, {"cpu": "2"}, False),
+        ({"l": [1, 2]}, {"l": [1, 2, 3]}, False),
+        ({"l": [{"x": 1, "y": 2}]}, {"l": [{"x": 1}]}, True),
+        ({}, {"missing": None}, False),
+        ({"name": "abc"}, {"name": "abd"}, False),
+    ],
+)
+def test_contains(existing: Any, desired: Any, expected: bool) -> None:
+    assert contains(existing, desired) is expected

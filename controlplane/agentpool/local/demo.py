@@ -44,11 +44,13 @@ def scaled(conversations: list[Conversation], time_scale: float) -> list[Convers
 
 
 def simulated(
-    pool: AgentServingPool, settings: ReplaySettings, conversations: list[Conversation]
+    pool: AgentServingPool, settings: ReplaySettings, conversations: list[Conversation], preset: str
 ) -> dict[str, Any]:
-    """The simulator's run of the same workload on the same pool (the manifest's system)."""
+    """The simulator's run of the same workload on the same pool (the manifest's system), with the
+    node model the sim engines run: ``preset``'s Eq. 1/2 coefficients as the ground truth, no noise."""
     sc = apply_pool(
         Scenario(
+            preset=preset,
             agents=settings.agents,
             shared_prefix_tokens=settings.shared_prefix_tokens,
             max_pause_s=settings.max_pause_s,
@@ -57,7 +59,8 @@ def simulated(
         ),
         pool,
     )
-    sc = dataclasses.replace(sc, sim=dataclasses.replace(sc.sim, block_size=conversations[0].block_size))
+    sim = dataclasses.replace(sc.sim, block_size=conversations[0].block_size, truth="equations", noise=0.0)
+    sc = dataclasses.replace(sc, sim=sim)
     convs = scaled(conversations, settings.time_scale)
     if settings.max_output_tokens is not None:
         cap = settings.max_output_tokens
@@ -116,7 +119,7 @@ async def run_demo(
     results = [live]
     if with_sim:
         print("simulating the same workload on the same pool ...", flush=True)
-        results.append(simulated(pool, settings, conversations))
+        results.append(simulated(pool, settings, conversations, options.preset))
     text = write_reports(
         out, settings, results, {"pool": pool.metadata.get("name"), "nodes": pool.spec.nodes}
     )

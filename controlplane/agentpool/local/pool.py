@@ -123,6 +123,9 @@ class LocalOptions:
     host_kv_bytes: int | None = None  # None: the manifest's hostKvSize
     engines: bool = True  # False: the control plane only (no engine processes)
     preset: str = DEFAULT_PRESET  # the node class the sim engines model (agentpool.sim presets)
+    # real bytes per KV block in the engines' host pools (NIXL moves them); a GPU's real KV block is
+    # megabytes, which one machine cannot hold for a whole pool: the sim engines' bytes stand in
+    block_bytes: int = 4096
     planner: bool = True
 
 
@@ -352,6 +355,7 @@ def engine_config(
         "peers": peers,
         "pageSize": spec.kv_pool.page_size,
         "hostKvBytes": options.host_kv_bytes or spec.engine.host_kv_bytes,
+        "blockBytes": options.block_bytes,
         "sim": sim_settings(pool, options),
     }
 

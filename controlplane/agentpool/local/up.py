@@ -43,6 +43,11 @@ class LocalPool:
                 f"port {opts.router_port} on {opts.host} is in use (the router's): stop what listens there "
                 "or pass --port"
             )
+        if opts.redis_url is None and shutil.which("redis-server") is None:
+            raise StartError(
+                "redis-server is not on the PATH: install it (apt-get install redis-server, brew install "
+                "redis) or pass --redis-url of a running Redis"
+            )
         if self._given_workdir is not None:
             self._given_workdir.mkdir(parents=True, exist_ok=True)
             self.workdir = self._given_workdir

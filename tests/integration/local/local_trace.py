@@ -6,16 +6,19 @@ import json
 from pathlib import Path
 
 
-def write_small_trace(path: Path, sessions: int = 4, turns: int = 5, block: int = 64) -> Path:
+def write_small_trace(
+    path: Path, sessions: int = 4, turns: int = 5, block: int = 64, first: int = 3, per_turn: int = 3
+) -> Path:
     """``sessions`` conversations: a main agent of ``turns`` turns that spawns a 2-turn sub-agent
-    after its second turn; prompts grow by about 3 blocks a turn; 1-4 s recorded pauses."""
+    after its second turn; the first prompt has ``first`` blocks, each turn adds ``per_turn``;
+    1-4 s recorded pauses."""
     rows = []
     for s in range(sessions):
         t = 0.0
         main: list[int] = []
         next_id = 1
         for turn in range(1, turns + 1):
-            for _ in range(3):
+            for _ in range(first if turn == 1 else per_turn):
                 main.append(next_id)
                 next_id += 1
             inp = len(main) * block + 20

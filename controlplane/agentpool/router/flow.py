@@ -309,7 +309,7 @@ class Dispatcher:
                             decoding = True
                             self.nodes.finish_prefill(node, prep.request_id)
                             self.nodes.bind_decode(node, prep.request_id, self._kv_tokens(prep))
-                            self.work_log.decoding(prep.request_id, self.nodes.get(node).t_acc)
+                            self.work_log.decoding(prep.request_id, self.nodes.t_acc(node))
                         yield Chunk(ev.text)
                     elif ev.type == "done":
                         yield Finish(ev.finish_reason or "stop", ev.usage or Usage())
@@ -323,6 +323,7 @@ class Dispatcher:
         self, prep: Prepared, decision: Decision, seq: int
     ) -> AsyncGenerator[Chunk | Finish, None]:
         prefill_node = decision.node_id
+        prefill_url = self.nodes.get(prefill_node).url  # before any await: discovery may remove it
         decode_node: str | None = None
         decode_seq = 0
         transfer: str | None = None
@@ -349,7 +350,7 @@ class Dispatcher:
                 decode_node, decode_seq = await self._bind(prep)
             if first:
                 yield Chunk(first)
-            kv = KvSource(node_id=prefill_node, url=self.nodes.get(prefill_node).url, transfer_id=transfer)
+            kv = KvSource(node_id=prefill_node, url=prefill_url, transfer_id=transfer)
             decode_request = self._generate_request(prep, decision, decode_seq, "decode", kv)
             async with contextlib.aclosing(self._events(decode_node, decode_request)) as events:
                 async for ev in events:
@@ -374,7 +375,7 @@ class Dispatcher:
                 raise NoCapacity("no decode node had KV room for the request in time")
             await asyncio.sleep(_DECODE_ROOM_POLL_S)
         seq = self.nodes.bind_decode(binding.node_id, prep.request_id, self._kv_tokens(prep))
-        self.work_log.decoding(prep.request_id, self.nodes.get(binding.node_id).t_acc)
+        self.work_log.decoding(prep.request_id, self.nodes.t_acc(binding.node_id))
         m = self.metrics
         m.child(m.decisions, self.routing.policy.name, binding.node_id, "decode").inc()
         await self._place(prep, binding.node_id)

@@ -239,11 +239,19 @@ class NodeTable:
             self._maybe_drained(entry)
 
     def bind_decode(self, node_id: str, request_id: str, kv_tokens: int) -> int:
-        entry = self.get(node_id)
+        """Count a decode on the node; its dispatch sequence (-1: discovery removed the node)."""
+        entry = self._nodes.get(node_id)
+        if entry is None:
+            return -1
         seq = entry.next_seq
         entry.next_seq += 1
         entry.decodes[request_id] = Dispatch(request_id, seq, Work(t_uc=0.0), kv_tokens)
         return seq
+
+    def t_acc(self, node_id: str) -> float:
+        """The node's last reported decode tokens per iteration (1 when unknown or gone)."""
+        entry = self._nodes.get(node_id)
+        return 1.0 if entry is None else entry.t_acc
 
     def finish_decode(self, node_id: str, request_id: str) -> None:
         entry = self._nodes.get(node_id)

@@ -4,6 +4,7 @@ they go, so a dead engine is not retried forever."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -135,3 +136,23 @@ async def test_engines_come_and_go_with_the_services_endpointslices(kmock: Any, 
     finally:
         await r.stop()
         await k.kill()
+
+
+async def test_an_engine_removed_while_it_serves_a_request_finishes_it() -> None:
+    b = await StandIn("b", tokens=3, prefill_s=0.3).start()
+    r = await start_router(router_config([]), report_auth=ReportAuth.token(TOKEN))
+    try:
+        async with aiohttp.ClientSession() as http:
+            assert await post_report(http, r.url, {"node_id": "b", "role": "both", "url": b.url}) == 200
+            pending = asyncio.ensure_future(http.post(r.url + CHAT, json=chat_body(max_tokens=3)))
+            await wait_until(lambda: bool(b.received), 5, "b got the request")
+            async with http.delete(r.url + "/agentpool/v1/engines/b", headers=AUTH) as resp:
+                assert resp.status == 200  # gone from the table while its prefill runs
+            async with await pending as resp:
+                body = await resp.json()
+            assert resp.status == 200, body
+            assert body["choices"][0]["message"]["content"] == "tok0 tok1 tok2 "
+            assert "b" not in r.service.nodes
+    finally:
+        await r.stop()
+        await b.kill()

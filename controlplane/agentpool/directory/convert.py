@@ -6,7 +6,7 @@ Every check raises :class:`InvalidRequestError` with a reason; the service maps 
 from __future__ import annotations
 
 import re
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from operator import eq
 
@@ -194,6 +194,38 @@ def node_prefix(node: str, phase: Phase | None, m: PrefixMatch, page_size: int) 
         host_tokens=m.host_blocks * page_size,
         local_tokens=m.local_blocks * page_size,
     )
+
+
+class ResolveEncoder:
+    """Encodes Resolve answers fast: each node's entry is encoded once per distinct (node, phase,
+    match) and cached, and the answer is the concatenation of the entries' encodings. That is valid
+    protobuf: concatenated encodings of a message parse as one message whose repeated fields are the
+    concatenation, so each cached entry is a one-entry ``ResolveResponse``."""
+
+    def __init__(self, page_size: int, cache_size: int = 1 << 16) -> None:
+        self.page_size = page_size
+        self._cache: dict[tuple[str, Phase | None, PrefixMatch], bytes] = {}
+        self._cache_size = cache_size
+        self._page = pb.ResolveResponse(page_size=page_size).SerializeToString()
+
+    def encode(
+        self, prefixes: Mapping[str, PrefixMatch], phases: Mapping[str, Phase], branch: pb.BranchInfo | None
+    ) -> bytes:
+        cache = self._cache
+        parts = []
+        for node in sorted(prefixes):
+            key = (node, phases.get(node), prefixes[node])
+            entry = cache.get(key)
+            if entry is None:
+                if len(cache) >= self._cache_size:
+                    cache.clear()
+                one = node_prefix(node, key[1], key[2], self.page_size)
+                entry = cache[key] = pb.ResolveResponse(nodes=[one]).SerializeToString()
+            parts.append(entry)
+        parts.append(self._page)
+        if branch is not None:
+            parts.append(pb.ResolveResponse(branch=branch).SerializeToString())
+        return b"".join(parts)
 
 
 def eviction_entry(c: EvictionCandidate) -> pb.EvictionEntry:

@@ -25,7 +25,10 @@ _UNARY: dict[str, type[Message]] = {
 }
 
 
-def _serialize(message: Message) -> bytes:
+def _serialize(message: Message | bytes) -> bytes:
+    """A message, or one the service encoded itself (Resolve: see ``ResolveEncoder``)."""
+    if isinstance(message, bytes):
+        return message
     data: bytes = message.SerializeToString()
     return data
 
@@ -37,8 +40,8 @@ async def _parse(raw: bytes, kind: type[Message], context: grpc.aio.ServicerCont
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {kind.__name__}: {e}")
 
 
-def _unary(method: Callable[[Any, Any], Awaitable[Message]], kind: type[Message]) -> Any:
-    async def handle(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Message:
+def _unary(method: Callable[[Any, Any], Awaitable[Message | bytes]], kind: type[Message]) -> Any:
+    async def handle(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Message | bytes:
         return await method(await _parse(raw, kind, context), context)
 
     return handle

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
@@ -54,3 +56,16 @@ class DirectoryMetrics:
             "agentpool_directory_dropped_nodes_total", "Nodes purged, by reason", ["reason"], registry=r
         )
         self.watchers = Gauge("agentpool_directory_count_watchers", "Open count-update streams", registry=r)
+
+        self._children: dict[tuple[str, str], tuple[Any, Any]] = {}
+
+    def observe(self, method: str, code: str, seconds: float) -> None:
+        """One RPC answered: its latency and its count by code (label children looked up once)."""
+        pair = self._children.get((method, code))
+        if pair is None:
+            pair = self._children[(method, code)] = (
+                self.latency.labels(method),
+                self.requests.labels(method, code),
+            )
+        pair[0].observe(seconds)
+        pair[1].inc()

@@ -24,11 +24,11 @@ import grpc
 from agentpool.directory.convert import (
     InvalidRequestError,
     QuotaExceededError,
+    ResolveEncoder,
     block_list,
     branch_id,
     eviction_entry,
     node_name,
-    node_prefix,
     phase_from_pb,
     phase_to_pb,
 )
@@ -98,6 +98,7 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         self._node_locks: dict[str, asyncio.Lock] = {}
         self._rows = RowTracker()  # writes only the changed fields of known branch rows
         self._epoch = 0  # bumped by a failed write: snapshots diffed before it are rewritten whole
+        self._encoder = ResolveEncoder(directory.page_size)
         self.ingest = EventIngest(directory, self.limits, self.metrics, wall_clock, monotonic)
         self._watchers: dict[str, set[_Watcher]] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -236,8 +237,7 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         except _Abort as e:
             code, reason = e.code, e.reason
         finally:
-            self.metrics.latency.labels(method).observe(time.perf_counter() - t0)
-            self.metrics.requests.labels(method, code.name).inc()
+            self.metrics.observe(method, code.name, time.perf_counter() - t0)
         await context.abort(code, reason)
         raise AssertionError("context.abort returned")
 
@@ -263,34 +263,29 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         return branch
 
     # -- Resolve / Place / EndBranch ---------------------------------------------------------
-    async def Resolve(self, request: pb.ResolveRequest, context: Ctx) -> pb.ResolveResponse:
+    async def Resolve(self, request: pb.ResolveRequest, context: Ctx) -> bytes:
         return await self._run("Resolve", context, self._resolve(request))
 
-    async def _resolve(self, request: pb.ResolveRequest) -> pb.ResolveResponse:
+    async def _resolve(self, request: pb.ResolveRequest) -> bytes:
+        """The encoded ``ResolveResponse`` (see :class:`ResolveEncoder`)."""
         hashes = block_list(request.block_hashes, self.limits.max_blocks_per_request)
         branch = branch_id(request.branch) if request.branch else None
         res = self.dir.lookup(hashes, branch)  # read-only: the request's Place applies E.1
-        phases = self.dir.phases()
-        page = self.dir.page_size
-        out = pb.ResolveResponse(
-            nodes=[node_prefix(n, phases.get(n), m, page) for n, m in sorted(res.prefixes.items())],
-            page_size=page,
-        )
+        info = None
         obs = res.observation
         if branch is not None and obs is not None:
             state = self.dir.branches.find(branch)
-            out.branch.CopyFrom(
-                pb.BranchInfo(
-                    branch=branch,
-                    version=obs.version,
-                    is_new=obs.is_new,
-                    version_bumped=obs.version_bumped,
-                    previous_path=obs.old_path,
-                    new_path=obs.new_path,
-                    counted_nodes=sorted(state.counted) if state is not None else [],
-                )
+            paths = not request.omit_paths
+            info = pb.BranchInfo(
+                branch=branch,
+                version=obs.version,
+                is_new=obs.is_new,
+                version_bumped=obs.version_bumped,
+                previous_path=obs.old_path if paths else (),
+                new_path=obs.new_path if paths else (),
+                counted_nodes=sorted(state.counted) if state is not None else [],
             )
-        return out
+        return self._encoder.encode(res.prefixes, self.dir.phases(), info)
 
     async def Place(self, request: pb.PlaceRequest, context: Ctx) -> pb.PlaceResponse:
         return await self._run("Place", context, self._place(request))

@@ -41,7 +41,7 @@ class GrpcDirectoryView:
 
     async def resolve(self, hashes: Sequence[int], branch: str | None, parent_branch: str | None) -> Resolved:
         try:
-            r = await self.client.resolve(hashes, branch)
+            r = await self.client.resolve(hashes, branch, omit_paths=True)
         except DirectoryRpcError as e:
             raise DirectoryError(str(e)) from e
         prefixes = {

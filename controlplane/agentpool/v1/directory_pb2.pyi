@@ -106,12 +106,14 @@ class PublishAck(_message.Message):
     def __init__(self, node: _Optional[str] = ..., seq: _Optional[int] = ..., resync_requested: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ResolveRequest(_message.Message):
-    __slots__ = ("block_hashes", "branch")
+    __slots__ = ("block_hashes", "branch", "omit_paths")
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     BRANCH_FIELD_NUMBER: _ClassVar[int]
+    OMIT_PATHS_FIELD_NUMBER: _ClassVar[int]
     block_hashes: _containers.RepeatedScalarFieldContainer[int]
     branch: str
-    def __init__(self, block_hashes: _Optional[_Iterable[int]] = ..., branch: _Optional[str] = ...) -> None: ...
+    omit_paths: bool
+    def __init__(self, block_hashes: _Optional[_Iterable[int]] = ..., branch: _Optional[str] = ..., omit_paths: _Optional[bool] = ...) -> None: ...
 
 class NodePrefix(_message.Message):
     __slots__ = ("node", "phase", "gpu_blocks", "host_blocks", "local_blocks", "gpu_tokens", "host_tokens", "local_tokens")

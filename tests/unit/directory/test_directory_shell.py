@@ -7,7 +7,15 @@ import asyncio
 import grpc
 import pytest
 
-from agentpool.directory.convert import InvalidRequestError, block_list, branch_id, node_name, tier_from_pb
+from agentpool.directory.client import encode_resolve_request
+from agentpool.directory.convert import (
+    InvalidRequestError,
+    ResolveEncoder,
+    block_list,
+    branch_id,
+    node_name,
+    tier_from_pb,
+)
 from agentpool.directory.service import DirectoryService, ServiceTimers, _Abort
 from agentpool.directory.store import (
     MemoryBranchStore,
@@ -17,7 +25,7 @@ from agentpool.directory.store import (
     decode_branch,
     encode_branch,
 )
-from agentpool.kv import BranchState, Directory, PendingMove, Phase, Tier
+from agentpool.kv import BranchState, Directory, PendingMove, Phase, PrefixMatch, Tier
 from agentpool.v1 import directory_pb2 as pb
 
 
@@ -135,7 +143,9 @@ async def test_resolve_writes_nothing_each_place_is_one_write() -> None:
         await svc._commit(svc.dir.register_node("p1", Phase.PREFILL))
         await svc._commit(svc.dir.register_node("d1", Phase.DECODE))
         w0 = store.writes
-        out = await svc._resolve(pb.ResolveRequest(block_hashes=[1, 2], branch="a"))
+        out = pb.ResolveResponse.FromString(
+            await svc._resolve(pb.ResolveRequest(block_hashes=[1, 2], branch="a"))
+        )
         assert out.branch.is_new and out.branch.version == 1
         assert store.writes == w0 and "a" not in svc.dir.branches  # read-only
         placed = await svc._place(pb.PlaceRequest(branch="a", node="p1", block_hashes=[1, 2]))
@@ -158,7 +168,8 @@ async def test_a_rejected_request_leaves_the_branch_as_it_was() -> None:
         await svc._commit(svc.dir.register_node("p1", Phase.PREFILL))
         await svc._place(pb.PlaceRequest(branch="a", node="p1", block_hashes=[1, 2, 3]))
         for _ in range(2):
-            out = await svc._resolve(pb.ResolveRequest(block_hashes=[1, 9], branch="a"))  # compaction
+            raw = await svc._resolve(pb.ResolveRequest(block_hashes=[1, 9], branch="a"))  # compaction
+            out = pb.ResolveResponse.FromString(raw)
             assert out.branch.version == 2 and out.branch.version_bumped
             assert svc.dir.branches.get("a").version == 1 and svc.dir.count("p1", 3) == 1
         placed = await svc._place(pb.PlaceRequest(branch="a", node="p1", block_hashes=[1, 9]))
@@ -272,3 +283,31 @@ async def test_a_service_started_again_after_stop_runs_its_sweeps_again() -> Non
                 break
         await svc.stop()
         assert store.pings > before
+
+
+@pytest.mark.parametrize("hashes", [[], [1], [2**64 - 1, 5, 1 << 40] * 700])
+@pytest.mark.parametrize("branch", ["", "agent/1"])
+def test_the_hand_built_resolve_request_is_the_protobuf_encoding(hashes: list[int], branch: str) -> None:
+    raw = encode_resolve_request(hashes, branch, omit_paths=bool(branch))
+    assert pb.ResolveRequest.FromString(raw) == pb.ResolveRequest(
+        block_hashes=hashes, branch=branch, omit_paths=bool(branch)
+    )
+    with pytest.raises(ValueError, match="unsigned 64-bit"):
+        encode_resolve_request([-1], branch)
+
+
+def test_resolve_answers_are_cached_entry_encodings_that_parse_as_one_message() -> None:
+    enc = ResolveEncoder(page_size=4, cache_size=2)
+    m1, m2 = PrefixMatch(1, 2, 2), PrefixMatch(0, 3, 3)
+    phases = {"a": Phase.PREFILL, "b": Phase.DECODE}
+    info = pb.BranchInfo(branch="x", version=3)
+    for _ in range(2):  # the second time from the cache (and once more after it was cleared)
+        out = pb.ResolveResponse.FromString(enc.encode({"b": m2, "a": m1, "c": m1}, phases, info))
+        assert [n.node for n in out.nodes] == ["a", "b", "c"]
+        assert (out.nodes[0].gpu_tokens, out.nodes[0].local_tokens, out.nodes[0].phase) == (
+            4,
+            8,
+            pb.PHASE_PREFILL,
+        )
+        assert out.nodes[2].phase == pb.PHASE_UNSPECIFIED and out.page_size == 4 and out.branch.version == 3
+    assert pb.ResolveResponse.FromString(enc.encode({}, phases, None)) == pb.ResolveResponse(page_size=4)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -70,6 +73,63 @@ def test_up_starts_the_control_plane_and_sigterm_leaves_nothing(tmp_path: Path) 
     assert proc.returncode == 0, out
     assert "no process left running" in out
     assert processes_mentioning(str(work)) == []
+
+
+SMALL_POOL = """
+apiVersion: agentpool.io/v1alpha1
+kind: AgentServingPool
+metadata: {name: small}
+spec:
+  model: {name: small-model}
+  engine: {backend: sim, image: local, gpusPerNode: 0, hostKvSize: 16Mi}
+  nodes: 2
+  initialSplit: {prefill: 1}
+  slo: {ttft: {base: 2s}, tpot: 50ms}
+  planner: {warmup: 10m}
+"""
+
+
+def test_up_with_engines_and_planner_serves_and_ctrl_c_leaves_nothing(tmp_path: Path) -> None:
+    manifest = tmp_path / "pool.yaml"
+    manifest.write_text(SMALL_POOL)
+    work = tmp_path / "work"
+    port = free_port()
+    proc = up("-f", str(manifest), "--port", str(port), "--workdir", str(work))
+    assert proc.stdout is not None
+    lines = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        assert line, "agentpool up exited: " + "".join(lines)
+        lines.append(line)
+        if "Ctrl-C stops everything" in line:
+            break
+    text = "".join(lines)
+    for name in ("redis", "directory", "engine-0", "engine-1", "router", "planner"):
+        assert f"{name} " in text, text
+    body = json.dumps(
+        {
+            "model": "small-model",
+            "stream": True,
+            "max_tokens": 4,
+            "messages": [{"role": "user", "content": "hi"}],
+        }
+    ).encode()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/chat/completions", body, {"content-type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as r:
+        stream = r.read().decode()
+    assert stream.rstrip().endswith("data: [DONE]") and '"content":"' in stream
+    children = processes_mentioning(str(work))
+    assert len(children) >= 5  # directory, two engines, router, planner name files in the work directory
+    proc.send_signal(signal.SIGINT)  # Ctrl-C
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert processes_mentioning(str(work)) == []
+    started = [int(m) for m in re.findall(r"ready \(pid (\d+)\)", text)]  # redis-server included
+    assert len(started) == 6
+    assert all(not Path(f"/proc/{pid}").exists() for pid in {*children, *started})
 
 
 def test_port_in_use_is_a_clear_error_and_nothing_starts(tmp_path: Path) -> None:

@@ -24,10 +24,9 @@
   the requests in flight (routed, not finished): the decode demand if prefill kept up. With it the
   planner converges to 4P5D on CC with 126 agents, as the paper reports; ``"decode"`` keeps the
   literal reading.
-- ``dynamo``: Dynamo-like, driven by prefill queue depth and decode KV utilization: every interval,
-  if the decode nodes' KV utilization is above ``kv_high`` move one prefill node to decode, else if
-  the prefill queue per node is above ``queue_high`` move one decode node to prefill; one
-  relaunch at a time.
+- ``dynamo``: Dynamo's load-based planner on a fixed pool (:mod:`agentpool.sim.dynamo`): interval
+  means of the prefill queue per worker and the decode KV utilization against Dynamo's thresholds,
+  one relaunch at a time, a grace period after adding decode and a queue-trend check.
 - ``arrow``: Arrow-like, TTFT-driven: predicts each prefill node's TTFT from the *full* input
   length of its queued requests (cached prefixes counted as work) and reacts at once: a predicted
   TTFT above the deadline moves a decode node to prefill; a TTFT far below it while decode
@@ -70,6 +69,7 @@ from agentpool.planner.core import (
     split_throughput,
 )
 from agentpool.planner.core import Role as PlannerRole
+from agentpool.sim.dynamo import DynamoLoadPlanner, DynamoSettings
 from agentpool.sim.fiterror import fit_error
 from agentpool.sim.simulator import Simulator
 from agentpool.sim.systems import PlannerKind
@@ -90,9 +90,9 @@ class PlannerSettings:
     window_s: float = 600.0
     slices: int = 10
     cooldown_s: float = 120.0
-    dynamo_interval_s: float = 180.0
-    dynamo_kv_high: float = 0.7
-    dynamo_queue_high: float = 2.0
+    dynamo_interval_s: float = 30.0  # Dynamo's load planner defaults (see agentpool.sim.dynamo)
+    dynamo_kv_high: float = 0.9
+    dynamo_queue_high: float = 0.5
     arrow_interval_s: float = 30.0
     arrow_low: float = 0.2
     arrow_tpot_fraction: float = 0.9
@@ -298,22 +298,14 @@ def _settled_phases(sim: Simulator) -> tuple[list[Node], list[Node]] | None:
 
 
 def _dynamo(sim: Simulator, s: PlannerSettings) -> Tick:
-    def tick(now: float) -> None:
-        del now
-        phases = _settled_phases(sim)
-        if phases is None:
-            return
-        prefill, decode = phases
-        kv_util = sum(n.kv_used_tokens / n.kv_capacity_tokens for n in decode) / len(decode)
-        queue = sum(sim.queued[n.index].requests for n in prefill) / len(prefill)
-        if kv_util > s.dynamo_kv_high and len(prefill) > 1:
-            mover = min(prefill, key=lambda n: (sim.queued[n.index].requests, n.name))
-            sim.begin_switch(mover.index, Role.DECODE)
-        elif queue > s.dynamo_queue_high and len(decode) > 1:
-            mover = min(decode, key=lambda n: (len(n.running), n.name))
-            sim.begin_switch(mover.index, Role.PREFILL)
-
-    return tick
+    planner = DynamoLoadPlanner(
+        sim,
+        DynamoSettings(
+            interval_s=s.dynamo_interval_s, kv_scale_up=s.dynamo_kv_high, queue_scale_up=s.dynamo_queue_high
+        ),
+    )
+    sim.every(planner.s.pull_s, planner.s.pull_s, planner.sample)
+    return planner.tick
 
 
 def _arrow(sim: Simulator, s: PlannerSettings) -> Tick:

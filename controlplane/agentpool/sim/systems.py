@@ -133,15 +133,16 @@ SYSTEMS: Mapping[str, SystemConfig] = {
         ),
         _d(
             "dynamo-like",
-            "dynamo router, queue/KV-utilization planner, switches by relaunch, LRU, no peer pool",
-            policy="dynamo",
+            "SGLang gateway cache-aware routing (as the paper routes every baseline), Dynamo's load "
+            "planner (queue/KV utilization), switches by relaunch, LRU, no peer pool",
+            policy="cache-aware",
             planner=PlannerKind.DYNAMO,
             switch=SwitchMode.RELAUNCH,
         ),
         _d(
             "dynamo-like+pool",
             "dynamo-like plus a shared host-memory pool read synchronously at prefill start",
-            policy="dynamo",
+            policy="cache-aware",
             planner=PlannerKind.DYNAMO,
             switch=SwitchMode.RELAUNCH,
             fetch=FetchMode.SYNC,

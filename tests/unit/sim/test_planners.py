@@ -36,7 +36,7 @@ def test_dynamo_moves_a_prefill_node_to_decode_when_decode_kv_is_full() -> None:
     tick(PlannerKind.DYNAMO, sim)
     assert switching_to(sim) == {}
     for n in sim.nodes[3:]:
-        n.kv_used_tokens = int(0.9 * n.kv_capacity_tokens)
+        n.kv_used_tokens = int(0.95 * n.kv_capacity_tokens)
     tick(PlannerKind.DYNAMO, sim)
     assert list(switching_to(sim).values()) == [Role.DECODE]
     tick(PlannerKind.DYNAMO, sim)  # one relaunch at a time

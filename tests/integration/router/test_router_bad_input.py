@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 from collections.abc import AsyncIterator
 from typing import Any
@@ -132,14 +133,23 @@ async def test_an_engine_refusing_the_content_is_not_marked_down(
                 assert resp.status == 200, await resp.text()
 
 
-async def test_a_dead_engine_is_still_marked_down(router: Router, engines: list[StandIn]) -> None:
+async def test_a_dead_engine_is_still_marked_down_and_the_cause_is_logged(
+    router: Router, engines: list[StandIn], caplog: pytest.LogCaptureFixture
+) -> None:
     await engines[0].kill()
+    caplog.set_level(logging.WARNING, logger="agentpool.router.flow")
     async with aiohttp.ClientSession() as http:
         for _ in range(3):
             async with http.post(router.url + CHAT, json=chat_body()) as resp:
                 assert resp.status == 200, await resp.text()
+                answered = (await resp.json())["id"]
     assert router.service.nodes.get("n0").down_until > 0
     assert engine_failures(router, "engine") >= 1
+    failed = [r.getMessage() for r in caplog.records if "engine n0 failed" in r.getMessage()]
+    assert failed, caplog.text
+    assert failed[0].startswith("request chatcmpl-") and "sending it nothing for 2 s" in failed[0]
+    assert engines[0].url.split("//")[1] in failed[0] or "refused" in failed[0].lower(), failed[0]
+    assert answered.startswith("chatcmpl-")
 
 
 async def test_forged_reports_are_rejected_and_change_nothing() -> None:

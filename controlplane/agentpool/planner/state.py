@@ -52,14 +52,13 @@ SavedNodeModel = WireNodeModel  # one definition of a node's model on the wire a
 class PlannerState(_Wire):
     """``fitted_at``, ``last_switch_at`` (applied) and ``last_switch_settled_at`` (the last moved
     node served its new phase; None while one drains) are wall-clock seconds (the planner's clock).
-    ``models_version``: the version of the last model set pushed to the routers."""
+    """
 
     version: Literal[1] = 1
     shape: SavedShape
     fitted_at: float
     last_switch_at: float | None = None
     last_switch_settled_at: float | None = None
-    models_version: int = 0
     models: dict[str, SavedNodeModel]
 
     @staticmethod
@@ -69,7 +68,6 @@ class PlannerState(_Wire):
         fitted_at: float,
         last_switch_at: float | None,
         last_switch_settled_at: float | None = None,
-        models_version: int = 0,
     ) -> PlannerState:
         return PlannerState(
             shape=SavedShape(
@@ -78,7 +76,6 @@ class PlannerState(_Wire):
             fitted_at=fitted_at,
             last_switch_at=last_switch_at,
             last_switch_settled_at=last_switch_settled_at,
-            models_version=models_version,
             models={name: SavedNodeModel.of(m) for name, m in sorted(models.items())},
         )
 

@@ -19,7 +19,8 @@ seen finish. This module keeps them and answers ``GET /agentpool/v1/work?since=<
 - ``t_acc``: :meth:`WorkLog.decoding` when the request starts to decode on a node, with the tokens
   per decode iteration that node last reported (``LoadReport.t_acc``; 1 until it reports one).
 - Iterations: :meth:`WorkLog.iterations` with the iteration records of an engine's load report,
-  passed on to the planner unchanged (:mod:`agentpool.wire.iterations`).
+  passed on to the planner unchanged (:mod:`agentpool.wire.iterations`), at most 10 per second per
+  node and phase on average (a sample: the rest would crowd the request records out of the ring).
 - ``models_version``: the version of the planner's fitted models the router uses
   (:mod:`agentpool.wire.fits`), carried in every batch.
 
@@ -91,9 +92,17 @@ class WorkLog:
         max_in_flight: int = 100_000,
         max_request_s: float = 3600.0,
         clock: Callable[[], float] = time.time,
+        iterations_per_s: float = 10.0,
+        iterations_burst: int = 50,
     ) -> None:
         if capacity < 1 or max_in_flight < 1 or max_request_s <= 0:
             raise ValueError("capacity, max_in_flight and max_request_s must be positive")
+        if iterations_per_s <= 0 or iterations_burst < 1:
+            raise ValueError("the iteration rate and burst must be positive")
+        self.iterations_per_s = iterations_per_s
+        self.iterations_burst = iterations_burst
+        self.iterations_dropped = 0
+        self._buckets: dict[tuple[str, str], tuple[float, float]] = {}
         self.router_id = router_id
         self.epoch = secrets.token_hex(8)
         self.max_in_flight = max_in_flight
@@ -125,8 +134,21 @@ class WorkLog:
             entry.work = Work(t_uc=w.t_uc, t_c=w.t_c, t_out=w.t_out, t_acc=t_acc)
 
     def iterations(self, node: str, iterations: Iterable[WireIteration]) -> None:
-        """Keep the iteration records ``node`` reported, for the planner."""
+        """Keep the iteration records ``node`` reported, for the planner: at most
+        ``iterations_per_s`` per node and phase on average (bursts of ``iterations_burst``), by the
+        records' own times, so engines' iterations never crowd the request records out of the
+        ring; the rest are counted in ``iterations_dropped`` (the fit needs a sample, not all)."""
         for it in iterations:
+            key = (node, it.phase)
+            tokens, last = self._buckets.get(key, (float(self.iterations_burst), it.at))
+            tokens = min(
+                float(self.iterations_burst), tokens + max(0.0, it.at - last) * self.iterations_per_s
+            )
+            if tokens < 1.0:
+                self._buckets[key] = (tokens, max(last, it.at))
+                self.iterations_dropped += 1
+                continue
+            self._buckets[key] = (tokens - 1.0, max(last, it.at))
             self._seq += 1
             self._entries.append(_Iteration(self._seq, node, it))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentpool.models import OccupancySample, RequestWorkRecord, Work
+from agentpool.models import DecodeIterationRecord, OccupancySample, RequestWorkRecord, Work
 from agentpool.planner.config import PlannerConfig
 from agentpool.planner.core import Candidate, Decision, Outcome, PlannerPolicy
 from agentpool.planner.inbox import PlannerInbox
@@ -21,6 +21,16 @@ def test_config_defaults_are_the_papers_and_bad_values_are_rejected() -> None:
         PlannerConfig(min_prefill=2, initial_prefill=1)
     with pytest.raises(ValueError, match="cooldown"):
         PlannerConfig(cooldown_s=-1)
+
+
+def test_inbox_keeps_only_the_newest_iteration_records_beyond_its_cap() -> None:
+    inbox = PlannerInbox(keep_s=100, max_iterations=3)
+    inbox.add_iterations([DecodeIterationRecord("e0", float(at), 2, 0.01) for at in range(5)])
+    assert [r.at for r in inbox.iterations(0, 1e9)] == [2.0, 3.0, 4.0] and inbox.iterations_dropped == 2
+    inbox.add_iterations([DecodeIterationRecord("e0", 200.0, 2, 0.01)])  # the others are too old
+    assert [r.at for r in inbox.iterations(0, 1e9)] == [200.0] and inbox.iterations_dropped == 2
+    with pytest.raises(ValueError):
+        PlannerInbox(max_iterations=0)
 
 
 def test_inbox_returns_records_by_time_and_forgets_old_ones() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
@@ -117,3 +119,21 @@ def test_a_model_set_round_trips_each_nodes_model() -> None:
         WireNodeModel.model_validate({**WireNodeModel.of(m).model_dump(), "f_restore": 1.5})
     with pytest.raises(ValidationError):
         ModelSet.model_validate({"version": 0, "fitted_at": 1.0, "models": {}})
+
+
+def test_the_work_log_keeps_a_bounded_sample_of_each_engines_iterations() -> None:
+    log = WorkLog("r0", iterations_per_s=10.0, iterations_burst=5)
+    decode = [WireDecodeIteration(seq=i, at=100.0 + i * 0.01, seconds=0.01, running=4) for i in range(300)]
+    prefill = [
+        WirePrefillIteration(seq=1000 + i, at=100.0 + i, seconds=0.2, batch=[{"t_uc": 8192}])  # type: ignore[list-item]
+        for i in range(3)
+    ]
+    log.iterations("e0", decode)  # 100 iterations per second for 3 s: about 5 + 3 * 10 kept
+    log.iterations("e0", prefill)  # rare prefill iterations have a bucket of their own: all kept
+    log.iterations("e1", decode[:4])  # another engine: its own bucket
+    kept = log.batch(None).iterations
+    by = collections.Counter((i.node, i.iteration.phase) for i in kept)
+    assert 33 <= by["e0", "decode"] <= 36 and by["e0", "prefill"] == 3 and by["e1", "decode"] == 4
+    assert log.iterations_dropped == 300 - by["e0", "decode"]
+    with pytest.raises(ValueError):
+        WorkLog(iterations_per_s=0)

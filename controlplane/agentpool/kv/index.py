@@ -436,9 +436,14 @@ class PrefixIndex:
         any_depth: dict[int, int] = {}
         gpu_alive = host_alive = any_alive = self._live  # the first block narrows them
         depth = 0
+        prev_g = prev_h = -1  # the previous block's holders (-1: none yet)
         for h in hashes:
             eg = gpu_get(h, 0)
             eh = host_get(h, 0)
+            if eg == prev_g and eh == prev_h:  # held where the previous block is: no node leaves
+                depth += 1
+                continue
+            prev_g, prev_h = eg, eh
             g = gpu_alive & eg
             s = host_alive & eh
             a = any_alive & (eg | eh)
@@ -473,8 +478,14 @@ class PrefixIndex:
             return {}
         depth = 0
         drops: list[tuple[int, int]] = []  # (slots leaving at this block, depth)
+        prev = -1  # the previous block's holders (-1: none yet)
         for h in hashes:
-            s = alive & host_get(h, 0)
+            e = host_get(h, 0)
+            if e == prev:  # held where the previous block is: no node leaves
+                depth += 1
+                continue
+            prev = e
+            s = alive & e
             if s != alive:
                 if depth:
                     drops.append((alive ^ s, depth))

@@ -54,6 +54,10 @@ class PoolRef:
         return f"{self.name}-config"
 
     @property
+    def engine_config_map(self) -> str:
+        return f"{self.name}-engines"
+
+    @property
     def auth_secret(self) -> str:
         return f"{self.name}-auth"
 

@@ -22,6 +22,7 @@ CHILDREN = [
     ("Role", "sim-planner"),
     ("RoleBinding", "sim-planner"),
     ("ConfigMap", "sim-config"),
+    ("ConfigMap", "sim-engines"),
     ("Service", "sim-redis"),
     ("StatefulSet", "sim-redis"),
     ("Service", "sim-directory"),

@@ -89,12 +89,12 @@ CASES = [
         secret_names={"report-token": "tokens", "directory-token": "tokens", "redis-password": "cache"},
     ),
     Case(
-        "no host KV",
-        edited(SIM, engine={**SIM["spec"]["engine"], "hostKvSize": 0}),
+        "host KV as an integer of bytes",
+        edited(SIM, engine={**SIM["spec"]["engine"], "hostKvSize": 1073741824}),
         0,
         ["prefill"] * 3 + ["decode"] * 3,
         "4Gi",
-        None,
+        "2048Mi",
         planner=True,
     ),
 ]
@@ -217,6 +217,8 @@ def test_planner_beside_the_router(case: Case) -> None:
     assert command[lease_end + 1 : lease_end + 4] == ["python", "-m", "agentpool.planner"]
     assert "--pool-uid=0000-uid" in command
     assert f"--selector=agentpool.io/pool={ref.name},app.kubernetes.io/component=engine" in command
+    assert f"--router-selector=agentpool.io/pool={ref.name},app.kubernetes.io/component=router" in command
+    assert "--router-token-file=/var/run/agentpool/report/token" in command
     # the planner reads its settings through its own loader
     config = build_config(json.loads(cm["data"]["planner.json"]), {})
     assert config.initial_prefill == spec.initial_prefill
@@ -282,27 +284,25 @@ def test_least_privilege() -> None:
     roles = by_kind(objs, "Role")
     assert set(roles) == {"sim-engine", "sim-planner"}
     engine_pods = [f"sim-engine-{i}" for i in range(6)]
-    # engines: read their own pods only, by name; no write verb anywhere
+    # engines: their pool's engine pods only, by name (they annotate the role they serve)
     assert roles["sim-engine"]["rules"] == [
         {
             "apiGroups": [""],
             "resources": ["pods"],
-            "verbs": ["get", "list", "watch"],
+            "verbs": ["get", "list", "watch", "patch"],
             "resourceNames": engine_pods,
         }
     ]
     writes = {"create", "update", "patch", "delete", "deletecollection"}
     pod_writers = [
-        (name, rule)
+        (name, rule["verbs"], rule["resourceNames"])
         for name, role in roles.items()
         for rule in role["rules"]
         if "pods" in rule["resources"] and writes & set(rule["verbs"])
     ]
     assert pod_writers == [
-        (
-            "sim-planner",
-            {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"], "resourceNames": engine_pods},
-        )
+        ("sim-engine", ["get", "list", "watch", "patch"], engine_pods),
+        ("sim-planner", ["patch"], engine_pods),
     ]
     for rule in roles["sim-planner"]["rules"]:
         assert (
@@ -323,8 +323,8 @@ def test_an_slo_or_policy_edit_changes_only_the_config_map() -> None:
     edit = edited(SIM, slo={"ttft": {"base": "3s"}, "tpot": "40ms"}, router={"policy": "smetric"})
     edit["spec"]["planner"] = {**SIM["spec"]["planner"], "cooldown": "5m"}
     _, _, after = build(edit, generation=2)
-    changed = [a["kind"] for a, b in zip(after, before, strict=True) if a != b]
-    assert changed == ["ConfigMap"]
+    changed = [a["metadata"]["name"] for a, b in zip(after, before, strict=True) if a != b]
+    assert changed == ["sim-config"]  # not the engines' ConfigMap, not a pod template
     cm = by_kind(after, "ConfigMap")["sim-config"]
     assert cm["metadata"]["annotations"]["agentpool.io/generation"] == "2"
     assert parse_config(cm["data"]["router.json"], "json").policy == "smetric"
@@ -339,6 +339,7 @@ def test_a_scale_changes_engines_and_who_may_be_patched() -> None:
     )
     assert changed == [
         ("ConfigMap", "sim-config"),
+        ("ConfigMap", "sim-engines"),
         ("Role", "sim-engine"),
         ("Role", "sim-planner"),
         ("StatefulSet", "sim-engine"),
@@ -349,6 +350,11 @@ def test_a_scale_changes_engines_and_who_may_be_patched() -> None:
     ("manifest", "name", "message"),
     [
         (SIM, "p" * 46, "metadata.name is 46 characters"),
+        (
+            edited(SIM, engine={**SIM["spec"]["engine"], "hostKvSize": 0}),
+            "sim",
+            "hostKvSize (0) is below one KV block",
+        ),
         (
             edited(SIM, engine={**SIM["spec"]["engine"], "hostKvSize": "8Gi"}),
             "sim",
@@ -371,3 +377,56 @@ def test_deeper_validation(manifest: dict[str, Any], name: str, message: str) ->
     pool = AgentServingPool.model_validate(manifest)
     with pytest.raises(InvalidPoolError, match=message.replace("(", r"\(").replace(")", r"\)")):
         children(PoolRef(name, "ns", "uid"), pool.spec, 1, SETTINGS)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_engine_configs_load_in_the_engine_agent(case: Case, tmp_path: Path) -> None:
+    """Every node's file passes the engine agent's own loader, with the right id, role and peers."""
+    from agentpool.engine.config import load_config
+
+    ref, spec, objs = build(case.manifest)
+    engines = by_kind(objs, "ConfigMap")[f"{ref.name}-engines"]
+    assert sorted(engines["data"]) == sorted(f"{ref.name}-engine-{i}.json" for i in range(spec.nodes))
+    for i in range(spec.nodes):
+        pod = f"{ref.name}-engine-{i}"
+        path = tmp_path / f"{pod}.json"
+        path.write_text(engines["data"][f"{pod}.json"])
+        config = load_config(path)
+        assert config.node_id == pod
+        assert config.role.value == case.roles[i]
+        assert config.host_kv_bytes == spec.engine.host_kv_bytes
+        assert config.kube is not None and config.kube.pod == pod
+        assert (
+            config.peer_url(f"{ref.name}-engine-0")
+            == f"http://{ref.name}-engine-0.{ref.name}-engine.team-a.svc:8080"
+        )
+        assert str(config.routers[0].token_file) == "/var/run/agentpool/report/token"
+    sts = by_kind(objs, "StatefulSet")[f"{ref.name}-engine"]
+    assert containers(sts)["engine"]["command"][-1] == "/etc/agentpool/config/$(POD_NAME).json"
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_every_command_line_parses_in_its_service(case: Case, tmp_path: Path) -> None:
+    """The flags the pods run with are the services' own (their parsers, not a copy of them)."""
+    from agentpool.directory.server import parse_args as directory_args
+    from agentpool.operator.lease import parse_args as lease_args
+    from agentpool.planner.process import parser as planner_parser
+    from agentpool.router.__main__ import parser as router_parser
+
+    ref, _, objs = build(case.manifest)
+    deployments = by_kind(objs, "Deployment")
+    directory = containers(deployments[f"{ref.name}-directory"])["directory"]
+    assert directory["command"] == ["python", "-m", "agentpool.directory"]
+    for mounted in ("directory/token", "redis/password", "report/token"):  # the mounted Secrets
+        (tmp_path / mounted).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / mounted).write_text("t" * 43)
+    config = directory_args([a.replace("/var/run/agentpool", str(tmp_path)) for a in directory["args"]])
+    assert config.port == 50061
+    router = containers(deployments[f"{ref.name}-router"])
+    args = router_parser().parse_args(router["router"]["args"])
+    assert args.directory == f"{ref.name}-directory.team-a.svc:50061"
+    if case.planner:
+        lease = lease_args(router["planner"]["command"][3:])
+        assert lease.command[:3] == ["python", "-m", "agentpool.planner"]
+        planner = planner_parser().parse_args(lease.command[3:])
+        assert planner.pool == ref.name and planner.in_cluster

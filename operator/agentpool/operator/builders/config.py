@@ -1,4 +1,5 @@
-"""The pool's ConfigMap: the router's, planner's and engines' settings, re-read by them live.
+"""The pool's ConfigMaps: the router's and planner's settings (re-read by them live), and the
+engines' (one file per node).
 
 SLO and policy edits change only this ConfigMap (never a pod template), so no pod restarts: the
 router re-reads `router.json` when it changes, the planner re-reads `planner.json` every few
@@ -15,7 +16,6 @@ from typing import Any
 from agentpool.api import AgentServingPoolSpec
 from agentpool.operator.builders.settings import (
     DIRECTORY_TOKEN_DIR,
-    ENGINE_CONFIG_KEY,
     PLANNER_CONFIG_KEY,
     PODINFO_DIR,
     REPORT_TOKEN_DIR,
@@ -26,6 +26,7 @@ from agentpool.operator.builders.settings import (
 from agentpool.operator.names import (
     DIRECTORY,
     DIRECTORY_PORT,
+    ENGINE,
     ENGINE_PORT,
     GENERATION_ANNOTATION,
     ROUTER,
@@ -68,32 +69,60 @@ def planner_settings(spec: AgentServingPoolSpec) -> str | None:
     return json.dumps(values, default=str, sort_keys=True)
 
 
-def engine_config(pool: PoolRef, spec: AgentServingPoolSpec) -> str:
-    """The engine agent's settings (`python -m agentpool.engine --config`); its own pod name and
-    namespace come from the environment (`POD_NAME`, `POD_NAMESPACE`)."""
+SGLANG_URL = "http://127.0.0.1:30000"
+ENGINE_CONFIG_LIMIT = 900_000
+"""Bytes of engine configs one ConfigMap may hold (the API server's limit is 1 MiB)."""
+
+
+def engine_config(pool: PoolRef, spec: AgentServingPoolSpec, ordinal: int) -> str:
+    """The engine agent's settings for node `ordinal` (`python -m agentpool.engine --config`,
+    :class:`agentpool.engine.config.EngineConfig`): the agent has no node-id flag, so each node
+    gets its own key, `<pod>.json`, which the pod selects with `$(POD_NAME)`."""
+    pod = pool.engine_pod(ordinal)
     values: dict[str, Any] = {
-        "backend": spec.engine.backend,
-        "model": spec.model.name,
-        "servedModelName": spec.model.client_name,
+        "nodeId": pod,
+        "host": "0.0.0.0",
         "port": ENGINE_PORT,
+        "backend": spec.engine.backend,
+        "role": initial_role(spec, ordinal),
+        "roleFile": f"{PODINFO_DIR}/{ROLE_FILE}",
+        "kube": {"namespace": pool.namespace, "pod": pod, "writeObservedRole": True},
+        "routers": [
+            {
+                "url": f"http://{pool.service_host(ROUTER)}:{ROUTER_PORT}",
+                "tokenFile": f"{REPORT_TOKEN_DIR}/{TOKEN_FILE}",
+            }
+        ],
+        "directory": {
+            "target": f"{pool.service_host(DIRECTORY)}:{DIRECTORY_PORT}",
+            "tokenFile": f"{DIRECTORY_TOKEN_DIR}/{TOKEN_FILE}",
+        },
+        "peerUrlTemplate": f"http://{{node}}.{pool.service_host(ENGINE)}:{ENGINE_PORT}",
         "pageSize": spec.kv_pool.page_size,
         "hostKvBytes": spec.engine.host_kv_bytes,
-        "transferBackend": spec.kv_pool.transfer_backend,
-        "evictionPolicy": spec.kv_pool.eviction_policy,
-        "backendArgs": list(spec.engine.args),
-        "routers": [f"http://{pool.service_host(ROUTER)}:{ROUTER_PORT}"],
-        "directory": f"{pool.service_host(DIRECTORY)}:{DIRECTORY_PORT}",
-        "reportTokenFile": f"{REPORT_TOKEN_DIR}/{TOKEN_FILE}",
-        "directoryTokenFile": f"{DIRECTORY_TOKEN_DIR}/{TOKEN_FILE}",
-        "roleFile": f"{PODINFO_DIR}/{ROLE_FILE}",
     }
-    if spec.model.context_length is not None:
-        values["contextLength"] = spec.model.context_length
+    experts = spec.model.experts
+    if spec.engine.backend == "sim" and experts is not None:
+        values["sim"] = {"expertsActive": experts.active, "expertsTotal": experts.total}
+    if spec.engine.backend == "sglang":
+        values["sglangUrl"] = SGLANG_URL
     return json.dumps(values, sort_keys=True)
 
 
+def engine_config_map(pool: PoolRef, spec: AgentServingPoolSpec) -> dict[str, Any]:
+    """One key per engine node; kept apart from the router's and planner's ConfigMap so that an
+    SLO edit does not touch it."""
+    data = {f"{pool.engine_pod(i)}.json": engine_config(pool, spec, i) for i in range(spec.nodes)}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": pool.metadata(pool.engine_config_map, ENGINE),
+        "data": data,
+    }
+
+
 def config_map(pool: PoolRef, spec: AgentServingPoolSpec, generation: int) -> dict[str, Any]:
-    data = {ROUTER_CONFIG_KEY: router_config(pool, spec), ENGINE_CONFIG_KEY: engine_config(pool, spec)}
+    data = {ROUTER_CONFIG_KEY: router_config(pool, spec)}
     planner = planner_settings(spec)
     if planner is not None:
         data[PLANNER_CONFIG_KEY] = planner

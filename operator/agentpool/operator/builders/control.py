@@ -175,7 +175,11 @@ def planner_command(pool: PoolRef, spec: AgentServingPoolSpec, settings: BuildSe
         f"--pool={pool.name}",
         f"--pool-uid={pool.uid}",
         f"--selector={pool.selector_text(ENGINE)}",
-        f"--router=http://127.0.0.1:{ROUTER_PORT}",
+        f"--router-selector={pool.selector_text(ROUTER)}",  # every router replica, found by label
+        f"--router-port={ROUTER_PORT}",
+        f"--router-token-file={REPORT_TOKEN_DIR}/{TOKEN_FILE}",  # the routers' token for fitted models
+        f"--directory={pool.service_host(DIRECTORY)}:{DIRECTORY_PORT}",
+        f"--directory-token-file={DIRECTORY_TOKEN_DIR}/{TOKEN_FILE}",
         "--in-cluster",
         f"--settings={CONFIG_DIR}/{PLANNER_CONFIG_KEY}",
         f"--state-configmap={pool.planner_state}",
@@ -237,7 +241,12 @@ def router_deployment(pool: PoolRef, spec: AgentServingPoolSpec, settings: Build
                     {"name": "planner-metrics", "containerPort": PLANNER_METRICS_PORT, "protocol": "TCP"}
                 ],
                 "securityContext": RESTRICTED_SECURITY_CONTEXT,
-                "volumeMounts": [config_mount(), mount("planner-api", SA_TOKEN_DIR)],
+                "volumeMounts": [
+                    config_mount(),
+                    mount("planner-api", SA_TOKEN_DIR),
+                    mount("directory-token", DIRECTORY_TOKEN_DIR),
+                    mount("report-token", REPORT_TOKEN_DIR),
+                ],
             }
         )
     volumes.append(config_volume(pool, config_keys))

@@ -16,7 +16,6 @@ from typing import Any
 from agentpool.api import AgentServingPoolSpec
 from agentpool.operator.builders.pods import (
     config_mount,
-    config_volume,
     http_probe,
     mount,
     secret_file_volume,
@@ -26,7 +25,6 @@ from agentpool.operator.builders.secrets import directory_token, report_token
 from agentpool.operator.builders.settings import (
     CONFIG_DIR,
     DIRECTORY_TOKEN_DIR,
-    ENGINE_CONFIG_KEY,
     ENGINE_MEMORY_OVERHEAD,
     PODINFO_DIR,
     REPORT_TOKEN_DIR,
@@ -65,7 +63,7 @@ def _volumes(pool: PoolRef, spec: AgentServingPoolSpec) -> list[dict[str, Any]]:
     if spec.engine.host_kv_bytes > 0:
         shm["sizeLimit"] = mebibytes(spec.engine.host_kv_bytes + 2**30)
     return [
-        config_volume(pool, [ENGINE_CONFIG_KEY]),
+        {"name": "config", "configMap": {"name": pool.engine_config_map}},
         {
             "name": "podinfo",
             "downwardAPI": {
@@ -88,7 +86,8 @@ def engine_container(pool: PoolRef, spec: AgentServingPoolSpec) -> dict[str, Any
     return {
         "name": ENGINE,
         "image": spec.engine.image,
-        "command": ["python", "-m", "agentpool.engine", "--config", f"{CONFIG_DIR}/{ENGINE_CONFIG_KEY}"],
+        # the agent has no node-id flag: each pod reads its own file (Kubernetes expands $(POD_NAME))
+        "command": ["python", "-m", "agentpool.engine", "--config", f"{CONFIG_DIR}/$(POD_NAME).json"],
         "env": [
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},

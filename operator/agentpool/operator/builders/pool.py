@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from agentpool.api import AgentServingPoolSpec
-from agentpool.operator.builders.config import config_map
+from agentpool.operator.builders.config import ENGINE_CONFIG_LIMIT, config_map, engine_config_map
 from agentpool.operator.builders.control import (
     directory_deployment,
     directory_service,
@@ -19,6 +19,9 @@ from agentpool.operator.builders.rbac import rbac
 from agentpool.operator.builders.settings import BuildSettings
 from agentpool.operator.names import MAX_POOL_NAME, PoolRef
 from agentpool.operator.quantity import quantity_value
+
+MIN_HOST_KV_BYTES = 64 * 1024
+"""The engine agent's default block size: its host pool must hold at least one block."""
 
 
 class InvalidPoolError(ValueError):
@@ -40,6 +43,11 @@ def deep_problems(pool: PoolRef, spec: AgentServingPoolSpec) -> list[str]:
             f"spec.engine.scheduling.resources.limits.memory ({memory}) is smaller than "
             f"spec.engine.hostKvSize ({spec.engine.host_kv_size}): the host KV pool cannot fit"
         )
+    if spec.engine.host_kv_bytes < MIN_HOST_KV_BYTES:
+        problems.append(
+            f"spec.engine.hostKvSize ({spec.engine.host_kv_size}) is below one KV block "
+            f"({MIN_HOST_KV_BYTES} bytes): the engine agent needs a host pool"
+        )
     request = (resources.requests or {}).get("memory")
     if memory is not None and request is not None and quantity_value(request) > quantity_value(memory):
         problems.append(
@@ -58,6 +66,14 @@ def children(
         raise InvalidPoolError("; ".join(problems))
     out = rbac(pool, spec)
     out.append(config_map(pool, spec, generation))
+    engines = engine_config_map(pool, spec)
+    size = sum(len(k) + len(v) for k, v in engines["data"].items())
+    if size > ENGINE_CONFIG_LIMIT:
+        raise InvalidPoolError(
+            f"{spec.nodes} engine configurations take {size} bytes, more than one ConfigMap holds; "
+            f"use fewer nodes per pool (the engine agent takes its node id only from its config file)"
+        )
+    out.append(engines)
     if spec.redis.managed is not None:
         out += [redis_service(pool), redis_stateful_set(pool, spec)]
     out += [

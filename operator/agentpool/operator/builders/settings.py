@@ -15,7 +15,6 @@ SA_TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 ROUTER_CONFIG_KEY = "router.json"
 PLANNER_CONFIG_KEY = "planner.json"
-ENGINE_CONFIG_KEY = "engine.json"
 ROLE_FILE = "role"
 
 ENGINE_MEMORY_OVERHEAD = {"sim": 1 * 2**30, "sglang": 16 * 2**30}

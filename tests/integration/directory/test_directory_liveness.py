@@ -28,6 +28,7 @@ from agentpool.directory.client import (
     EventStreamClosedError,
     NodePublisher,
 )
+from agentpool.directory.service import DEFAULT_NODE_TIMEOUT_S
 from agentpool.engine.directory_link import DirectoryLink
 from agentpool.kv import ROOT_HASH, HeldBlock, Phase, Tier
 
@@ -49,8 +50,10 @@ async def stop(proc: asyncio.subprocess.Process) -> None:
 
 
 async def test_an_engine_killed_with_sigkill_is_purged_within_5_s(namespace: str) -> None:
-    """The default node timeout (3 s) with the engine's 1 s heartbeats: silent for 3 s = gone."""
-    directory, address = await start_directory_process(namespace, "--node-timeout-s", "3")
+    """The defaults: the directory's node timeout (4 s) and the engine agent's heartbeats (2 s)."""
+    directory, address = await start_directory_process(
+        namespace, "--node-timeout-s", str(DEFAULT_NODE_TIMEOUT_S)
+    )
     env = dict(os.environ, PYTHONPATH=PYTHONPATH)
     script = str(HERE / "publisher_process.py")
     publisher = await asyncio.create_subprocess_exec(
@@ -62,7 +65,7 @@ async def test_an_engine_killed_with_sigkill_is_purged_within_5_s(namespace: str
         assert line.strip() == b"published", line
         async with DirectoryClient(address, token=TOKEN) as client:
             await client.place("agent", "e1", [h.block_hash for h in chain(3)])
-            await asyncio.sleep(4)  # alive past the timeout: its heartbeats keep it
+            await asyncio.sleep(DEFAULT_NODE_TIMEOUT_S + 1)  # alive past the timeout: heartbeats keep it
             assert (await client.health()).nodes == 1
             publisher.send_signal(signal.SIGKILL)
             await publisher.wait()
@@ -73,6 +76,7 @@ async def test_an_engine_killed_with_sigkill_is_purged_within_5_s(namespace: str
 
             await eventually(purged, within=10)
             took = time.monotonic() - killed
+            print(f"purged {took:.2f} s after SIGKILL")
             assert took < 5.0, f"purged {took:.1f}s after SIGKILL"
             assert (await client.health()).blocks == 0
             res = await client.resolve([h.block_hash for h in chain(3)], "agent")

@@ -34,6 +34,7 @@ RESYNC_BYTES_PER_BLOCK = 22
 RESYNC_OVERHEAD_BYTES = 1024  # node name (<= 253 bytes), seq, phase, tags and lengths, with room
 DEFAULT_MAX_BLOCKS_PER_NODE = 1 << 22  # 4,194,304 blocks (about 0.75 GiB of index for one engine)
 DEFAULT_MAX_BRANCHES = 1 << 20
+DEFAULT_MAX_NODES = 1024  # registered nodes (each is a bit in every block's holder masks)
 
 
 def resync_block_limit(max_message_bytes: int) -> int:
@@ -51,6 +52,7 @@ class ServiceLimits:
     watch_queue: int = 1024
     max_blocks_per_node: int = DEFAULT_MAX_BLOCKS_PER_NODE  # what one engine may keep in the index
     max_branches: int = DEFAULT_MAX_BRANCHES  # live branches (the routers' state) in all
+    max_nodes: int = DEFAULT_MAX_NODES
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +146,8 @@ class EventIngest:
         try:
             blocks = await run_steps(held_blocks_steps(batch.resync, self.limits.max_resync_blocks))
             changes = Changes()
+            if not self.dir.has_node(node):
+                check_node_cap(self.dir, self.limits.max_nodes)
             if not self.dir.has_node(node) or self.dir.phase(node) is not phase:
                 changes.merge(self.dir.register_node(node, phase))
             try:
@@ -199,3 +203,11 @@ class EventIngest:
             else:
                 raise InvalidRequestError("event has neither stored nor removed")
         return out
+
+
+def check_node_cap(directory: Directory, cap: int) -> None:
+    """Refuse to register one more node past ``cap``."""
+    if len(directory.phases()) >= cap:
+        raise QuotaExceededError(
+            f"the directory holds {cap} nodes, its cap: drop nodes (or raise --max-nodes)"
+        )

@@ -33,6 +33,7 @@ from agentpool.directory.ingest import (
     DEFAULT_MAX_BLOCKS_PER_NODE,
     DEFAULT_MAX_BRANCHES,
     DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_MAX_NODES,
     ServiceLimits,
     resync_block_limit,
 )
@@ -68,6 +69,7 @@ class DirectoryConfig(BaseModel):
     max_message_bytes: int = Field(DEFAULT_MAX_MESSAGE_BYTES, ge=4096)  # also bounds resyncs
     max_blocks_per_node: int = Field(DEFAULT_MAX_BLOCKS_PER_NODE, gt=0)  # what one engine may index
     max_branches: int = Field(DEFAULT_MAX_BRANCHES, gt=0)  # live branches the routers may create
+    max_nodes: int = Field(DEFAULT_MAX_NODES, gt=0)  # registered engines
     auth_token: SecretStr | None = None
     insecure: bool = False  # True: serve without a token (tests, a loopback-only demo)
     tls_cert_file: Path | None = None
@@ -117,6 +119,7 @@ class DirectoryServer:
                 max_resync_blocks=resync_block_limit(config.max_message_bytes),
                 max_blocks_per_node=config.max_blocks_per_node,
                 max_branches=config.max_branches,
+                max_nodes=config.max_nodes,
             ),
             ServiceTimers(
                 idle_ttl_s=config.idle_ttl_s,
@@ -195,6 +198,7 @@ def parse_args(argv: list[str] | None = None) -> DirectoryConfig:
     )
     p.add_argument("--max-blocks-per-node", type=int, default=DEFAULT_MAX_BLOCKS_PER_NODE)
     p.add_argument("--max-branches", type=int, default=DEFAULT_MAX_BRANCHES)
+    p.add_argument("--max-nodes", type=int, default=DEFAULT_MAX_NODES)
     p.add_argument(
         "--auth-token-file",
         type=Path,
@@ -236,6 +240,7 @@ def parse_args(argv: list[str] | None = None) -> DirectoryConfig:
             node_timeout_s=a.node_timeout_s,
             max_blocks_per_node=a.max_blocks_per_node,
             max_branches=a.max_branches,
+            max_nodes=a.max_nodes,
             auth_token=SecretStr(token) if token else None,
             insecure=a.insecure,
             tls_cert_file=a.tls_cert_file,

@@ -32,7 +32,7 @@ from agentpool.directory.convert import (
     phase_from_pb,
     phase_to_pb,
 )
-from agentpool.directory.ingest import EventIngest, ServiceLimits
+from agentpool.directory.ingest import EventIngest, ServiceLimits, check_node_cap
 from agentpool.directory.metrics import DirectoryMetrics
 from agentpool.directory.steps import run_steps
 from agentpool.directory.store import BranchStore, RowTracker, StoreUnavailableError, snapshot
@@ -342,6 +342,8 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         phase = phase_from_pb(request.phase)
         self._require_store()
         previous = phase_to_pb(self.dir.phase(node)) if self.dir.has_node(node) else pb.PHASE_UNSPECIFIED
+        if not self.dir.has_node(node):
+            check_node_cap(self.dir, self.limits.max_nodes)
         changes = self.dir.register_node(node, phase)
         self.ingest.expect([node])
         await self._commit(changes)

@@ -100,6 +100,28 @@ async def test_branch_cap(namespace: str) -> None:
         await srv.stop()
 
 
+async def test_node_cap(namespace: str) -> None:
+    srv = DirectoryServer(config_for(namespace, max_nodes=2))
+    await srv.start()
+    try:
+        async with DirectoryClient(srv.address) as c:
+            await c.switch_phase("p1", Phase.PREFILL)
+            assert not (
+                await NodePublisher(c.open_events(), "p2", Phase.PREFILL).resync(chain(2))
+            ).resync_requested
+            with pytest.raises(DirectoryRpcError) as err:
+                await NodePublisher(c.open_events(), "p3", Phase.PREFILL).resync(chain(2))
+            assert err.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED and "2 nodes" in err.value.reason
+            with pytest.raises(DirectoryRpcError) as err:
+                await c.switch_phase("p3", Phase.DECODE)
+            assert err.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert await c.switch_phase("p1", Phase.DECODE) is Phase.PREFILL  # known nodes go on
+            await c.drop_node("p2")
+            await c.switch_phase("p3", Phase.DECODE)  # room again
+    finally:
+        await srv.stop()
+
+
 async def test_malformed_batch_kinds_are_refused(client: DirectoryClient) -> None:
     with pytest.raises(DirectoryRpcError) as err:
         await client.open_events().send(pb.KvEventBatch(node="p1", seq=1, events=[pb.KvEvent()]))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,9 +73,11 @@ async def stream_chat(
     max_retries: int = 30,
     max_retry_wait_s: float = 5.0,
     stream_timeout_s: float = 600.0,
+    on_first: Callable[[], None] | None = None,
 ) -> Outcome:
     """Send ``body`` (``stream`` is forced on) to ``url``'s chat API; never raises for HTTP or network
-    failures, which end up in :attr:`Outcome.error`."""
+    failures, which end up in :attr:`Outcome.error`. ``on_first`` is called when the first event
+    arrives (the first token)."""
     payload = json.dumps({**body, "stream": True, "stream_options": {"include_usage": True}})
     headers = {"content-type": "application/json", **(branch.headers() if branch else {})}
     out = Outcome(sent_at=time.monotonic())
@@ -82,7 +85,7 @@ async def stream_chat(
     while True:
         try:
             async with asyncio.timeout(stream_timeout_s):
-                retry_after = await _attempt(session, target, payload, headers, out)
+                retry_after = await _attempt(session, target, payload, headers, out, on_first)
         except TimeoutError:
             out.error = f"no answer within {stream_timeout_s:.0f} s"
             return out
@@ -100,7 +103,12 @@ async def stream_chat(
 
 
 async def _attempt(
-    session: aiohttp.ClientSession, target: str, payload: str, headers: dict[str, str], out: Outcome
+    session: aiohttp.ClientSession,
+    target: str,
+    payload: str,
+    headers: dict[str, str],
+    out: Outcome,
+    on_first: Callable[[], None] | None,
 ) -> float | None:
     """One POST; returns a wait in seconds when the router asked to retry, else None (done)."""
     async with session.post(target, data=payload.encode(), headers=headers) as resp:
@@ -125,6 +133,8 @@ async def _attempt(
             event = json.loads(data)
             if out.first_at is None:
                 out.first_at = time.monotonic()
+                if on_first is not None:
+                    on_first()
             if "error" in event:
                 out.error = str(event["error"].get("message", event["error"]))
                 continue

@@ -161,6 +161,10 @@ def live_result(
     summary["switch_downtime_s"] = math.nan
     summary["final_split"] = list(splits.rows[-1][1:]) if splits.rows else []
     records = replay.records
+    done_at = [replay.elapsed(r.outcome.done_at) for r in records if r.outcome.ok]
+    per_minute = [0] * (int(max(done_at, default=0.0) // 60.0) + 1)
+    for t in done_at:
+        per_minute[int(max(0.0, t) // 60.0)] += 1
     summary["sent"] = len(records)
     summary["completed"] = sum(1 for r in records if r.outcome.ok)
     summary["failed"] = sum(1 for r in records if not r.outcome.ok)
@@ -175,6 +179,7 @@ def live_result(
         "switches": [],
         "planner_log": [],
         "ttft_samples": m.ttfts(),
+        "completed_per_minute": per_minute,
         "requests_simulated": summary["completed"],
         "agents_started": replay.agents_started,
         "wall_s": wall_s,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import math
 import time
@@ -214,26 +215,34 @@ class LiveReplay:
         branch = self._branch_headers(inst, i) if s.branch_headers else None
         cap = max(0, (tr.input_tokens - 1) // self.block_size)
         ideal = self.metrics.ideal_prefix(blocks, cap) * self.block_size
-        self.in_flight += 1
-        try:
-            outcome = await stream_chat(session, s.url, body, branch, stream_timeout_s=s.request_timeout_s)
-        finally:
-            self.in_flight -= 1
         self._next_rid += 1
         req = SimRequest(
             rid=self._next_rid,
             input_tokens=tr.input_tokens,
-            output_tokens=max(1, outcome.tokens),
+            output_tokens=max_tokens,
             blocks=blocks,
             produced=produced,
             branch=f"{inst.instance}.{tr.agent}",
-            issued_at=outcome.sent_at - self._t0,
-            cached_tokens=outcome.cached_tokens or 0,
+            issued_at=self.now(),
             ideal_cached_tokens=ideal,
         )
+        self.in_flight += 1
+        try:
+            outcome = await stream_chat(
+                session,
+                s.url,
+                body,
+                branch,
+                stream_timeout_s=s.request_timeout_s,
+                on_first=functools.partial(self.metrics.first_token, req),  # its prompt's KV exists now
+            )
+        finally:
+            self.in_flight -= 1
+        req.issued_at = outcome.sent_at - self._t0
+        req.output_tokens = max(1, outcome.tokens)
+        req.cached_tokens = outcome.cached_tokens or 0
         if outcome.first_at is not None:
             req.first_token_at = outcome.first_at - self._t0
-            self.metrics.first_token(req)
         if outcome.ok and outcome.done_at is not None:
             req.done_at = outcome.done_at - self._t0
             req.enqueued_at = req.prefill_start = req.issued_at  # not seen by a client

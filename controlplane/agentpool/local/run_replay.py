@@ -27,7 +27,7 @@ from agentpool.local.live_report import (
 from agentpool.local.replay import LiveReplay, ReplaySettings
 from agentpool.models import TtftSlo
 from agentpool.sim.metrics import Metrics
-from agentpool.sim.report import markdown_report, write_json, write_plots
+from agentpool.sim.report import markdown_table, summary_table, write_json, write_plots
 from agentpool.sim.trace import Conversation
 
 
@@ -112,30 +112,62 @@ async def replay(
         return live_result(name, run, hits, splits, time.monotonic() - wall)
 
 
+def describe(settings: ReplaySettings, extra: dict[str, Any]) -> str:
+    """The live workload in words (every value is in results.json)."""
+    pauses = f"recorded pauses / {settings.time_scale:g}" + (
+        f", at most {settings.max_pause_s:g} s" if settings.max_pause_s is not None else ""
+    )
+    outputs = (
+        f"outputs capped at {settings.max_output_tokens} tokens"
+        if settings.max_output_tokens is not None
+        else "recorded output lengths"
+    )
+    headers = "branch headers" if settings.branch_headers else "no branch headers (stateless)"
+    where = ", ".join(f"{k}: {v}" for k, v in extra.items())
+    return (
+        f"Workload: {extra.get('trace', 'bundled sample')}; {settings.agents} concurrent agents "
+        "(closed loop), "
+        f"{pauses}, {outputs}, {settings.shared_prefix_tokens}-token shared prefix, {headers}. "
+        f"Router {settings.url} (model {settings.model}). {settings.warmup_s:g} s warmup, "
+        f"{settings.duration_s:g} s measured. {where}\n"
+    )
+
+
+NOTES = (
+    "\nLive rows are measured by the replay client over HTTP (times include the router, the engines and "
+    "the network); the hit rate comes from the router (its per-request usage or its prefix-token counters "
+    "over the window); queueing and imbalance are engine-side (not measured: -); the split is the one the "
+    "engines serve (draining or unreachable engines count as down). Lost reuse: `1 - h/h*`, h* with an "
+    "unlimited cache shared by all nodes and no switches, for the same requests at the same moments.\n"
+)
+
+
 def write_reports(
     out: ReplayOutput, settings: ReplaySettings, results: Sequence[dict[str, Any]], extra: dict[str, Any]
 ) -> str:
-    """Markdown (printed and written), JSON and PNG plots, as ``agentpool simulate`` writes them."""
-    scenario = {**asdict(settings), **extra}
-    md = markdown_report(out.title, out.command, scenario, results)
-    lines = [md]
+    """Markdown (the simulator's tables; printed and written), JSON and PNG plots, as ``agentpool
+    simulate`` writes them."""
+    parts = [f"# {out.title}\n", f"Command: `{out.command}`\n", describe(settings, extra)]
+    parts += [summary_table(results), NOTES]
     for r in results:
         s = r["summary"]
         if "sent" in s:
-            lines.append(
+            parts.append(
                 f"{r['system']}: {s['sent']} requests sent, {s['completed']} completed, {s['failed']} failed "
                 f"({s['failed_after_first_token']} after their first token), {s['retries']} retries "
-                f"after 429/503; hit rate from {s['hit_rate_source']}."
+                f"after 429/503; hit rate from {s['hit_rate_source']}.\n"
             )
             if r.get("errors"):
-                lines.append("errors: " + "; ".join(r["errors"]))
-    text = "\n".join(lines) + "\n"
+                parts.append("errors: " + "; ".join(r["errors"]) + "\n")
+    text = "\n".join(parts)
     if out.directory is not None:
         out.directory.mkdir(parents=True, exist_ok=True)
-        (out.directory / "report.md").write_text(text, encoding="utf-8")
+        (out.directory / "report.md").write_text(
+            text + "\n## Every column\n\n" + markdown_table(results), encoding="utf-8"
+        )
         write_json(
             out.directory / "results.json",
-            {"command": out.command, "scenario": scenario, "results": _finite(results)},
+            {"command": out.command, "settings": asdict(settings), **extra, "results": _finite(results)},
         )
         if out.plots:
             write_plots(out.directory, results, settings.warmup_s + settings.duration_s)

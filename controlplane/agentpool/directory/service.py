@@ -98,6 +98,7 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         self._reload_needed = False
         self._write_lock = asyncio.Lock()
         self._node_locks: dict[str, asyncio.Lock] = {}
+        self._background: set[asyncio.Future[Any]] = set()  # resyncs and purges left by their callers
         self._rows = RowTracker()  # writes only the changed fields of known branch rows
         self._epoch = 0  # bumped by a failed write: snapshots diffed before it are rewritten whole
         self._encoder = ResolveEncoder(directory.page_size)
@@ -127,9 +128,10 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         3.11's ``asyncio.wait_for`` (inside redis-py's socket timeouts) drops a cancel that arrives as
         the awaited call completes, and a loop that lost it would run forever."""
         self._stopping = True
-        for t in self._tasks:
+        tasks = [*self._tasks, *self._background]
+        for t in tasks:
             t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks = []
 
     async def _store_monitor(self) -> None:
@@ -173,7 +175,7 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         self.metrics.expired_branches.inc(len(expired))
         for node in self.ingest.silent_since(self.mono() - self.timers.node_timeout_s):
             log.warning("node %s silent for %.1fs: purging it", node, self.timers.node_timeout_s)
-            changes.merge(await self._purge(node, "timeout"))
+            changes.merge(await self._to_the_end(self._purge(node, "timeout")))
         if changes:
             await self._commit(changes, strict=False)
 
@@ -356,8 +358,7 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         node = self._known_node(request.node)
         self._require_store()
         purged = self.dir.index.node_block_count(node) if self.dir.index.has_node(node) else 0
-        changes = await self._purge(node, "request")
-        await self._commit(changes)
+        changes = await self._to_the_end(self._purge_and_commit(node))
         return pb.DropNodeResponse(released_branches=len(changes.branches), purged_blocks=purged)
 
     async def EvictionOrder(self, request: pb.EvictionOrderRequest, context: Ctx) -> pb.EvictionOrderResponse:
@@ -402,7 +403,21 @@ class DirectoryService(pb_grpc.DirectoryServicer):
     async def apply_batch(self, batch: pb.KvEventBatch) -> pb.PublishAck:
         """Apply one engine batch (validated as a whole first), persist what it changed; returns its ack.
         A resync runs in steps (other RPCs are served between them); the node's lock keeps its other
-        batches and its purge out meanwhile."""
+        batches and its purge out meanwhile. A resync runs to its end even when its stream goes away
+        meanwhile (a half-applied one would leave the node's index inconsistent)."""
+        if batch.HasField("resync"):
+            return await self._to_the_end(self._apply(batch))
+        return await self._apply(batch)
+
+    def _to_the_end(self, work: Awaitable[T]) -> Awaitable[T]:
+        """Run ``work`` as a task that a cancelled caller does not cancel (stop() does)."""
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(_settled)
+        task.add_done_callback(self._background.discard)
+        return asyncio.shield(task)
+
+    async def _apply(self, batch: pb.KvEventBatch) -> pb.PublishAck:
         async with self._node_lock(node_name(batch.node)):
             if batch.HasField("resync"):
                 ack, changes = await self.ingest.resync(batch)
@@ -417,6 +432,11 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         if lock is None:
             lock = self._node_locks[node] = asyncio.Lock()
         return lock
+
+    async def _purge_and_commit(self, node: str) -> Changes:
+        changes = await self._purge(node, "request")
+        await self._commit(changes)
+        return changes
 
     async def _purge(self, node: str, reason: str) -> Changes:
         """Drop ``node`` (gone from every answer at once; its index entries are cleared in steps)."""
@@ -471,3 +491,10 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         return pb.CountUpdate(
             node=node, snapshot=True, counts=[pb.BlockCount(block_hash=h, count=c) for h, c in counts.items()]
         )
+
+
+def _settled(task: asyncio.Future[Any]) -> None:
+    """Retrieve the outcome of a task whose caller may have gone (no "never retrieved" warning); the
+    caller, if still there, gets the error itself."""
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("background directory work failed: %s", task.exception())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import pytest
 from conftest import config_for
@@ -126,3 +128,38 @@ async def test_malformed_batch_kinds_are_refused(client: DirectoryClient) -> Non
     with pytest.raises(DirectoryRpcError) as err:
         await client.open_events().send(pb.KvEventBatch(node="p1", seq=1, events=[pb.KvEvent()]))
     assert err.value.code is grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_a_resync_whose_stream_goes_away_is_applied_whole(server: DirectoryServer) -> None:
+    """The engine's stream is cancelled while its big resync is being applied in steps: the resync still
+    completes (a half-applied one would leave bits without last-access entries), and the node is
+    consistent: every block indexed, a purge then clears it all."""
+    n = 200_000
+    held = chain(n, start=10)
+    async with DirectoryClient(server.address) as c:
+        stream = c.open_events()
+        send = asyncio.ensure_future(NodePublisher(stream, "big", Phase.PREFILL).resync(held))
+
+        async def busy() -> bool:
+            return bool(server.service.ingest._busy)
+
+        for _ in range(500):
+            if await busy():
+                break
+            await asyncio.sleep(0.01)
+        assert await busy(), "the resync never started"
+        send.cancel()
+        stream._call.cancel()  # the engine went away mid-resync
+
+        async def done() -> bool:
+            return (await c.health()).blocks == n and not await busy()
+
+        for _ in range(3000):
+            if await done():
+                break
+            await asyncio.sleep(0.01)
+        assert await done()
+        assert server.service.dir.index.node_block_count("big") == n
+        assert (await c.resolve([h.block_hash for h in held[:50]])).nodes["big"].local_blocks == 50
+        assert await c.drop_node("big") == (0, n)
+        assert (await c.health()).blocks == 0 and len(server.service.dir.index) == 0

@@ -19,6 +19,7 @@ PROTO_ROOT = ROOT / "proto"
 STUB_ROOT = ROOT / "controlplane"
 STUB_DIR = STUB_ROOT / "agentpool" / "v1"
 CRD_DIR = ROOT / "crds"
+CHART_CRD_DIR = ROOT / "charts" / "agentpool" / "crds"  # the Helm chart ships the same CRD
 SPEC_DOC = ROOT / "docs" / "spec.md"
 
 
@@ -44,9 +45,12 @@ def generate_into(stub_root: Path, crd_dir: Path, spec_doc: Path) -> None:
     subprocess.run([sys.executable, "-m", "agentpool.api.docs", "--out", str(spec_doc)], check=True, cwd=ROOT)
 
 
-def generated_files(stub_dir: Path, crd_dir: Path, spec_doc: Path) -> dict[str, Path]:
+def generated_files(
+    stub_dir: Path, crd_dir: Path, spec_doc: Path, chart_crd_dir: Path | None = None
+) -> dict[str, Path]:
     files = {f"stubs/{p.name}": p for p in stub_dir.glob("*_pb2*.py*")}
     files.update({f"crds/{p.name}": p for p in crd_dir.glob("*.yaml")})
+    files.update({f"chart/crds/{p.name}": p for p in (chart_crd_dir or crd_dir).glob("*.yaml")})
     if spec_doc.exists():
         files["docs/spec.md"] = spec_doc
     return files
@@ -58,7 +62,7 @@ def check() -> int:
         generate_into(tmp_root / "stubs", tmp_root / "crds", tmp_root / "spec.md")
         fresh_stubs = tmp_root / "stubs" / "agentpool" / "v1"
         fresh = generated_files(fresh_stubs, tmp_root / "crds", tmp_root / "spec.md")
-        committed = generated_files(STUB_DIR, CRD_DIR, SPEC_DOC)
+        committed = generated_files(STUB_DIR, CRD_DIR, SPEC_DOC, CHART_CRD_DIR)
         problems = sorted(set(fresh) ^ set(committed))
         problems += [
             k
@@ -83,6 +87,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         tmp_root = Path(tmp)
         generate_into(tmp_root / "stubs", CRD_DIR, SPEC_DOC)
+        CHART_CRD_DIR.mkdir(parents=True, exist_ok=True)
+        for p in CRD_DIR.glob("*.yaml"):
+            shutil.copy2(p, CHART_CRD_DIR / p.name)
         STUB_DIR.mkdir(parents=True, exist_ok=True)
         for p in (tmp_root / "stubs" / "agentpool" / "v1").glob("*"):
             shutil.copy2(p, STUB_DIR / p.name)

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from asp_validators import load_example
 
 SIM = load_example("pool-sim.yaml")
+SGLANG = load_example("pool-sglang.yaml")
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ GOOD_STATUS = {
 
 VERDICTS: tuple[Verdict, ...] = (
     Verdict("the sim example", SIM, accepted=True),
+    Verdict("the sglang example", SGLANG, accepted=True),
     # -- the status subresource drops .status on create: status-only errors are not seen there
     Verdict("two Ready conditions on create", with_status(TWO_READY), True, pydantic_accepts=False),
     Verdict("a node listed twice on create", with_status(NODE_TWICE), True, pydantic_accepts=False),

@@ -260,8 +260,12 @@ def router_deployment(pool: PoolRef, spec: AgentServingPoolSpec, settings: Build
     return _deployment(pool, ROUTER, pod_spec)
 
 
-def router_service(pool: PoolRef) -> dict[str, Any]:
-    return service(pool, ROUTER, [("http", ROUTER_PORT)])
+def router_service(pool: PoolRef, spec: AgentServingPoolSpec) -> dict[str, Any]:
+    """The router's HTTP port (and its /metrics), and the planner's metrics where one runs."""
+    ports = [("http", ROUTER_PORT)]
+    if spec.mode == "disaggregated":
+        ports.append(("planner-metrics", PLANNER_METRICS_PORT))
+    return service(pool, ROUTER, ports)
 
 
 # ---------------------------------------------------------------- managed Redis

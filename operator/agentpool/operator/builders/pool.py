@@ -79,7 +79,7 @@ def children(
     out += [
         directory_service(pool),
         directory_deployment(pool, spec, settings),
-        router_service(pool),
+        router_service(pool, spec),
         router_deployment(pool, spec, settings),
         engine_service(pool),
         engine_stateful_set(pool, spec),

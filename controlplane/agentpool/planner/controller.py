@@ -351,7 +351,9 @@ class PlannerController:
             self._last_switch = LastSwitch(end)
             moves = {n: Role.PREFILL.value for n in decision.to_prefill}
             moves |= {n: Role.DECODE.value for n in decision.to_decode}
-            self._pending = PendingSwitch(end, moves)
+            # engines of an earlier switch the directory has not heard of yet are still announced
+            unannounced = {} if self._pending is None else self._pending.unannounced
+            self._pending = PendingSwitch(end, moves, unannounced)
             for name, role in moves.items():
                 await self._pods.set_role(name, role)
             await self.save_state()
@@ -359,7 +361,15 @@ class PlannerController:
         if decision.outcome is Outcome.SWITCH or decision.near_switch:
             reason = "PhaseSplitChanged" if decision.outcome is Outcome.SWITCH else "PhaseSplitNearlyChanged"
             await self._pods.record_event(self._pool, reason, _event_message(decision, excluded))
-        log.info("planner window %.0f-%.0f: %s: %s", start, end, decision.outcome.value, decision.reason)
+        left_out = decision.excluded_slices
+        log.info(
+            "planner window %.0f-%.0f: %s: %s%s",
+            start,
+            end,
+            decision.outcome.value,
+            decision.reason,
+            f" ({left_out} slices within the cooldown left out)" if left_out else "",
+        )
         self.last = Evaluation(decision=decision, excluded=tuple(excluded))
         if self._on_evaluation is not None:
             self._on_evaluation(self.last)

@@ -35,7 +35,9 @@ async def _serve(args: argparse.Namespace) -> int:
         cfg = cfg.model_copy(update=overrides)
     engine = EngineApp(cfg)
     await engine.start()
-    print(f"engine listening on {engine.url}", flush=True)
+    # one write of one line: log lines from other threads go to the same pipe in tests and pods
+    sys.stdout.write(f"engine listening on {engine.url}\n")
+    sys.stdout.flush()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -43,6 +43,7 @@ class EngineApp:
         self.transport = NixlTransport(cfg.node_id, self.pool.buffer, cfg.block_bytes)
         self.exporter = KvExporter(self.pool, self.transport, on_unknown=self.metrics.unknown_transfers.inc)
         self.url = ""
+        self.advertised_url: str | None = None
         self.started = False
         self._tasks: list[asyncio.Task[Any]] = []
         self._runner: web.AppRunner | None = None
@@ -107,6 +108,8 @@ class EngineApp:
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.url = f"http://{cfg.host}:{port}"
+        wildcard = cfg.host in ("0.0.0.0", "::", "")
+        self.advertised_url = cfg.advertise_url or (None if wildcard else self.url)
         self.started = True
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
@@ -152,6 +155,7 @@ class EngineApp:
         return LoadReport(
             node_id=self.cfg.node_id,
             role=RouterRole(load.role.value),
+            url=self.advertised_url,
             desired_role=None if self.switcher.pending is None else RouterRole(self.switcher.pending.value),
             last_dispatch_seq=b.last_dispatch_seq,
             remaining_batch_s=b.wall(load.remaining_batch_s),
@@ -176,6 +180,8 @@ class EngineApp:
             return "starting"
         if self.switcher.switching:
             return "switching role"
+        if self.link is not None and self.link.refused:
+            return f"the directory refused the token: {self.link.refused}"
         return ""
 
     def state(self) -> dict[str, Any]:

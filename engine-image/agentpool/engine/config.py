@@ -50,7 +50,8 @@ class RouterTarget(_Model):
 class DirectoryTarget(_Model):
     target: str = Field(min_length=3, pattern=r"^[^\s]+:\d+$")
     token_file: Path | None = None
-    heartbeat_s: float = Field(2.0, gt=0)
+    heartbeat_s: float = Field(0.5, gt=0, le=1.0)
+    """The directory purges a node silent for 3 s; its contract asks for a heartbeat every second."""
     reconnect_s: float = Field(0.5, gt=0)
 
 
@@ -113,6 +114,9 @@ class FetchSettings(_Model):
 class EngineConfig(_Model):
     node_id: str = Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     host: str = "127.0.0.1"
+    advertise_url: str | None = Field(None, pattern=r"^https?://[^\s/]+$")
+    """The URL routers reach this engine at (sent with every load report, so a router can register
+    it); unset: the listening address unless it is a wildcard (then none is sent)."""
     port: int = Field(8080, ge=0, le=65535)
     backend: Literal["sim", "sglang"] = "sim"
     role: Role = Role.BOTH

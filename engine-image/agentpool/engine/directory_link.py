@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 
 MAX_EVENTS_PER_BATCH = 1024
 MAX_BLOCKS_PER_EVENT = 4096
-MAX_PENDING_EVENTS = 1 << 16  # beyond this the link drops its queue and resyncs instead
+MAX_PENDING_EVENTS = 1 << 16
+_AUTH_RETRY_S = 30.0  # beyond this the link drops its queue and resyncs instead
 
 
 class DirectoryLink:
@@ -44,7 +45,7 @@ class DirectoryLink:
         held: Callable[[], list[HeldBlock]],
         on_counts: Callable[[dict[int, int], bool], None],
         *,
-        heartbeat_s: float = 2.0,
+        heartbeat_s: float = 0.5,
         reconnect_s: float = 0.5,
     ) -> None:
         self.node = node
@@ -61,6 +62,7 @@ class DirectoryLink:
         self._pending: list[pb.KvEvent] = []
         self._wake = asyncio.Event()
         self._need_resync = True
+        self.refused: str | None = None  # why the directory refused the node's token
 
     # -- the sink (called synchronously by the ledger) -----------------------------------------
     def stored(self, parent: int, hashes: Sequence[int], tier: Tier) -> None:
@@ -100,7 +102,18 @@ class DirectoryLink:
                 await self._serve(publisher)
             except DirectoryRpcError as e:
                 self.errors += 1
-                log.warning("directory link of %s: %s; reconnecting", self.node, e)
+                if e.code == grpc.StatusCode.UNAUTHENTICATED:
+                    # a wrong token does not get better by retrying fast (the directory's contract)
+                    self.refused = e.reason or "unauthenticated"
+                    log.error(
+                        "the directory refused %s's token: %s; retrying in %.0f s",
+                        self.node,
+                        e,
+                        _AUTH_RETRY_S,
+                    )
+                    await asyncio.sleep(_AUTH_RETRY_S)
+                else:
+                    log.warning("directory link of %s: %s; reconnecting", self.node, e)
             finally:
                 self.connected = False
                 self._pending.clear()
@@ -114,6 +127,7 @@ class DirectoryLink:
                 publisher.phase = self.phase()
                 ack = await publisher.resync(self.held())
                 self.resyncs += 1
+                self.refused = None
                 if ack.resync_requested:
                     raise DirectoryRpcError(
                         grpc.StatusCode.FAILED_PRECONDITION, f"resync refused: {ack.reason}"

@@ -174,12 +174,14 @@ class KubeRoleWatch:
         on_role: Callable[[Role | None, str], None],
         kubeconfig: Path | None = None,
         retry_s: float = 1.0,
+        read_timeout_s: float = 5.0,
     ) -> None:
         self.namespace = namespace
         self.pod = pod
         self.on_role = on_role
         self.kubeconfig = kubeconfig
         self.retry_s = retry_s
+        self.read_timeout_s = read_timeout_s
         self.errors = 0
         self._stop = threading.Event()
         self._api: Any = None
@@ -201,7 +203,7 @@ class KubeRoleWatch:
     def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
         from kubernetes import watch
         from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
+        from urllib3.exceptions import HTTPError, ReadTimeoutError
 
         while not self._stop.is_set():
             try:
@@ -212,6 +214,8 @@ class KubeRoleWatch:
                     namespace=self.namespace,
                     field_selector=f"metadata.name={self.pod}",
                     timeout_seconds=30,
+                    # a silent watch ends after this on the client side too, so a stop is seen
+                    _request_timeout=(5, self.read_timeout_s),
                 ):
                     if self._stop.is_set():
                         w.stop()  # type: ignore[no-untyped-call]
@@ -223,7 +227,11 @@ class KubeRoleWatch:
                     role = parse_role(annotations.get(ROLE_ANNOTATION))
                     if role is not None:
                         loop.call_soon_threadsafe(self.on_role, role, "pod annotation")
+            except ReadTimeoutError:
+                continue  # nothing happened for a while: watch again
             except (ApiException, HTTPError, OSError, ValueError) as e:
+                if self._stop.is_set():
+                    return
                 self.errors += 1
                 log.warning("watch of pod %s/%s failed: %s; retrying", self.namespace, self.pod, e)
                 self._stop.wait(self.retry_s)
@@ -236,6 +244,7 @@ class KubeRoleWatch:
             await asyncio.Event().wait()  # until cancelled; the daemon thread never blocks an exit
         finally:
             self._stop.set()
+            await asyncio.to_thread(thread.join, self.read_timeout_s + 1)
 
     def stop(self) -> None:
         self._stop.set()

@@ -45,6 +45,7 @@ async def test_the_pod_annotation_reaches_the_engine_within_a_second(tmp_path: P
         "engine-0",
         lambda r, _src: seen.append((time.monotonic(), r)),
         kubeconfig(tmp_path / "kc", str(kmock.url)),
+        read_timeout_s=1.0,
     )
     task = asyncio.create_task(watch.run())
     try:

@@ -29,7 +29,15 @@ from typing import Any
 from agentpool.sim.cli import compare
 from agentpool.sim.planners import ModelSource, PlannerSettings
 from agentpool.sim.report import markdown_table
-from agentpool.sim.run import Scenario, load_conversations, run_system, scenario_dict
+from agentpool.sim.run import (
+    Scenario,
+    best_reference,
+    load_conversations,
+    reference_runs,
+    run_system,
+    scenario_bound,
+    scenario_dict,
+)
 from agentpool.sim.simulator import DECODE_BINDINGS, SimConfig
 from agentpool.sim.systems import COLOCATED_DEFAULT, DISAGGREGATED_DEFAULT
 
@@ -103,7 +111,43 @@ def _cc_scenario(args: argparse.Namespace, agents: int) -> Scenario:
     )
 
 
+def seed_table(by_seed: dict[int, list[dict[str, Any]]], bounds: dict[int, float | None]) -> str:
+    """Mean and spread (min-max) over seeds of each system's key figures, and the bound."""
+    seeds = sorted(by_seed)
+    names = [r["system"] for r in by_seed[seeds[0]]]
+    head = (
+        "| system | req/s mean (min-max) | of bound | TTFT p95 s | E2E mean s | lost reuse | final splits |"
+    )
+    lines = [head, "|---|---|---|---|---|---|---|"]
+
+    def vals(name: str, get: Any) -> list[float]:
+        return [float(get(next(r for r in by_seed[s] if r["system"] == name)["summary"])) for s in seeds]
+
+    for name in names:
+        x = vals(name, lambda m: m["throughput_rps"])
+        share = [v / b for v, b in zip(x, (bounds[s] for s in seeds), strict=True) if b]
+        p95 = vals(name, lambda m: m["ttft_s"]["p95"])
+        e2e = vals(name, lambda m: m["e2e_s"]["mean"])
+        lost = vals(name, lambda m: m["lost_kv_reuse"])
+        splits = []
+        for s in seeds:
+            sp = next(r for r in by_seed[s] if r["system"] == name)["summary"]["final_split"]
+            splits.append(f"{sp[0]}P{sp[1]}D" if sp else "-")
+        lines.append(
+            f"| {name} | {sum(x) / len(x):.3f} ({min(x):.3f}-{max(x):.3f}) | "
+            + (f"{sum(share) / len(share):.0%}" if share else "-")
+            + f" | {sum(p95) / len(p95):.1f} ({min(p95):.1f}-{max(p95):.1f}) | {sum(e2e) / len(e2e):.2f} | "
+            f"{sum(lost) / len(lost):.2%} | {' '.join(splits)} |"
+        )
+    known = [b for b in bounds.values() if b]
+    bound = f"bound {sum(known) / len(known):.3f} req/s (mean over seeds)" if known else "no bound"
+    return "\n".join(lines) + f"\n\nSeeds {', '.join(map(str, seeds))}; {bound}.\n"
+
+
 def cc(args: argparse.Namespace) -> None:
+    if args.seeds:
+        cc_seeds(args)
+        return
     sections = []
     for agents in args.agents or (90, 108, 126):
         sc = _cc_scenario(args, agents)
@@ -129,6 +173,49 @@ def cc(args: argparse.Namespace) -> None:
                 else ""
             ),
         )
+
+
+def cc_seeds(args: argparse.Namespace) -> None:
+    """The CC comparison over several seeds: mean and spread, the analytic bound."""
+    systems = args.systems.split(",") if args.systems else list(DISAGGREGATED_DEFAULT)
+    md = [
+        "# Claude Code trace, 9 nodes (GLM-5.2-class on 4xGB300, roofline ground truth), over seeds\n",
+        "Command: `python -m bench.bench_sim " + " ".join(shlex.quote(a) for a in sys.argv[1:]) + "`\n",
+        f"{args.warmup / 60:g} min warmup, {args.duration / 60:g} min measured; pauses "
+        + ("as recorded" if args.max_pause is None else f"capped at {args.max_pause:g} s")
+        + ". Planned systems start from 6P3D, static-cache-aware runs 4P5D. The seed draws the replay "
+        "order of the conversations and the iteration noise. Full results: the JSON beside this file.\n",
+    ]
+    payload: dict[str, Any] = {"command": md[1], "sections": []}
+    for agents in args.agents or (126,):
+        by_seed: dict[int, list[dict[str, Any]]] = {}
+        bounds: dict[int, float | None] = {}
+        for seed in args.seeds:
+            sc = dataclasses.replace(_cc_scenario(args, agents), seed=seed)
+            convs = load_conversations(sc)
+            by_seed[seed] = best_reference(
+                compare(
+                    sc, reference_runs(systems, sc.sim.nodes), quiet=True, jobs=args.jobs, conversations=convs
+                )
+            )
+            b = scenario_bound(sc, convs)
+            bounds[seed] = None if b is None else b.throughput_rps
+            print(f"{agents} agents, seed {seed}: done", flush=True)
+        table = seed_table(by_seed, bounds)
+        print(f"\n## {agents} agents\n{table}", flush=True)
+        md.append(f"## {agents} concurrent agents\n\n{table}")
+        slim = {
+            str(s): [{k: v for k, v in r.items() if k != "ttft_samples"} for r in rs]
+            for s, rs in by_seed.items()
+        }
+        payload["sections"].append({"agents": agents, "bounds": bounds, "results_by_seed": slim})
+    if args.write:
+        name = args.name or "cc_seeds"
+        (RESULTS / f"sim_{name}.md").write_text("\n".join(md), encoding="utf-8")
+        (RESULTS / f"sim_{name}.json").write_text(
+            json.dumps(payload, indent=1, default=float), encoding="utf-8"
+        )
+        print(f"wrote {RESULTS / f'sim_{name}.md'}")
 
 
 def shifting(args: argparse.Namespace) -> None:
@@ -359,6 +446,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--jobs", type=int, default=os.cpu_count() or 1, help="systems of a comparison run at once"
     )
+    p.add_argument("--seeds", type=int, nargs="*", default=None, help="cc: mean and spread over these seeds")
+    p.add_argument("--systems", default=None, help="cc --seeds: systems (comma-separated)")
+    p.add_argument("--name", default=None, help="cc --seeds: results file name (sim_NAME.md)")
     p.add_argument("--write", action="store_true", help="store the results under bench/results/")
     args = p.parse_args(argv)
     {

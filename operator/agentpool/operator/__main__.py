@@ -46,7 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--status-interval-s", type=float, default=5.0, help="how often each pool's status is refreshed"
     )
     p.add_argument(
-        "--drain-timeout-s", type=float, default=600.0, help="longest wait for a leaving engine to drain"
+        "--drain-timeout-s", type=float, default=300.0, help="longest wait for a leaving engine to drain"
     )
     p.add_argument(
         "--liveness", default=None, help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz"

@@ -86,7 +86,7 @@ class Reconciler:
         token: Callable[[], str],
         events: EventSink,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-        drain_timeout_s: float = 600.0,
+        drain_timeout_s: float = 300.0,
         drain_poll_s: float = 5.0,
     ) -> None:
         self.api = api

@@ -71,10 +71,10 @@ def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
 
 
 async def status_where(
-    cluster: Cluster, check: Callable[[dict[str, Any]], bool], what: str
+    cluster: Cluster, check: Callable[[dict[str, Any]], bool], what: str, name: str = "sim"
 ) -> dict[str, Any]:
     async def probe() -> dict[str, Any] | None:
-        obj = await pool(cluster)
+        obj = await pool(cluster, name)
         return obj if check(obj) else None
 
     return await eventually(probe, what)
@@ -306,3 +306,21 @@ async def test_a_deeper_invalid_spec_is_degraded_without_retries(cluster: Cluste
     await status_where(
         cluster, lambda o: (condition(o, "Degraded") or {}).get("status") == "False", "healthy"
     )
+
+
+async def test_the_sglang_example_reconciles_without_error(cluster: Cluster, operator: Any) -> None:
+    manifest = copy.deepcopy(load_example("pool-sglang.yaml"))
+    manifest["metadata"]["namespace"] = cluster.namespace
+    await create_pool(cluster, manifest)
+
+    async def engines() -> dict[str, Any] | None:
+        return await cluster.api.get("StatefulSet", cluster.namespace, "qwen3-coder-engine")
+
+    sts = await eventually(engines, "the GPU engines' StatefulSet")
+    engine = sts["spec"]["template"]["spec"]["containers"][0]
+    assert engine["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert sts["spec"]["replicas"] == 9
+    obj = await status_where(
+        cluster, lambda o: condition(o, "Degraded") is not None, "a status", name="qwen3-coder"
+    )
+    assert condition(obj, "Degraded")["status"] == "False"  # type: ignore[index]

@@ -132,6 +132,7 @@ async def test_a_publisher_survives_the_directory_dying_and_resyncs_when_it_is_b
             res = await client.resolve([h.block_hash for h in held])
             assert res.nodes["e1"].local_blocks == 50
             task.cancel()
+            await asyncio.gather(task, return_exceptions=True)  # before the client closes
     finally:
         await stop(directory)
 

@@ -393,6 +393,7 @@ def test_engine_configs_load_in_the_engine_agent(case: Case, tmp_path: Path) -> 
         path.write_text(engines["data"][f"{pod}.json"])
         config = load_config(path)
         assert config.node_id == pod
+        assert config.advertise_url == f"http://{pod}.{ref.name}-engine.team-a.svc:8080"
         assert config.role.value == case.roles[i]
         assert config.host_kv_bytes == spec.engine.host_kv_bytes
         assert config.kube is not None and config.kube.pod == pod
@@ -422,6 +423,7 @@ def test_every_command_line_parses_in_its_service(case: Case, tmp_path: Path) ->
         (tmp_path / mounted).write_text("t" * 43)
     config = directory_args([a.replace("/var/run/agentpool", str(tmp_path)) for a in directory["args"]])
     assert config.port == 50061
+    assert config.max_nodes >= 4096  # no pool is refused by its own directory
     router = containers(deployments[f"{ref.name}-router"])
     args = router_parser().parse_args(router["router"]["args"])
     assert args.directory == f"{ref.name}-directory.team-a.svc:50061"

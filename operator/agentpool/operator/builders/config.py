@@ -83,6 +83,7 @@ def engine_config(pool: PoolRef, spec: AgentServingPoolSpec, ordinal: int) -> st
         "nodeId": pod,
         "host": "0.0.0.0",
         "port": ENGINE_PORT,
+        "advertiseUrl": pool.engine_url(ordinal),  # what routers reach it at (the headless Service)
         "backend": spec.engine.backend,
         "role": initial_role(spec, ordinal),
         "roleFile": f"{PODINFO_DIR}/{ROLE_FILE}",

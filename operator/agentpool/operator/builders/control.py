@@ -58,6 +58,8 @@ from agentpool.operator.names import (
 )
 
 NON_ROOT_UID = 65532
+MAX_NODES = 4096
+"""`spec.nodes` at most (agentpool.api); the directory's own default is lower."""
 REDIS_UID = 999
 
 
@@ -93,6 +95,7 @@ def directory_deployment(
         f"--port={DIRECTORY_PORT}",
         f"--namespace=agentpool:{pool.namespace}:{pool.name}",
         f"--page-size={spec.kv_pool.page_size}",
+        f"--max-nodes={MAX_NODES}",  # the spec's bound, so a scale never restarts the directory
         f"--auth-token-file={DIRECTORY_TOKEN_DIR}/{TOKEN_FILE}",
         f"--metrics-port={DIRECTORY_METRICS_PORT}",
     ]

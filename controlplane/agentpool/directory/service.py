@@ -43,9 +43,9 @@ from agentpool.v1 import directory_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 
 
-# Engines heartbeat at least every 2 s (the engine agent's default); 4 s of silence (checked every
-# 0.5 s) purges a node within 4.5 s of its last message, and tolerates one late heartbeat.
-DEFAULT_NODE_TIMEOUT_S = 4.0
+# Engines heartbeat at least every second (the engine agent every 0.5 s); 3 s of silence (checked
+# every 0.5 s) purges a node within 3.5 s of its last message and tolerates two late heartbeats.
+DEFAULT_NODE_TIMEOUT_S = 3.0
 
 
 @dataclass(frozen=True)

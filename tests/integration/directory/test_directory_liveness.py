@@ -50,7 +50,7 @@ async def stop(proc: asyncio.subprocess.Process) -> None:
 
 
 async def test_an_engine_killed_with_sigkill_is_purged_within_5_s(namespace: str) -> None:
-    """The defaults: the directory's node timeout (4 s) and the engine agent's heartbeats (2 s)."""
+    """The defaults: the directory's node timeout and the engine agent's heartbeats."""
     directory, address = await start_directory_process(
         namespace, "--node-timeout-s", str(DEFAULT_NODE_TIMEOUT_S)
     )

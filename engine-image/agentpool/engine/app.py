@@ -45,6 +45,7 @@ class EngineApp:
         self.url = ""
         self.advertised_url: str | None = None
         self.started = False
+        self.retiring = False
         self._tasks: list[asyncio.Task[Any]] = []
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -97,7 +98,9 @@ class EngineApp:
             coros.append(RoleFileWatch(cfg.role_file, self.switcher.set_desired, cfg.role_poll_s).run())
         if cfg.kube is not None:
             k = cfg.kube
-            self.kube = KubeRoleWatch(k.namespace, k.pod, self.switcher.set_desired, k.kubeconfig)
+            self.kube = KubeRoleWatch(
+                k.namespace, k.pod, self.switcher.set_desired, k.kubeconfig, on_drain=self.retire
+            )
             coros.append(self.kube.run())
         self._tasks = [asyncio.create_task(c) for c in coros]
         for t in self._tasks:
@@ -130,6 +133,18 @@ class EngineApp:
         if self.directory is not None:
             await self.directory.close()
         await self.transport.close()
+
+    def retire(self) -> None:
+        """The operator removes this pod (``agentpool.io/drain``): stop admitting for good, hand the
+        queue back, finish what runs; then /ready answers 503 so the operator sees it drained."""
+        if self.retiring:
+            return
+        log.info("drain for removal: no new work from now on")
+        self.retiring = True
+        self.switcher.frozen = True
+        self.metrics.draining.set(1)
+        self.backend.begin_drain()
+        self.reporter.kick()
 
     async def _switched(self, role: Role) -> None:
         if self.link is not None:
@@ -178,6 +193,8 @@ class EngineApp:
     def not_ready_reason(self) -> str:
         if not self.started:
             return "starting"
+        if self.retiring:
+            return "drained for removal" if self.backend.drained else "draining for removal"
         if self.switcher.switching:
             return "switching role"
         if self.link is not None and self.link.refused:
@@ -192,6 +209,7 @@ class EngineApp:
             "role": b.role.value,
             "desired_role": None if self.switcher.desired is None else self.switcher.desired.value,
             "draining": b.draining,
+            "retiring": self.retiring,
             "queue": len(load.queue),
             "running": load.running,
             "jobs": len(b.jobs),

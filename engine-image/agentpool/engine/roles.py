@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 ROLE_ANNOTATION = "agentpool.io/role"
 OBSERVED_ROLE_ANNOTATION = "agentpool.io/observed-role"
+DRAIN_ANNOTATION = "agentpool.io/drain"  # the operator removes this pod: drain for good
 
 
 def parse_role(text: str | None) -> Role | None:
@@ -75,6 +76,7 @@ class Switcher:
         self.history: list[dict[str, Any]] = []
         self._changed = asyncio.Event()
         self.switching = False
+        self.frozen = False  # the node drains for removal: no more switches
 
     def set_desired(self, role: Role | None, source: str) -> None:
         if role is None or role == self.desired:
@@ -93,7 +95,7 @@ class Switcher:
         while True:
             await self._changed.wait()
             self._changed.clear()
-            if self.pending is not None:
+            if self.pending is not None and not self.frozen:
                 await self._switch()
 
     async def _switch(self) -> None:
@@ -105,6 +107,9 @@ class Switcher:
         b.begin_drain()
         self.on_state()
         await b.wait_drained()
+        if self.frozen:  # drained for removal meanwhile: stay drained
+            self.switching = False
+            return
         t1 = time.monotonic()
         target = self.desired or old  # the latest desired role (it may have changed while draining)
         await b.switch(target)
@@ -175,6 +180,7 @@ class KubeRoleWatch:
         kubeconfig: Path | None = None,
         retry_s: float = 1.0,
         read_timeout_s: float = 5.0,
+        on_drain: Callable[[], None] | None = None,
     ) -> None:
         self.namespace = namespace
         self.pod = pod
@@ -182,6 +188,7 @@ class KubeRoleWatch:
         self.kubeconfig = kubeconfig
         self.retry_s = retry_s
         self.read_timeout_s = read_timeout_s
+        self.on_drain = on_drain
         self.errors = 0
         self._stop = threading.Event()
         self._api: Any = None
@@ -227,6 +234,9 @@ class KubeRoleWatch:
                     role = parse_role(annotations.get(ROLE_ANNOTATION))
                     if role is not None:
                         loop.call_soon_threadsafe(self.on_role, role, "pod annotation")
+                    drain = annotations.get(DRAIN_ANNOTATION)
+                    if drain is not None and drain.strip().lower() != "false" and self.on_drain is not None:
+                        loop.call_soon_threadsafe(self.on_drain)
             except ReadTimeoutError:
                 continue  # nothing happened for a while: watch again
             except (ApiException, HTTPError, OSError, ValueError) as e:

@@ -13,7 +13,7 @@ from typing import Any
 import kubernetes.client as k8s
 import pytest
 
-from agentpool.engine.roles import OBSERVED_ROLE_ANNOTATION, ROLE_ANNOTATION, KubeRoleWatch
+from agentpool.engine.roles import DRAIN_ANNOTATION, OBSERVED_ROLE_ANNOTATION, ROLE_ANNOTATION, KubeRoleWatch
 from agentpool.node import Role
 
 pytestmark = pytest.mark.integration
@@ -40,12 +40,14 @@ async def test_the_pod_annotation_reaches_the_engine_within_a_second(tmp_path: P
     kmock.objects[pods, NS, "engine-0"] = pod("engine-0", "both")
     kmock.objects[pods, NS, "engine-1"] = pod("engine-1", "decode")  # another pod: not ours
     seen: list[tuple[float, Role | None]] = []
+    drains: list[int] = []
     watch = KubeRoleWatch(
         NS,
         "engine-0",
         lambda r, _src: seen.append((time.monotonic(), r)),
         kubeconfig(tmp_path / "kc", str(kmock.url)),
         read_timeout_s=1.0,
+        on_drain=lambda: drains.append(1),
     )
     task = asyncio.create_task(watch.run())
     try:
@@ -54,6 +56,7 @@ async def test_the_pod_annotation_reaches_the_engine_within_a_second(tmp_path: P
             assert time.monotonic() < deadline, "no role from the watch"
             await asyncio.sleep(0.02)
         assert seen[0][1] is Role.BOTH and all(r is Role.BOTH for _, r in seen)
+        assert not drains
         # the planner's merge patch, through the API
         api = k8s.CoreV1Api(k8s.ApiClient(k8s.Configuration(host=str(kmock.url).rstrip("/"))))
         body = {"metadata": {"annotations": {ROLE_ANNOTATION: "prefill"}}}
@@ -65,6 +68,13 @@ async def test_the_pod_annotation_reaches_the_engine_within_a_second(tmp_path: P
             await asyncio.sleep(0.01)
         at = next(t for t, r in seen if r is Role.PREFILL)
         assert at - changed < 1.0
+        # the operator's drain for removal
+        body = {"metadata": {"annotations": {DRAIN_ANNOTATION: "true"}}}
+        await asyncio.to_thread(api.patch_namespaced_pod, "engine-0", NS, body)
+        deadline = time.monotonic() + 5
+        while not drains:
+            assert time.monotonic() < deadline, "the drain annotation never arrived"
+            await asyncio.sleep(0.01)
         await watch.write_observed(Role.PREFILL)
         raw = kmock.objects[pods, NS, "engine-0"].raw
         assert raw["metadata"]["annotations"][OBSERVED_ROLE_ANNOTATION] == "prefill"

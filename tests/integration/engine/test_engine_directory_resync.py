@@ -1,0 +1,121 @@
+"""The engine's directory link across a directory restart: the new directory process asks, the engine
+reconnects and resyncs its full block list, and the index is complete again; a wrong token makes the
+engine not ready, with the reason."""
+
+from __future__ import annotations
+
+import socket
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+import redis.asyncio as aioredis
+from engine_processes import (
+    PAGE,
+    REDIS_URL,
+    Proc,
+    engine_config,
+    gen_body,
+    generate,
+    launch,
+    start_engine,
+    state,
+    wait_until,
+)
+
+from agentpool.directory.client import DirectoryClient, DirectoryRpcError
+from agentpool.kv import block_hashes
+
+pytestmark = pytest.mark.integration
+TOKEN = "k" * 32
+
+
+@pytest.fixture
+async def namespace() -> AsyncIterator[str]:
+    ns = f"agentpool-engine-resync:{uuid.uuid4().hex}"
+    yield ns
+    r = aioredis.Redis.from_url(REDIS_URL)
+    try:
+        keys = [k async for k in r.scan_iter(match=f"{ns}:*", count=1000)]
+        if keys:
+            await r.delete(*keys)
+    finally:
+        await r.aclose()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def directory(namespace: str, port: int, token_file: Path) -> Proc:
+    d = await launch(
+        "directory", "agentpool.directory",
+        "--host", "127.0.0.1", "--port", str(port), "--redis-url", REDIS_URL, "--namespace", namespace,
+        "--page-size", str(PAGE), "--auth-token-file", str(token_file),
+    )  # fmt: skip
+    await d.wait_for(r"directory listening on")
+    return d
+
+
+async def metric(http: aiohttp.ClientSession, url: str, name: str) -> float:
+    async with http.get(url + "/metrics") as r:
+        for line in (await r.text()).splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[-1])
+    return 0.0
+
+
+async def test_the_engine_resyncs_a_restarted_directory(tmp_path: Path, namespace: str) -> None:
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    wrong = tmp_path / "wrong"
+    wrong.write_text("w" * 32)
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    d = await directory(namespace, port, token)
+    eng = bad = None
+    try:
+        good_cfg = engine_config("e", directory={"target": address, "tokenFile": str(token)})
+        eng = await start_engine(tmp_path, good_cfg)
+        bad = await start_engine(
+            tmp_path, engine_config("x", directory={"target": address, "tokenFile": str(wrong)})
+        )
+        prompt = list(range(300, 340))
+        hashes = block_hashes(prompt, PAGE)
+        async with aiohttp.ClientSession() as http, DirectoryClient(address, token=TOKEN) as client:
+            await generate(http, eng.url, gen_body("r1", prompt, max_tokens=1))
+
+            async def indexed() -> bool:
+                try:
+                    res = await client.resolve(hashes)
+                except DirectoryRpcError:  # the directory is restarting
+                    return False
+                return "e" in res.nodes and res.nodes["e"].host_blocks == len(hashes)
+
+            await wait_until(indexed, 20, "the directory to index the engine's blocks")
+
+            async def bad_not_ready() -> bool:
+                async with http.get(bad.url + "/ready") as r:
+                    return r.status == 503 and "refused the token" in await r.text()
+
+            await wait_until(bad_not_ready, 20, "the engine with a wrong token to say it is not ready")
+
+            d.kill()  # SIGKILL: the index is gone with the process
+            await d.proc.wait()
+            d = await directory(namespace, port, token)
+            await wait_until(indexed, 30, "the engine to resync the new directory")
+            assert (await state(http, eng.url))["directory_connected"]
+
+            async def resynced_twice() -> bool:
+                return await metric(http, eng.url, "agentpool_engine_directory_resyncs_total") >= 2
+
+            await wait_until(resynced_twice, 10, "the resync count to reach 2")
+    finally:
+        for p in (eng, bad):
+            if p is not None:
+                await p.stop()
+        await d.stop()

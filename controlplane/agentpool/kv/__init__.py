@@ -17,9 +17,10 @@ from agentpool.kv.counts import BranchCounts, CountChanges
 from agentpool.kv.directory import Changes, Directory, Resolution
 from agentpool.kv.eviction import EvictionCandidate, eviction_order
 from agentpool.kv.hashing import DEFAULT_PAGE_SIZE, ROOT_HASH, block_hashes, num_full_blocks
-from agentpool.kv.index import HeldBlock, PrefixIndex
+from agentpool.kv.index import PrefixIndex
 from agentpool.kv.types import (
     ALL_TIERS,
+    HeldBlock,
     InvalidEventError,
     KvError,
     Phase,

@@ -11,14 +11,14 @@ from __future__ import annotations
 from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import TypeVar
 
 from agentpool.kv.branches import BranchState, BranchTable, Observation, PendingMove
 from agentpool.kv.counts import BranchCounts, CountChanges
 from agentpool.kv.eviction import EvictionCandidate, eviction_hashes_counted, eviction_order_counted
 from agentpool.kv.hashing import DEFAULT_PAGE_SIZE
-from agentpool.kv.index import HeldBlock, PrefixIndex, split_blocks
-from agentpool.kv.types import Phase, PrefixMatch, Tier, UnknownNodeError
+from agentpool.kv.index import PrefixIndex
+from agentpool.kv.steps import drain
+from agentpool.kv.types import HeldBlock, Phase, PrefixMatch, Tier, UnknownNodeError, split_blocks
 
 
 @dataclass
@@ -117,7 +117,7 @@ class Directory:
 
     def drop_node(self, node: str) -> Changes:
         """``node`` is gone: purge its placements, release its counts, forget its phase."""
-        return _drain(self.drop_node_steps(node))
+        return drain(self.drop_node_steps(node))
 
     def drop_node_steps(self, node: str) -> Generator[None, None, Changes]:
         """:meth:`drop_node` in steps (a generator): the node, its phase and its counts are gone before the
@@ -172,7 +172,7 @@ class Directory:
     def resync_node(self, node: str, blocks: Iterable[HeldBlock], now: float) -> Changes:
         """Replace ``node``'s placement with its engine's full block list (atomic for the index). Blocks
         whose host copy or every copy is gone since the last known state lose their counts (E.2 line 20)."""
-        return _drain(self.resync_node_steps(node, *split_blocks(blocks), now))
+        return drain(self.resync_node_steps(node, *split_blocks(blocks), now))
 
     def resync_node_steps(
         self, node: str, hashes: Sequence[int], parents: Sequence[int], tiers: Sequence[int], now: float
@@ -290,16 +290,3 @@ class Directory:
         """The hashes of :meth:`eviction_order`, in its order (for a caller that only removes them)."""
         self.phase(node)
         return eviction_hashes_counted(self.index.host_access(node), self.counts.counts_view(node), limit)
-
-
-R = TypeVar("R")
-
-
-def _drain(steps: Generator[None, None, R]) -> R:
-    """Run a stepwise operation to its end at once."""
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            result: R = done.value
-            return result

@@ -17,25 +17,14 @@ values); every further node holding a block adds one slot in that node's last-ac
 from __future__ import annotations
 
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from itertools import islice, repeat
 
 from agentpool.kv.hashing import ROOT_HASH
-from agentpool.kv.types import InvalidEventError, PrefixMatch, Tier, UnknownNodeError
-
-
-@dataclass(frozen=True, slots=True)
-class HeldBlock:
-    """A block as a node holds it: used for resyncs (the engine's full block list) and inspection."""
-
-    block_hash: int
-    parent_hash: int
-    tiers: Tier
-
+from agentpool.kv.steps import STEP_BLOCKS, drain
+from agentpool.kv.types import HeldBlock, InvalidEventError, PrefixMatch, Tier, UnknownNodeError, split_blocks
 
 _MATCH_CACHE_SIZE = 1 << 16
 _COMPACT_MIN_PEAK = 1 << 16  # smaller tables are not worth rebuilding
-STEP_BLOCKS = 256  # blocks per step of the stepwise resync and purge (a few hundred microseconds)
 
 Steps = Generator[None, None, tuple[list[int], list[int]]]
 _GPU, _HOST = int(Tier.GPU), int(Tier.HOST)
@@ -250,7 +239,7 @@ class PrefixIndex:
         """Resync: ``node`` holds exactly ``blocks`` now. Returns ``(host_lost, gone)``, sorted: the hashes
         it held in host memory before but not now, and the hashes it held before but not now in any tier.
         A block known under another parent raises :class:`InvalidEventError` before anything changes."""
-        host_lost, gone = _drain(self.resync_steps(node, *split_blocks(blocks), now))
+        host_lost, gone = drain(self.resync_steps(node, *split_blocks(blocks), now))
         return sorted(host_lost), sorted(gone)
 
     def resync_steps(
@@ -524,19 +513,3 @@ def _slots(mask: int) -> list[int]:
         slots.append(low.bit_length() - 1)
         mask ^= low
     return slots
-
-
-def _drain(steps: Steps) -> tuple[list[int], list[int]]:
-    """Run a stepwise operation to its end at once."""
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            result: tuple[list[int], list[int]] = done.value
-            return result
-
-
-def split_blocks(blocks: Iterable[HeldBlock]) -> tuple[list[int], list[int], list[int]]:
-    """``(hashes, parents, tier values)`` of ``blocks``, the form :meth:`PrefixIndex.resync_steps` takes."""
-    held = list(blocks)
-    return [b.block_hash for b in held], [b.parent_hash for b in held], [int(b.tiers) for b in held]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -51,3 +52,18 @@ class UnknownBranchError(KvError):
 
 class InvalidEventError(KvError):
     """A KV event contradicts the index (e.g. a block re-stored under another parent)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HeldBlock:
+    """A block as a node holds it: used for resyncs (the engine's full block list) and inspection."""
+
+    block_hash: int
+    parent_hash: int
+    tiers: Tier
+
+
+def split_blocks(blocks: Iterable[HeldBlock]) -> tuple[list[int], list[int], list[int]]:
+    """``(hashes, parents, tier values)`` of ``blocks``, the form :meth:`PrefixIndex.resync_steps` takes."""
+    held = list(blocks)
+    return [b.block_hash for b in held], [b.parent_hash for b in held], [int(b.tiers) for b in held]

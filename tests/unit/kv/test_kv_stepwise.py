@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from agentpool.kv import ROOT_HASH, Directory, HeldBlock, InvalidEventError, Phase, Tier
-from agentpool.kv.index import split_blocks
+from agentpool.kv.types import split_blocks
 
 GH, G, H = Tier.GPU | Tier.HOST, Tier.GPU, Tier.HOST
 

@@ -351,24 +351,45 @@ class Dispatcher:
             if first:
                 yield Chunk(first)
             kv = KvSource(node_id=prefill_node, url=prefill_url, transfer_id=transfer)
-            decode_request = self._generate_request(prep, decision, decode_seq, "decode", kv)
-            async with contextlib.aclosing(self._events(decode_node, decode_request)) as events:
-                async for ev in events:
-                    if ev.type == "token" and ev.text:
-                        yield Chunk(ev.text)
-                    elif ev.type == "done":
-                        yield Finish(ev.finish_reason or "stop", ev.usage or Usage())
-                        return
-            raise EngineFailure(f"{decode_node}: decode stream ended without done")
+            gave_back: set[str] = set()
+            while True:
+                decode_request = self._generate_request(prep, decision, decode_seq, "decode", kv)
+                decoding = False
+                try:
+                    async with contextlib.aclosing(self._events(decode_node, decode_request)) as events:
+                        async for ev in events:
+                            if ev.type == "token" and ev.text:
+                                decoding = True
+                                yield Chunk(ev.text)
+                            elif ev.type == "done":
+                                yield Finish(ev.finish_reason or "stop", ev.usage or Usage())
+                                return
+                    raise EngineFailure(f"{decode_node}: decode stream ended without done")
+                except _Requeue:
+                    # The decode node gave the request back before decoding it (it drains for a role
+                    # switch that began after the binding). The KV still waits on the prefill node
+                    # under its transfer id: bind another decode node rather than fail a request
+                    # whose first token is out.
+                    gave_back.add(decode_node)
+                    if decoding or len(gave_back) > self.routing.config.max_requeues:
+                        raise
+                    self.nodes.finish_decode(decode_node, prep.request_id)
+                    decode_node = None
+                    self.metrics.retries.labels("decode_requeue").inc()
+                    decode_node, decode_seq = await self._bind(prep, frozenset(gave_back))
         finally:
             if decode_node is not None:
                 self.nodes.finish_decode(decode_node, prep.request_id)
 
-    async def _bind(self, prep: Prepared) -> tuple[str, int]:
-        """Bind the request to a decode node, waiting (bounded) while none has KV room for it."""
+    async def _bind(self, prep: Prepared, exclude: frozenset[str] = frozenset()) -> tuple[str, int]:
+        """Bind the request to a decode node (not one of ``exclude``), waiting (bounded) while none
+        has KV room for it."""
         deadline = self.clock() + self.routing.config.timeouts.decode_wait_s
         while True:
-            binding = bind_decode(prep.view, self.nodes.snapshot(self.clock()), self.routing.ctx)
+            nodes = self.nodes.snapshot(self.clock())
+            if exclude:
+                nodes = [n for n in nodes if n.node_id not in exclude]
+            binding = bind_decode(prep.view, nodes, self.routing.ctx)
             if binding is not None:
                 break
             if self.clock() >= deadline:

@@ -75,6 +75,15 @@ async def _install_crd(path: Path, namespace: str) -> None:
     await asyncio.to_thread(install)
 
 
+def _delete_namespace(path: Path, namespace: str) -> None:
+    api_client = kubernetes.config.new_client_from_config(config_file=str(path))
+    try:
+        k8s.CoreV1Api(api_client).delete_namespace(namespace)
+    except k8s.ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
 @pytest.fixture
 async def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Cluster]:
     real = os.environ.get("AGENTPOOL_TEST_KUBECONFIG")
@@ -91,6 +100,7 @@ async def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncItera
         finally:
             stop.set()
             await controllers
+            await asyncio.to_thread(_delete_namespace, path, namespace)
         return
     async with BookkeepingEmulator() as emulator, kmock.Server(emulator) as server:
         emulator.resources.load_bundled()

@@ -16,7 +16,7 @@ from typing import TypeVar
 
 R = TypeVar("R")
 
-SLICE_S = 0.002  # longest run of steps between two turns of the event loop
+SLICE_S = 0.001  # longest run of steps between two turns of the event loop
 PAUSE_S = 0.001  # then the loop waits this long: gRPC's poller thread gets the GIL and hands in RPCs
 
 

@@ -126,7 +126,12 @@ class SplitTimeline:
     @property
     def switches(self) -> int:
         """Node moves between consecutive distinct splits (prefill count changes)."""
-        return sum(abs(b[1] - a[1]) for a, b in zip(self.rows, self.rows[1:], strict=False))
+        return self.switches_since(-math.inf)
+
+    def switches_since(self, at: float) -> int:
+        """Node moves into splits first seen at ``at`` or later."""
+        pairs = zip(self.rows, self.rows[1:], strict=False)
+        return sum(abs(b[1] - a[1]) for a, b in pairs if b[0] >= at)
 
 
 def live_result(
@@ -156,7 +161,8 @@ def live_result(
     summary["hit_rate_source"] = source
     summary["mean_queue_s"] = math.nan
     summary["prefill_imbalance"] = math.nan
-    summary["switches"] = splits.switches
+    summary["switches"] = splits.switches_since(replay.settings.warmup_s)
+    summary["switches_total"] = splits.switches
     summary["switch_mean_s"] = math.nan
     summary["switch_downtime_s"] = math.nan
     summary["final_split"] = list(splits.rows[-1][1:]) if splits.rows else []

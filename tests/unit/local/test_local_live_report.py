@@ -42,6 +42,7 @@ def test_split_timeline_keeps_changes() -> None:
         asyncio.run(timeline.sample(float(t)))
     assert timeline.rows == [(0.0, 2, 2, 0), (2.0, 1, 2, 1), (3.0, 1, 3, 0)]
     assert timeline.switches == 1
+    assert timeline.switches_since(2.5) == 0 and timeline.switches_since(2.0) == 1
 
 
 def test_progress_line_only_on_a_terminal() -> None:

@@ -48,6 +48,21 @@ def verdict(ok: bool) -> str:
     return "met" if ok else "NOT met"
 
 
+async def resolve_buckets(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
+    """The server's Resolve handling-time histogram: upper bound (s) -> cumulative count."""
+    async with session.get(url) as r:
+        text = await r.text()
+    out = {}
+    for line in text.splitlines():
+        if (
+            line.startswith("agentpool_directory_request_duration_seconds_bucket{")
+            and 'method="Resolve"' in line
+        ):
+            le = line.split('le="')[1].split('"')[0]
+            out[le] = float(line.split()[-1])
+    return out
+
+
 async def store_writes(session: aiohttp.ClientSession, url: str) -> float:
     async with session.get(url) as r:
         text = await r.text()
@@ -132,6 +147,7 @@ async def run(a: argparse.Namespace) -> None:
                 f"({core_rate / grpc_rate:.1f}x)"
             )
 
+            buckets0 = await resolve_buckets(http, metrics_url)
             lat, base, floor = [], [], []
             for _ in range(a.resolves):  # interleaved: the three see the same machine load
                 t0 = time.perf_counter()
@@ -149,6 +165,13 @@ async def run(a: argparse.Namespace) -> None:
                 f"p99 {pct(lat, 99):.2f} ms (target p99 <= 2 ms: {verdict(pct(lat, 99) <= 2)}); "
                 f"in-process core p50 {pct(base, 50):.2f} ms, p99 {pct(base, 99):.2f} ms; an empty RPC "
                 f"(Health, the transport floor) p50 {pct(floor, 50):.2f} ms, p99 {pct(floor, 99):.2f} ms"
+            )
+            buckets = await resolve_buckets(http, metrics_url)
+            n = buckets["+Inf"] - buckets0.get("+Inf", 0)
+            share = {le: (buckets[le] - buckets0.get(le, 0)) / n for le in ("0.001", "0.002")}
+            print(
+                f"  the server's own handling of those Resolves (its histogram, no transport): "
+                f"{share['0.001']:.1%} within 1 ms, {share['0.002']:.1%} within 2 ms"
             )
             with_branch = []
             for i in range(a.resolves // 2):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import os
 import shutil
 import socket
 import subprocess
@@ -274,9 +275,10 @@ def test_command_line_refuses_unsafe_starts(tmp_path: Path) -> None:
     assert r.returncode == 2 and "cannot read the directory token file" in r.stderr
 
 
-async def test_redis_password_from_a_file(tmp_path: Path) -> None:
+async def test_redis_password_from_a_file_or_the_environment(tmp_path: Path) -> None:
     """A private redis-server with requirepass: the directory started from its command line with
-    --redis-password-file serves; without the password it cannot load its state and exits."""
+    --redis-password-file serves, so does one with AGENTPOOL_REDIS_PASSWORD; without the password it
+    cannot load its state and exits."""
     port = _free_port()
     redis = await asyncio.create_subprocess_exec(
         REDIS_SERVER,
@@ -324,6 +326,19 @@ async def test_redis_password_from_a_file(tmp_path: Path) -> None:
             r = aioredis.Redis(port=port, password="pw-0123456789")
             assert await r.hget("agentpool:dir:nodes", "p1") == b"prefill"
             await r.aclose()
+        finally:
+            proc.terminate()
+            await proc.wait()
+        env = dict(os.environ, AGENTPOOL_REDIS_PASSWORD="pw-0123456789")  # or from the environment
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "agentpool.directory", *base, stdout=asyncio.subprocess.PIPE, env=env
+        )
+        try:
+            assert proc.stdout is not None
+            line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
+            assert line.startswith("directory listening on "), line
+            async with DirectoryClient(line.split()[-1], token=TOKEN) as c:
+                assert (await c.health()).nodes == 1  # p1, reloaded from the password-protected Redis
         finally:
             proc.terminate()
             await proc.wait()

@@ -33,6 +33,8 @@ class Cluster:
     kubeconfig: Path
     real: bool
     engines: Engines
+    emulator: BookkeepingEmulator | None = None
+    """KMock itself (None on a real server), for tests that make it misbehave."""
 
 
 def _kubeconfig(server: str, path: Path) -> Path:
@@ -111,7 +113,7 @@ async def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncItera
         api = _api(path)
         controllers = asyncio.create_task(Controllers(api, namespace).run(stop))
         try:
-            yield Cluster(api, namespace, path, False, Engines(api, namespace))
+            yield Cluster(api, namespace, path, False, Engines(api, namespace), emulator)
         finally:
             stop.set()
             await controllers

@@ -9,6 +9,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+import pytest
 from conftest import OPERATOR_ARGS, Cluster, OperatorThread, load_example
 
 T = TypeVar("T")
@@ -324,3 +325,28 @@ async def test_the_sglang_example_reconciles_without_error(cluster: Cluster, ope
         cluster, lambda o: condition(o, "Degraded") is not None, "a status", name="qwen3-coder"
     )
     assert condition(obj, "Degraded")["status"] == "False"  # type: ignore[index]
+
+
+async def test_a_transient_api_error_is_retried_with_a_back_off(cluster: Cluster, operator: Any) -> None:
+    if cluster.emulator is None:
+        pytest.skip("needs KMock to fail requests on purpose")
+    failed: list[float] = []
+
+    def engine_statefulset_creates(request: Any) -> bool:
+        hit = request.method == "POST" and str(request.url.path).endswith("/statefulsets")
+        hit = hit and (request.data or {}).get("metadata", {}).get("name") == "sim-engine" and len(failed) < 2
+        if hit:
+            failed.append(time.monotonic())
+        return hit
+
+    # 503 to the engine StatefulSet's creation (the client retries once itself; then the operator)
+    cluster.emulator[engine_statefulset_creates] << 503
+    await create_pool(cluster, pool_manifest(cluster))
+    await children_exist(cluster)
+    obj = await status_where(
+        cluster, lambda o: o["status"].get("observedGeneration") == 1, "generation 1 applied"
+    )
+    assert failed, "the failure was never injected"
+    assert condition(obj, "Degraded")["status"] == "False"  # type: ignore[index]
+    events = await cluster.api.list_events(cluster.namespace, "sim")
+    assert any(e.get("reason") == "ReconcileFailed" and "503" in e.get("message", "") for e in events)

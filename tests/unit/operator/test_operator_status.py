@@ -142,3 +142,9 @@ def test_an_invalid_spec() -> None:
 )
 def test_contains(existing: Any, desired: Any, expected: bool) -> None:
     assert contains(existing, desired) is expected
+
+
+def test_the_retry_back_off() -> None:
+    from agentpool.operator.handlers import backoff_s
+
+    assert [backoff_s(r) for r in range(8)] == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0]

@@ -103,7 +103,8 @@ class EvictionEntry:
 @dataclass(frozen=True, slots=True)
 class CountUpdate:
     node: str
-    snapshot: bool  # True: every positive count of the node; False: changed counts only (0 = released)
+    snapshot: bool  # True: replace the node's counts with these; False: changes (0 = released). A big
+    # snapshot comes in parts: the first True, the others False (positive counts to add)
     counts: dict[int, int]
 
 

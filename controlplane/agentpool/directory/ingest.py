@@ -53,6 +53,7 @@ class ServiceLimits:
     max_blocks_per_node: int = DEFAULT_MAX_BLOCKS_PER_NODE  # what one engine may keep in the index
     max_branches: int = DEFAULT_MAX_BRANCHES  # live branches (the routers' state) in all
     max_nodes: int = DEFAULT_MAX_NODES
+    snapshot_part: int = 4096  # counts per message of a WatchCounts snapshot
 
 
 @dataclass(frozen=True, slots=True)

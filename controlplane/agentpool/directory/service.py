@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -463,7 +463,8 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         self._watchers.setdefault(node, set()).add(w)
         self.metrics.watchers.inc()
         try:
-            yield self._count_snapshot(node)
+            for part in self._count_snapshot(node):
+                yield part
             while True:
                 await w.wake.wait()
                 w.wake.clear()
@@ -471,7 +472,8 @@ class DirectoryService(pb_grpc.DirectoryServicer):
                     w.overflow = False
                     while not w.queue.empty():
                         w.queue.get_nowait()
-                    yield self._count_snapshot(node)
+                    for part in self._count_snapshot(node):
+                        yield part
                     continue
                 merged: dict[int, int] = {}
                 while not w.queue.empty():
@@ -486,11 +488,18 @@ class DirectoryService(pb_grpc.DirectoryServicer):
             self._watchers[node].discard(w)
             self.metrics.watchers.dec()
 
-    def _count_snapshot(self, node: str) -> pb.CountUpdate:
-        counts = self.dir.counts.counts(node)
-        return pb.CountUpdate(
-            node=node, snapshot=True, counts=[pb.BlockCount(block_hash=h, count=c) for h, c in counts.items()]
-        )
+    def _count_snapshot(self, node: str) -> Iterator[pb.CountUpdate]:
+        """The node's positive counts as of now, in parts of ``snapshot_part`` blocks: the first marked
+        ``snapshot`` (replace), the others not (add). Each part is built when the stream asks for it,
+        so a million counted blocks do not hold the loop; changes meanwhile are queued and follow."""
+        view = self.dir.counts.counts_view(node)
+        blocks, counts = list(view), list(view.values())  # plain ints: nothing for the GC to walk
+        step = self.limits.snapshot_part
+        for i in range(0, max(len(blocks), 1), step):
+            part = zip(blocks[i : i + step], counts[i : i + step], strict=True)
+            yield pb.CountUpdate(
+                node=node, snapshot=i == 0, counts=[pb.BlockCount(block_hash=h, count=c) for h, c in part]
+            )
 
 
 def _settled(task: asyncio.Future[Any]) -> None:

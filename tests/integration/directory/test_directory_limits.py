@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import grpc
 import pytest
@@ -163,3 +164,29 @@ async def test_a_resync_whose_stream_goes_away_is_applied_whole(server: Director
         assert (await c.resolve([h.block_hash for h in held[:50]])).nodes["big"].local_blocks == 50
         assert await c.drop_node("big") == (0, n)
         assert (await c.health()).blocks == 0 and len(server.service.dir.index) == 0
+
+
+async def test_a_big_count_snapshot_comes_in_parts(namespace: str) -> None:
+    """The first part replaces, the others add; together they are every positive count, and a change
+    made while the parts go out follows them."""
+    srv = DirectoryServer(config_for(namespace))
+    srv.service.limits = dataclasses.replace(srv.service.limits, snapshot_part=100)
+    await srv.start()
+    try:
+        async with DirectoryClient(srv.address) as c:
+            await c.switch_phase("p1", Phase.PREFILL)
+            path = [h.block_hash for h in chain(250, start=5)]
+            await c.place("a", "p1", path)
+            await c.place("b", "p1", path[:10])
+            stream = c.watch_counts("p1")
+            parts = [await asyncio.wait_for(anext(stream), 5) for _ in range(3)]
+            assert [p.snapshot for p in parts] == [True, False, False]
+            assert [len(p.counts) for p in parts] == [100, 100, 50]
+            merged = {h: n for p in parts for h, n in p.counts.items()}
+            assert merged == {h: (2 if i < 10 else 1) for i, h in enumerate(path)}
+            await c.end_branch("b")
+            change = await asyncio.wait_for(anext(stream), 5)
+            assert not change.snapshot and change.counts == {h: 1 for h in path[:10]}
+            await stream.aclose()
+    finally:
+        await srv.stop()

@@ -36,7 +36,7 @@ def block_bytes_for(block_hash: int, block_bytes: int) -> npt.NDArray[np.uint8]:
 
 def fill_block(dest: npt.NDArray[np.uint8], block_hash: int) -> None:
     """Write block ``block_hash``'s bytes into ``dest`` (one slot of a pool)."""
-    dest.view(np.uint64)[:] = _words(block_hash, dest.nbytes)
+    np.bitwise_xor(_base(dest.nbytes, 1), np.uint64(block_hash), out=dest.view(np.uint64))
 
 
 @lru_cache(maxsize=16)

@@ -27,6 +27,7 @@ from agentpool.engine.errors import PoolFullError
 from agentpool.kv import ROOT_HASH, HeldBlock, Tier
 from agentpool.kv.eviction import eviction_hashes_counted
 
+_EVICT_BATCH_DIVISOR = 64  # an eviction frees at least 1/64 of the pool
 _DEPTH_STEP = 1e-6  # seconds added per depth when a path is touched (children newer than parents)
 
 
@@ -152,7 +153,8 @@ class HostPool:
         short = n - len(self._free)
         evicted: list[int] = []
         if short > 0:
-            victims = self.eviction_candidates(short)
+            # evict a batch beyond the need, so the order is computed once per batch, not per block
+            victims = self.eviction_candidates(max(short, self.capacity // _EVICT_BATCH_DIVISOR))
             if len(victims) < short:
                 raise PoolFullError(f"host pool: {n} slots asked, {len(self._free) + len(victims)} available")
             for h in victims:

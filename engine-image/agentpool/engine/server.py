@@ -12,9 +12,9 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import TYPE_CHECKING
 
+import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
@@ -31,7 +31,7 @@ APP_KEY: web.AppKey[EngineApp] = web.AppKey("engine")
 
 
 def _line(event: dict[str, object]) -> bytes:
-    return (json.dumps(event, separators=(",", ":")) + "\n").encode()
+    return orjson.dumps(event, option=orjson.OPT_APPEND_NEWLINE)
 
 
 async def generate(request: web.Request) -> web.StreamResponse:

@@ -220,7 +220,8 @@ class SimBackend:
         """Create the job for ``g``; ``None``: the engine does not take it now (hand it back)."""
         if not g.prompt_token_ids and g.phase != "decode":
             raise BadRequestError("prompt_token_ids is empty")
-        if any(not 0 <= t < 1 << 32 for t in g.prompt_token_ids):
+        ids = g.prompt_token_ids
+        if ids and (min(ids) < 0 or max(ids) >= 1 << 32):
             raise BadRequestError("prompt_token_ids must be token ids in [0, 2**32)")
         if g.phase == "decode" and g.kv_source is None:
             raise BadRequestError("a decode request needs kv_source")

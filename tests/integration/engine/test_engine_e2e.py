@@ -5,6 +5,7 @@ NIXL, engines publish KV events to the directory and post authenticated load rep
 from __future__ import annotations
 
 import json
+import socket
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -43,6 +44,12 @@ async def namespace() -> AsyncIterator[str]:
         await r.aclose()
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def router_config(path: Path, nodes: list[dict[str, str]]) -> None:
     raw = {"model": "test-model", "policy": "evolving", "pageSize": PAGE, "nodes": nodes}
     path.write_text(json.dumps(raw))
@@ -68,30 +75,31 @@ async def test_router_directory_and_two_engines_serve_a_streamed_chat_completion
     directory, address = await start_directory(namespace, dir_token)
     procs: list[Proc] = [directory]
     try:
-        config = tmp_path / "router.json"
-        router_config(config, [{"id": "p0", "url": "http://127.0.0.1:1", "role": "prefill"}])
-        router = await launch(
-            "router", "agentpool.router", "--config", str(config), "--host", "127.0.0.1", "--port", "0",
-            "--directory", address, "--directory-token-file", str(dir_token),
-            "--report-token-file", str(report_token),
-        )  # fmt: skip
-        procs.append(router)
-        url = (await router.wait_for(r"router listening on (http://\S+)")).group(1)
+        port = free_port()  # the engines report to the router from their start
+        url = f"http://127.0.0.1:{port}"
         common: dict[str, Any] = {
-            "directory": {"target": address, "tokenFile": str(dir_token), "heartbeatS": 0.5},
+            "directory": {"target": address, "tokenFile": str(dir_token)},
             "routers": [{"url": url, "tokenFile": str(report_token)}],
         }
         p0 = await start_engine(tmp_path, engine_config("p0", role="prefill", **common))
         d0 = await start_engine(tmp_path, engine_config("d0", role="decode", **common))
         procs += [p0, d0]
+        config = tmp_path / "router.json"
         router_config(
             config,
             [{"id": "p0", "url": p0.url, "role": "prefill"}, {"id": "d0", "url": d0.url, "role": "decode"}],
         )
+        router = await launch(
+            "router", "agentpool.router", "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
+            "--directory", address, "--directory-token-file", str(dir_token),
+            "--report-token-file", str(report_token),
+        )  # fmt: skip
+        procs.append(router)
+        await router.wait_for(r"router listening on (http://\S+)")
         async with aiohttp.ClientSession() as http:
 
             async def ready() -> bool:
-                for e in (p0, d0):  # the router answers 404 to reports of nodes it does not know yet
+                for e in (p0, d0):  # reports fail until the router listens
                     s = await state(http, e.url)
                     if s["reports_sent"] < 2 or s["report_error"] is not None:
                         return False

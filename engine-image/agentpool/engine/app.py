@@ -216,6 +216,7 @@ class EngineApp:
             "gpu_blocks": len(self.ledger.gpu),
             "host_blocks": len(self.pool),
             "host_pinned": len(self.pool.pins),
+            "host_counted": len(self.pool.counts),
             "leases": len(self.exporter.leases),
             "switches": self.switcher.history,
             "directory_connected": None if self.link is None else self.link.connected,

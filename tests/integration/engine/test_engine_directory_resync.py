@@ -119,3 +119,45 @@ async def test_the_engine_resyncs_a_restarted_directory(tmp_path: Path, namespac
             if p is not None:
                 await p.stop()
         await d.stop()
+
+
+async def test_host_eviction_follows_the_directorys_branch_counts(tmp_path: Path, namespace: str) -> None:
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    d = await directory(namespace, port, token)
+    eng = None
+    try:
+        # 8 host slots of 4 tokens: two 4-block paths fill the pool
+        cfg = engine_config(
+            "ev", hostKvBytes=8 * 16384, directory={"target": address, "tokenFile": str(token)}
+        )
+        eng = await start_engine(tmp_path, cfg)
+        older, newer, third = (list(range(k, k + 16)) for k in (1000, 2000, 3000))
+        async with aiohttp.ClientSession() as http, DirectoryClient(address, token=TOKEN) as client:
+            for rid, prompt in (("old", older), ("new", newer)):
+                await generate(http, eng.url, gen_body(rid, prompt, max_tokens=1))
+
+            async def holds(prompt: list[int], n: int) -> bool:
+                res = await client.resolve(block_hashes(prompt, PAGE))
+                node = res.nodes.get("ev")  # (the GPU tier still holds all three paths)
+                return (node.host_blocks if node is not None else 0) == n
+
+            await wait_until(lambda: holds(newer, 4), 20, "the directory to index both paths")
+            # an agent branch still needs the older path: its blocks count 1 on the node
+            await client.place("agent-1", "ev", block_hashes(older, PAGE))
+
+            async def counted() -> bool:
+                return bool((await state(http, eng.url))["host_counted"] == 4)
+
+            await wait_until(counted, 20, "the counts to reach the engine")
+            # a third path needs room: the newer but unreferenced path goes, not the older counted one
+            await generate(http, eng.url, gen_body("third", third, max_tokens=1))
+            await wait_until(lambda: holds(third, 4), 20, "the third path in the index")
+            assert await holds(older, 4)
+            assert await holds(newer, 0)
+    finally:
+        if eng is not None:
+            await eng.stop()
+        await d.stop()

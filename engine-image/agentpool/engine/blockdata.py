@@ -54,3 +54,22 @@ def block_matches(data: npt.NDArray[np.uint8], block_hash: int, stride: int = 1)
         raise ValueError("stride must be positive")
     words = data.view(np.uint64)[::stride]
     return bool(np.array_equal(np.bitwise_xor(words, np.uint64(block_hash)), _base(data.nbytes, stride)))
+
+
+def first_mismatch(
+    buffer: npt.NDArray[np.uint8], block_bytes: int, slots: list[int], hashes: list[int], stride: int = 1
+) -> int | None:
+    """Index into ``slots``/``hashes`` of the first slot of ``buffer`` (a pool of ``block_bytes``
+    slots) not holding its block's bytes (every ``stride``-th word checked), or None: one numpy pass
+    over the sampled words of all the blocks instead of a call per block."""
+    if not slots:
+        return None
+    if stride < 1:
+        raise ValueError("stride must be positive")
+    words = buffer.view(np.uint64).reshape(-1, block_bytes // _WORD)[:, ::stride]
+    sampled = words[np.asarray(slots, dtype=np.intp)]
+    expected = np.bitwise_xor(
+        _base(block_bytes, stride)[None, :], np.asarray(hashes, dtype=np.uint64)[:, None]
+    )
+    bad = np.flatnonzero(~np.all(sampled == expected, axis=1))
+    return int(bad[0]) if bad.size else None

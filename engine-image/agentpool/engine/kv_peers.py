@@ -26,7 +26,7 @@ import aiohttp
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agentpool.engine.blockdata import block_matches
+from agentpool.engine.blockdata import first_mismatch
 from agentpool.engine.errors import BadRequestError, FetchError, UnknownTransferError
 from agentpool.engine.hostpool import HostPool
 from agentpool.engine.nixl_transport import NixlTransport, PoolInfo
@@ -200,11 +200,15 @@ class PeerFetcher:
             try:
                 moved = await self.transport.read(info, pairs, self.timeout_s)
                 if self.verify:
-                    for k, i in enumerate(want):
-                        if not block_matches(
-                            self.pool.slot_view(res.slots[k]), hashes[i], self.verify_stride
-                        ):
-                            raise FetchError(f"{peer_url} answered wrong bytes for block {hashes[i]:#x}")
+                    bad = first_mismatch(
+                        self.pool.buffer,
+                        self.pool.block_bytes,
+                        res.slots,
+                        [hashes[i] for i in want],
+                        self.verify_stride,
+                    )
+                    if bad is not None:
+                        raise FetchError(f"{peer_url} answered wrong bytes for block {hashes[want[bad]]:#x}")
             except BaseException:
                 self.pool.release_slots(res.slots)
                 raise

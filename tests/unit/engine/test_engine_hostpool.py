@@ -72,3 +72,17 @@ def test_descriptor_runs_merge_slots_contiguous_on_both_sides() -> None:
     local, remote = descriptor_runs([(0, 5), (1, 6), (2, 7), (4, 8), (5, 3)], 1000, 5000, 10)
     assert local.tolist() == [[1000, 30, 0], [1040, 10, 0], [1050, 10, 0]]
     assert remote.tolist() == [[5050, 30, 0], [5080, 10, 0], [5030, 10, 0]]
+
+
+def test_first_mismatch_finds_the_first_wrong_block_at_any_stride() -> None:
+    from agentpool.engine.blockdata import first_mismatch
+
+    pool = HostPool(8, 4096)
+    pool.store_generated(ROOT_HASH, [11, 12, 13, 14], now=0.0)
+    slots = pool.slots([11, 12, 13, 14])
+    for stride in (1, 16, 512):
+        assert first_mismatch(pool.buffer, 4096, slots, [11, 12, 13, 14], stride) is None
+    assert first_mismatch(pool.buffer, 4096, slots, [11, 12, 99, 14]) == 2
+    pool.slot_view(slots[1])[:8] = 0  # the first word of block 12 damaged
+    assert first_mismatch(pool.buffer, 4096, slots, [11, 12, 13, 14], 512) == 1
+    assert first_mismatch(pool.buffer, 4096, [], [], 512) is None

@@ -4,6 +4,7 @@
 nodeId: node-0                 # the name routers and the directory know this node by (the pod name)
 host: 0.0.0.0
 port: 8080                     # 0: a free port (printed as "engine listening on http://HOST:PORT")
+advertiseUrl: "http://10.0.0.7:8080"  # sent with load reports so routers can register the engine
 backend: sim                   # sim | sglang
 role: both                     # the role served at start: prefill | decode | both
 roleFile: /etc/agentpool/role  # desired role as a file (downward-API volume or a plain file)
@@ -16,6 +17,7 @@ pageSize: 64
 hostKvBytes: 1073741824        # host KV pool size
 blockBytes: 65536              # bytes per KV block (a page of pageSize tokens)
 sim: {timeScale: 1.0, ...}     # the sim backend's node model (below)
+fetch: {timeoutS: 5, minBlocks: 1, leaseTtlS: 30, handoverTtlS: 120, verify: true, verifyStride: 512}
 ```
 """
 

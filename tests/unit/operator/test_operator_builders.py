@@ -432,3 +432,12 @@ def test_every_command_line_parses_in_its_service(case: Case, tmp_path: Path) ->
         assert lease.command[:3] == ["python", "-m", "agentpool.planner"]
         planner = planner_parser().parse_args(lease.command[3:])
         assert planner.pool == ref.name and planner.in_cluster
+        # every router replica by label, with the routers' token; the directory with its own
+        assert planner.router == []
+        assert planner.router_selector == f"agentpool.io/pool={ref.name},app.kubernetes.io/component=router"
+        assert planner.router_port == 8000
+        assert str(planner.router_token_file) == "/var/run/agentpool/report/token"
+        assert planner.directory == f"{ref.name}-directory.team-a.svc:50061"
+        assert str(planner.directory_token_file) == "/var/run/agentpool/directory/token"
+        mounts = {m["mountPath"] for m in router["planner"]["volumeMounts"]}
+        assert {"/var/run/agentpool/report", "/var/run/agentpool/directory"} <= mounts

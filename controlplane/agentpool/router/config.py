@@ -64,7 +64,8 @@ class TimeoutConfig(_Strict):
     first_event_s: float = Field(120.0, gt=0, alias="firstEvent")
     between_events_s: float = Field(30.0, gt=0, alias="betweenEvents")
     directory_s: float = Field(2.0, gt=0, alias="directory")
-    # how long a prefilled request waits for a decode node with KV room before it fails (503)
+    # how long a prefilled request waits for a decode node with KV room before it fails (503) when no
+    # decode node has decodes running that would free enough room (while one does, it keeps waiting)
     decode_wait_s: float = Field(30.0, gt=0, alias="decodeWait")
     # how long a client may take to send a request body; slower (or partial) bodies get 408, closed
     body_s: float = Field(30.0, gt=0, alias="body")

@@ -39,6 +39,7 @@ from agentpool.router.policy import (
     RequestView,
     Role,
     bind_decode,
+    decode_room_will_free,
     kv_tokens_needed,
     prefill_candidates,
 )
@@ -382,18 +383,26 @@ class Dispatcher:
                 self.nodes.finish_decode(decode_node, prep.request_id)
 
     async def _bind(self, prep: Prepared, exclude: frozenset[str] = frozenset()) -> tuple[str, int]:
-        """Bind the request to a decode node (not one of ``exclude``), waiting (bounded) while none
-        has KV room for it."""
-        deadline = self.clock() + self.routing.config.timeouts.decode_wait_s
+        """Bind the request to a decode node (not one of ``exclude``), waiting while none has KV room
+        for it: as long as room will free on some decode node (:func:`decode_room_will_free`), else
+        at most ``decodeWait`` in a row."""
+        wait_s = self.routing.config.timeouts.decode_wait_s
+        deadline = self.clock() + wait_s
         while True:
-            nodes = self.nodes.snapshot(self.clock())
+            now = self.clock()
+            nodes = self.nodes.snapshot(now)
             if exclude:
                 nodes = [n for n in nodes if n.node_id not in exclude]
             binding = bind_decode(prep.view, nodes, self.routing.ctx)
             if binding is not None:
                 break
-            if self.clock() >= deadline:
-                raise NoCapacity("no decode node had KV room for the request in time")
+            if decode_room_will_free(prep.view, nodes):
+                deadline = now + wait_s
+            elif now >= deadline:
+                raise NoCapacity(
+                    f"no decode node had KV room for the request within {wait_s:g} s, "
+                    "and none has decodes running that would free it"
+                )
             await asyncio.sleep(_DECODE_ROOM_POLL_S)
         seq = self.nodes.bind_decode(binding.node_id, prep.request_id, self._kv_tokens(prep))
         self.work_log.decoding(prep.request_id, self.nodes.t_acc(binding.node_id))

@@ -4,6 +4,8 @@ decode node, which takes the KV from the prefill node as the first one would hav
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 import pytest
 from router_engine_standin import StandIn
@@ -37,6 +39,39 @@ async def test_a_decode_requeue_binds_another_decode_node() -> None:
         assert not any(isinstance(e, dict) and "error" in e for e in events), events
         assert streamed_text(events) == "first tok1 tok2 tok3 "
         assert len(d1.requeued) == 1 and len(d2.completed) == 1
+    finally:
+        await router.stop()
+        for e in (p, d1, d2):
+            await e.kill()
+
+
+async def test_a_requeued_request_waits_for_room_longer_than_decode_wait() -> None:
+    # The demo's lost requests: a switch D->P hands prefilled requests back (their first token is
+    # out) and the one decode node left holds long decodes. Room frees when they end, after more
+    # than decodeWait: the request waits for it instead of failing mid-stream.
+    p = await StandIn("p", tokens=10).start()
+    d1 = await DrainingDecode("d1", tokens=10).start()
+    d2 = await StandIn("d2", tokens=10, token_s=0.1).start()  # a decode takes ~1 s
+    cfg = router_config([("p", p.url, "prefill"), ("d1", d1.url, "decode"), ("d2", d2.url, "decode")])
+    raw = cfg.model_dump(by_alias=True, mode="json")
+    raw["nodes"][2]["kvCapacityTokens"] = 2_000  # room for one request of max_tokens 1,000 at a time
+    raw["timeouts"]["decodeWait"] = 0.3
+    router = await start_router(type(cfg).model_validate(raw))
+    try:
+        url = f"{router.url}/v1/chat/completions"
+
+        async def one(i: int) -> list[object]:
+            body = chat_body(f"request {i}", stream=True, max_tokens=1_000)
+            async with aiohttp.ClientSession() as s, s.post(url, json=body) as r:
+                assert r.status == 200
+                return await read_sse(r)
+
+        results = await asyncio.gather(one(1), one(2))
+        for events in results:
+            assert events[-1] == "[DONE]"
+            assert not any(isinstance(e, dict) and "error" in e for e in events), events
+        # whichever way the two bind, one is handed back by d1 and waits ~1 s for d2 to free room
+        assert len(d2.completed) == 2 and len(d1.requeued) >= 1
     finally:
         await router.stop()
         for e in (p, d1, d2):

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from router_policy_builders import node, request
 
-from agentpool.router.policy import NodeState, PolicyContext, Role, bind_decode
+from agentpool.router.policy import NodeState, PolicyContext, Role, bind_decode, decode_room_will_free
 
 D = Role.DECODE
 CASES: list[tuple[str, list[NodeState], str | None]] = [
@@ -71,3 +71,36 @@ def test_binding_equals_the_lexicographic_scan(parts: list[tuple[Role, int, int,
     b = bind_decode(request(1000, out=200), nodes, PolicyContext())
     ref = reference_binding(1200, nodes)
     assert (b.node_id if b else None) == (ref.node_id if ref else None)
+
+
+# The request needs 1,200 KV tokens (1,000 prompt + 200 output).
+WAIT_CASES: list[tuple[str, list[NodeState], bool]] = [
+    (
+        "busy decode node big enough: room frees",
+        [node("a", role=D, running_decode=2, kv_used=90_000, kv_room=0)],
+        True,
+    ),
+    (
+        "full, nothing running: nothing frees",
+        [node("a", role=D, running_decode=0, kv_used=0, kv_room=1000)],
+        False,
+    ),
+    ("too small even when empty", [node("a", role=D, running_decode=1, kv_used=100, kv_room=900)], False),
+    ("exactly big enough", [node("a", role=D, running_decode=1, kv_used=1100, kv_room=100)], True),
+    (
+        "draining decode node",
+        [node("a", role=D, running_decode=2, kv_used=90_000, kv_room=0, draining=True)],
+        False,
+    ),
+    (
+        "prefill nodes do not count",
+        [node("a", role=Role.PREFILL, running_decode=2, kv_used=90_000, kv_room=0)],
+        False,
+    ),
+    ("no nodes", [], False),
+]
+
+
+@pytest.mark.parametrize(("nodes", "expected"), [c[1:] for c in WAIT_CASES], ids=[c[0] for c in WAIT_CASES])
+def test_decode_room_will_free(nodes: list[NodeState], expected: bool) -> None:
+    assert decode_room_will_free(request(1000, out=200), nodes) is expected

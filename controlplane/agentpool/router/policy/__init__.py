@@ -22,7 +22,13 @@ from agentpool.router.policy.contract import (
     is_fresh,
     prefill_candidates,
 )
-from agentpool.router.policy.decode import DecodeBinding, bind_decode, kv_room_needed, kv_tokens_needed
+from agentpool.router.policy.decode import (
+    DecodeBinding,
+    bind_decode,
+    decode_room_will_free,
+    kv_room_needed,
+    kv_tokens_needed,
+)
 from agentpool.router.policy.registry import POLICIES, create_policy, policy_names
 
 __all__ = [
@@ -42,6 +48,7 @@ __all__ = [
     "Role",
     "bind_decode",
     "create_policy",
+    "decode_room_will_free",
     "effective_queue",
     "effective_remaining_s",
     "is_fresh",

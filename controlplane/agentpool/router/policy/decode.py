@@ -58,3 +58,23 @@ def bind_decode(request: RequestView, nodes: Sequence[NodeState], ctx: PolicyCon
     return DecodeBinding(
         best.node_id, f"kv room {best.kv_room_tokens} >= {need}, {best.running_decode} running{stale}"
     )
+
+
+def decode_room_will_free(request: RequestView, nodes: Sequence[NodeState]) -> bool:
+    """Whether waiting for decode KV room can end: some decode node (not draining) could hold the
+    request once its running decodes finish (its KV in use plus its room is at least the need) and
+    has decodes running, whose KV frees as they end.
+
+    A request for which this holds keeps waiting however long the running decodes take (no request
+    is failed because a switch left one decode node busy with long prompts); when it does not hold
+    (no decode node, all draining, none big enough, nothing running to free room) the router's
+    ``decodeWait`` bounds the wait.
+    """
+    need = kv_tokens_needed(request)
+    return any(
+        n.role is Role.DECODE
+        and not n.draining
+        and n.running_decode > 0
+        and n.kv_used_tokens + n.kv_room_tokens >= need
+        for n in nodes
+    )

@@ -67,6 +67,9 @@ class TimeoutConfig(_Strict):
     # how long a prefilled request waits for a decode node with KV room before it fails (503) when no
     # decode node has decodes running that would free enough room (while one does, it keeps waiting)
     decode_wait_s: float = Field(30.0, gt=0, alias="decodeWait")
+    # the most a prefilled request waits for decode KV room at all: keep it below the engines'
+    # fetch.handoverTtl (120 s by default), after which the prefill node drops the request's KV
+    decode_wait_max_s: float = Field(100.0, gt=0, alias="decodeWaitMax")
     # how long a client may take to send a request body; slower (or partial) bodies get 408, closed
     body_s: float = Field(30.0, gt=0, alias="body")
 

@@ -385,9 +385,11 @@ class Dispatcher:
     async def _bind(self, prep: Prepared, exclude: frozenset[str] = frozenset()) -> tuple[str, int]:
         """Bind the request to a decode node (not one of ``exclude``), waiting while none has KV room
         for it: as long as room will free on some decode node (:func:`decode_room_will_free`), else
-        at most ``decodeWait`` in a row."""
-        wait_s = self.routing.config.timeouts.decode_wait_s
+        at most ``decodeWait`` in a row; never longer than ``decodeWaitMax`` in all."""
+        timeouts = self.routing.config.timeouts
+        wait_s = timeouts.decode_wait_s
         deadline = self.clock() + wait_s
+        give_up = self.clock() + timeouts.decode_wait_max_s
         while True:
             now = self.clock()
             nodes = self.nodes.snapshot(now)
@@ -396,6 +398,10 @@ class Dispatcher:
             binding = bind_decode(prep.view, nodes, self.routing.ctx)
             if binding is not None:
                 break
+            if now >= give_up:
+                raise NoCapacity(
+                    f"no decode node had KV room for the request within {timeouts.decode_wait_max_s:g} s"
+                )
             if decode_room_will_free(prep.view, nodes):
                 deadline = now + wait_s
             elif now >= deadline:

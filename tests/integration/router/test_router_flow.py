@@ -352,3 +352,28 @@ async def test_prefilled_request_waits_for_decode_kv_room(http: aiohttp.ClientSe
         assert len(d.completed) == 2
     finally:
         await stop_all(router, [p, d])
+
+
+async def test_decode_wait_max_bounds_the_wait_for_room(http: aiohttp.ClientSession) -> None:
+    # room would free (the decode node has a decode running), but not within decodeWaitMax: the
+    # waiting request fails with 503 before its first token, the other completes
+    p = (await engines("p", tokens=2))[0]
+    d = (await engines("d", tokens=20, token_s=0.1))[0]  # a decode takes ~2 s
+    config = router_config([("p", p.url, "prefill"), ("d", d.url, "decode")], policy="evolving")
+    raw = config.model_dump(by_alias=True, mode="json")
+    raw["nodes"][1]["kvCapacityTokens"] = 2_000
+    raw["timeouts"]["decodeWait"] = 5.0
+    raw["timeouts"]["decodeWaitMax"] = 0.3
+    router = await start_router(type(config).model_validate(raw))
+    try:
+
+        async def one(i: int) -> int:
+            body = chat_body(f"request {i}", max_tokens=1_000)
+            async with http.post(f"{router.url}/v1/chat/completions", json=body) as resp:
+                await resp.read()
+                return resp.status
+
+        assert sorted(await asyncio.gather(one(1), one(2))) == [200, 503]
+        assert len(d.completed) == 1
+    finally:
+        await stop_all(router, [p, d])

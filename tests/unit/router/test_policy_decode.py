@@ -80,16 +80,22 @@ WAIT_CASES: list[tuple[str, list[NodeState], bool]] = [
         [node("a", role=D, running_decode=2, kv_used=90_000, kv_room=0)],
         True,
     ),
+    ("KV held by bound requests frees too", [node("a", role=D, kv_used=5_000, kv_room=0)], True),
     (
-        "full, nothing running: nothing frees",
-        [node("a", role=D, running_decode=0, kv_used=0, kv_room=1000)],
+        "down, nothing held: nothing frees",
+        [node("a", role=D, kv_used=0, kv_room=90_000, accepting=False)],
         False,
     ),
     ("too small even when empty", [node("a", role=D, running_decode=1, kv_used=100, kv_room=900)], False),
     ("exactly big enough", [node("a", role=D, running_decode=1, kv_used=1100, kv_room=100)], True),
     (
-        "draining decode node",
-        [node("a", role=D, running_decode=2, kv_used=90_000, kv_room=0, draining=True)],
+        "switching into decode: it serves soon",
+        [node("a", role=D, kv_used=0, kv_room=90_000, draining=True)],
+        True,
+    ),
+    (
+        "switching into decode but too small",
+        [node("a", role=D, kv_used=0, kv_room=1000, draining=True)],
         False,
     ),
     (

@@ -61,20 +61,19 @@ def bind_decode(request: RequestView, nodes: Sequence[NodeState], ctx: PolicyCon
 
 
 def decode_room_will_free(request: RequestView, nodes: Sequence[NodeState]) -> bool:
-    """Whether waiting for decode KV room can end: some decode node (not draining) could hold the
-    request once its running decodes finish (its KV in use plus its room is at least the need) and
-    has decodes running, whose KV frees as they end.
+    """Whether waiting for decode KV room can end: some decode node big enough for the request (its
+    KV in use plus its room is at least the need) either holds KV that frees as its decodes end
+    (decodes running or KV in use) or is switching into decode (draining toward the decode role).
 
-    A request for which this holds keeps waiting however long the running decodes take (no request
-    is failed because a switch left one decode node busy with long prompts); when it does not hold
-    (no decode node, all draining, none big enough, nothing running to free room) the router's
-    ``decodeWait`` bounds the wait.
+    A request for which this holds keeps waiting however long that takes (up to the router's
+    ``decodeWaitMax``): a switch that leaves one decode node busy with long prompts, or whose new
+    decode nodes are still draining their prefills, fails no request. When it does not hold (no
+    decode node, none big enough, nothing that would free room) ``decodeWait`` bounds the wait.
     """
     need = kv_tokens_needed(request)
     return any(
         n.role is Role.DECODE
-        and not n.draining
-        and n.running_decode > 0
         and n.kv_used_tokens + n.kv_room_tokens >= need
+        and (n.draining or n.running_decode > 0 or n.kv_used_tokens > 0)
         for n in nodes
     )

@@ -39,6 +39,7 @@ from agentpool.router.policy import (
     RequestView,
     Role,
     bind_decode,
+    decode_role,
     decode_room_will_free,
     kv_tokens_needed,
     prefill_candidates,
@@ -383,9 +384,10 @@ class Dispatcher:
                 self.nodes.finish_decode(decode_node, prep.request_id)
 
     async def _bind(self, prep: Prepared, exclude: frozenset[str] = frozenset()) -> tuple[str, int]:
-        """Bind the request to a decode node (not one of ``exclude``), waiting while none has KV room
-        for it: as long as room will free on some decode node (:func:`decode_room_will_free`), else
-        at most ``decodeWait`` in a row; never longer than ``decodeWaitMax`` in all."""
+        """Bind the request to a decode node (not one of ``exclude``; a colocated one once no node
+        has the decode role, :func:`decode_role`), waiting while none has KV room for it: as long as
+        room will free on some decode node (:func:`decode_room_will_free`), else at most
+        ``decodeWait`` in a row; never longer than ``decodeWaitMax`` in all."""
         timeouts = self.routing.config.timeouts
         wait_s = timeouts.decode_wait_s
         deadline = self.clock() + wait_s
@@ -395,14 +397,15 @@ class Dispatcher:
             nodes = self.nodes.snapshot(now)
             if exclude:
                 nodes = [n for n in nodes if n.node_id not in exclude]
-            binding = bind_decode(prep.view, nodes, self.routing.ctx)
+            role = decode_role(nodes)
+            binding = bind_decode(prep.view, nodes, self.routing.ctx, role)
             if binding is not None:
                 break
             if now >= give_up:
                 raise NoCapacity(
                     f"no decode node had KV room for the request within {timeouts.decode_wait_max_s:g} s"
                 )
-            if decode_room_will_free(prep.view, nodes):
+            if decode_room_will_free(prep.view, nodes, role):
                 deadline = now + wait_s
             elif now >= deadline:
                 raise NoCapacity(

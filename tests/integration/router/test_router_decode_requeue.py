@@ -76,3 +76,28 @@ async def test_a_requeued_request_waits_for_room_longer_than_decode_wait() -> No
         await router.stop()
         for e in (p, d1, d2):
             await e.kill()
+
+
+async def test_a_request_prefilled_as_the_pool_goes_colocated_decodes_on_a_colocated_node() -> None:
+    # The demo's start: the planner's warmup turns every node colocated while a request is in
+    # prefill; the only decode node hands it back. No decode node is left: a colocated node decodes it.
+    p = await StandIn("a-p", tokens=4).start()
+    d = await DrainingDecode("d", tokens=4).start()
+    c = await StandIn("z-c", tokens=4).start()
+    cfg = router_config([("a-p", p.url, "prefill"), ("d", d.url, "decode"), ("z-c", c.url, "both")])
+    raw = cfg.model_dump(by_alias=True, mode="json")
+    raw["timeouts"]["decodeWait"] = 0.3
+    router = await start_router(type(cfg).model_validate(raw))
+    try:
+        url = f"{router.url}/v1/chat/completions"
+        async with aiohttp.ClientSession() as s, s.post(url, json=chat_body(stream=True)) as r:
+            assert r.status == 200
+            events = await read_sse(r)
+        assert not any(isinstance(e, dict) and "error" in e for e in events), events
+        assert events[-1] == "[DONE]"
+        assert len(d.requeued) == 1 and len(c.completed) == 1
+        assert c.received[-1].phase == "decode" and c.received[-1].kv_source is not None
+    finally:
+        await router.stop()
+        for e in (p, d, c):
+            await e.kill()

@@ -7,7 +7,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from router_policy_builders import node, request
 
-from agentpool.router.policy import NodeState, PolicyContext, Role, bind_decode, decode_room_will_free
+from agentpool.router.policy import (
+    NodeState,
+    PolicyContext,
+    Role,
+    bind_decode,
+    decode_role,
+    decode_room_will_free,
+)
 
 D = Role.DECODE
 CASES: list[tuple[str, list[NodeState], str | None]] = [
@@ -110,3 +117,16 @@ WAIT_CASES: list[tuple[str, list[NodeState], bool]] = [
 @pytest.mark.parametrize(("nodes", "expected"), [c[1:] for c in WAIT_CASES], ids=[c[0] for c in WAIT_CASES])
 def test_decode_room_will_free(nodes: list[NodeState], expected: bool) -> None:
     assert decode_room_will_free(request(1000, out=200), nodes) is expected
+
+
+def test_a_colocated_pool_decodes_on_colocated_nodes() -> None:
+    # the pool went colocated (planner warmup) while a request was in prefill: no decode node is left
+    both = [node("a", role=Role.BOTH, running_decode=2), node("b", role=Role.BOTH, running_decode=1)]
+    assert decode_role(both) is Role.BOTH
+    assert bind_decode(request(1000, out=200), both, PolicyContext()) is None  # decode nodes only
+    b = bind_decode(request(1000, out=200), both, PolicyContext(), Role.BOTH)
+    assert b is not None and b.node_id == "b"
+    # a node switching into decode keeps the decode role: the request waits for it
+    mixed = [*both, node("c", role=D, draining=True)]
+    assert decode_role(mixed) is D and bind_decode(request(1000, out=200), mixed, PolicyContext(), D) is None
+    assert decode_room_will_free(request(1000, out=200), mixed, D)

@@ -25,6 +25,7 @@ from agentpool.router.policy.contract import (
 from agentpool.router.policy.decode import (
     DecodeBinding,
     bind_decode,
+    decode_role,
     decode_room_will_free,
     kv_room_needed,
     kv_tokens_needed,
@@ -48,6 +49,7 @@ __all__ = [
     "Role",
     "bind_decode",
     "create_policy",
+    "decode_role",
     "decode_room_will_free",
     "effective_queue",
     "effective_remaining_s",

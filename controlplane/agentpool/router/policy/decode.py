@@ -33,17 +33,24 @@ def kv_tokens_needed(request: RequestView) -> int:
     return kv_room_needed(request.prompt_tokens, request.expected_output_tokens)
 
 
-def bind_decode(request: RequestView, nodes: Sequence[NodeState], ctx: PolicyContext) -> DecodeBinding | None:
-    """The decode node for ``request``, or ``None`` when no decode node has room for it.
+def decode_role(nodes: Sequence[NodeState]) -> Role:
+    """The role that decodes a prefilled request: DECODE while any node has it (serving or switching
+    into it); BOTH once none has, i.e. the pool went colocated (the planner's warmup) while the
+    request was in prefill: a colocated node decodes it from the handed-over KV."""
+    return Role.DECODE if any(n.role is Role.DECODE for n in nodes) else Role.BOTH
+
+
+def bind_decode(
+    request: RequestView, nodes: Sequence[NodeState], ctx: PolicyContext, role: Role = Role.DECODE
+) -> DecodeBinding | None:
+    """The ``role`` node (decode by default) for ``request``, or ``None`` when none has room for it.
 
     A node's running-decode count from a stale report (older than ``ctx.max_report_age_s``) is still
     used: decode binding has no other load signal, and the router adds its own bindings to it.
     """
     need = kv_tokens_needed(request)
     fits = [
-        n
-        for n in nodes
-        if n.role is Role.DECODE and n.accepting and not n.draining and n.kv_room_tokens >= need
+        n for n in nodes if n.role is role and n.accepting and not n.draining and n.kv_room_tokens >= need
     ]
     if not fits:
         return None
@@ -60,19 +67,20 @@ def bind_decode(request: RequestView, nodes: Sequence[NodeState], ctx: PolicyCon
     )
 
 
-def decode_room_will_free(request: RequestView, nodes: Sequence[NodeState]) -> bool:
+def decode_room_will_free(request: RequestView, nodes: Sequence[NodeState], role: Role = Role.DECODE) -> bool:
     """Whether waiting for decode KV room can end: some decode node big enough for the request (its
     KV in use plus its room is at least the need) either holds KV that frees as its decodes end
     (decodes running or KV in use) or is switching into decode (draining toward the decode role).
 
     A request for which this holds keeps waiting however long that takes (up to the router's
     ``decodeWaitMax``): a switch that leaves one decode node busy with long prompts, or whose new
-    decode nodes are still draining their prefills, fails no request. When it does not hold (no
+    decode nodes are still draining their prefills, fails no request. ``role``: as for
+    :func:`bind_decode`. When it does not hold (no
     decode node, none big enough, nothing that would free room) ``decodeWait`` bounds the wait.
     """
     need = kv_tokens_needed(request)
     return any(
-        n.role is Role.DECODE
+        n.role is role
         and n.kv_used_tokens + n.kv_room_tokens >= need
         and (n.draining or n.running_decode > 0 or n.kv_used_tokens > 0)
         for n in nodes

@@ -7,7 +7,7 @@
   config), as an engine in a cluster reads its pod's ``agentpool.io/role`` annotation;
 - pinned: ``<roles>/<engine>.pinned`` exists and does not hold ``false``;
 - observed role: what the engine says it serves, ``GET <engine>/agentpool/v1/state``'s ``role``
-  (the engine writes it to its pod annotation in a cluster). An engine that does not answer is
+  (in a cluster the planner reads it from the routers instead). An engine that does not answer is
   left out, as a pod that is gone is;
 - Events: one JSON line each in ``<roles>/../events.log``, and the log.
 """

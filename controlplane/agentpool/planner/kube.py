@@ -6,15 +6,18 @@ brings kubeconfig and in-cluster authentication and TLS handling that a hand-wri
 client would have to repeat. The planner makes one list and a few patches per window (minutes
 apart), so a thread per call costs nothing that matters.
 
-The planner writes only ``metadata.annotations["agentpool.io/role"]`` on pods (a JSON merge
-patch that touches no other field) and creates core/v1 Events (the role seam, and what a local pool
-uses instead, is :mod:`agentpool.planner.roles`). It reads:
+The planner is the only writer of engine pods, and it writes only two annotations (JSON merge
+patches that touch no other field) and creates core/v1 Events (the role seam, and what a local
+pool uses instead, is :mod:`agentpool.planner.roles`):
 
-- ``agentpool.io/role``: the desired role (``prefill``, ``decode``; ``both`` while colocated);
-- ``agentpool.io/role-pinned``: any value except ``"false"`` pins the pod; the planner never
+- ``agentpool.io/role`` (read and written): the desired role (``prefill``, ``decode``; ``both``
+  while colocated);
+- ``agentpool.io/role-pinned`` (read): any value except ``"false"`` pins the pod; the planner never
   changes a pinned pod's role (a typo therefore pins rather than unpins);
-- ``agentpool.io/observed-role``: the role the engine reports it serves. While it differs from
-  the desired role, or is missing, the node counts as draining.
+- ``agentpool.io/observed-role`` (written only): the role the engine serves, as the routers report
+  it (:class:`agentpool.planner.roles.ServedRoles`), copied onto the pod for the operator's status
+  and ``kubectl``. The planner itself never reads it back: while the routers' served role differs
+  from the desired role, or no router has heard from the engine, the node counts as draining.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from agentpool.planner.roles import (
     ROLE_ANNOTATION,
     ObjectRef,
     PodRoleState,
+    ServedRoles,
 )
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -44,11 +48,17 @@ class PodRoles:
     annotations, patches desired roles, records Events."""
 
     def __init__(
-        self, api: k8s.ApiClient, namespace: str, label_selector: str, component: str = "agentpool-planner"
+        self,
+        api: k8s.ApiClient,
+        namespace: str,
+        label_selector: str,
+        served: ServedRoles,
+        component: str = "agentpool-planner",
     ):
         self._core = k8s.CoreV1Api(api)
         self._namespace = namespace
         self._selector = label_selector
+        self._served = served
         self._component = component
 
     @property
@@ -56,16 +66,37 @@ class PodRoles:
         return self._namespace
 
     async def pods(self) -> list[PodRoleState]:
-        """The engine pods that match the pool's label selector, by name."""
+        """The engine pods that match the pool's label selector, by name, with the role each
+        serves from the routers; a served role the pod's ``agentpool.io/observed-role`` does not
+        show yet is copied onto it."""
         pods = await asyncio.to_thread(
             self._core.list_namespaced_pod, namespace=self._namespace, label_selector=self._selector
         )
-        states = [
-            PodRoleState.of(str(p.metadata.name), p.metadata.annotations)
-            for p in pods.items
-            if p.metadata is not None
-        ]
+        states = []
+        for p in pods.items:
+            if p.metadata is None:
+                continue
+            name = str(p.metadata.name)
+            served = self._served.get(name)
+            states.append(PodRoleState.of(name, p.metadata.annotations, served))
+            if served is not None and (p.metadata.annotations or {}).get(OBSERVED_ROLE_ANNOTATION) != served:
+                await self._publish_observed(name, served)
         return sorted(states, key=lambda s: s.name)
+
+    async def _publish_observed(self, pod: str, role: str) -> None:
+        """Show the served role on the pod (for the operator's status); a failure is logged only:
+        the planner's decisions do not depend on it, and the next listing tries again."""
+        body = {"metadata": {"annotations": {OBSERVED_ROLE_ANNOTATION: role}}}
+        try:
+            await asyncio.to_thread(
+                self._core.patch_namespaced_pod,
+                name=pod,
+                namespace=self._namespace,
+                body=body,
+                _content_type=MERGE_PATCH,
+            )
+        except ApiException as e:
+            log.warning("observed role of pod %s not shown (%s %s)", pod, e.status, e.reason)
 
     async def set_role(self, pod: str, role: str) -> None:
         """Merge-patch the desired-role annotation of ``pod``; nothing else on the pod changes."""
@@ -113,6 +144,7 @@ __all__ = [
     "PodRoleState",
     "PodRoles",
     "RouterPods",
+    "ServedRoles",
 ]
 
 

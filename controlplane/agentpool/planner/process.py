@@ -9,8 +9,9 @@
 - Routers: each ``--router`` URL (repeat the flag, one per router pod) and, with
   ``--router-selector``, every running pod it matches (``http://<pod IP>:--router-port``, listed
   again before every poll, so replicas that come and go are followed).
-- Data: every ``--poll-interval-s`` each router is polled for work records, occupancy and the
-  engines' iteration records, which engines send with their load reports
+- Data: every ``--poll-interval-s`` each router is polled for work records, occupancy, the
+  engines' iteration records and the role each engine serves, which engines send with their load
+  reports
   (:mod:`agentpool.planner.router_source`). Until engines send iteration records, every warmup
   fits nothing and is repeated (logged), and the pool stays colocated.
 - Models out: every router gets each node's fitted model after the fit and after every
@@ -50,6 +51,7 @@ from agentpool.planner.controller import PlannerController, PlannerError
 from agentpool.planner.inbox import PlannerInbox
 from agentpool.planner.kube import ObjectRef, PodRoles, RouterPods
 from agentpool.planner.metrics import PlannerMetrics
+from agentpool.planner.roles import ServedRoles
 from agentpool.planner.router_models import ModelBroadcast
 from agentpool.planner.router_source import RouterWorkSource
 from agentpool.planner.settings_file import PlannerSettings
@@ -177,8 +179,9 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> int:
         pool = await pool_ref(api, args)
         inbox = PlannerInbox(keep_s=args.inbox_keep_s)
         state_name = f"{args.pool}-planner-state" if args.state_configmap is None else args.state_configmap
+        served = ServedRoles()  # from the routers' work batches
         controller = PlannerController(
-            pods=PodRoles(api, args.namespace, args.selector or f"agentpool.io/pool={args.pool}"),
+            pods=PodRoles(api, args.namespace, args.selector or f"agentpool.io/pool={args.pool}", served),
             inbox=inbox,
             config=settings,
             pool=pool,
@@ -204,6 +207,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> int:
                 interval_s=args.poll_interval_s,
                 models=broadcast,
                 discover=routers,
+                served=served,
             )
             helpers = [asyncio.create_task(source.run(stop)), asyncio.create_task(settings.run(stop))]
             try:

@@ -8,6 +8,9 @@ says it serves) and whether a user pinned it, and it writes only desired roles a
 - desired role: ``prefill``, ``decode``, or ``both`` while colocated (warmup);
 - pinned: the planner never changes a pinned engine's role;
 - observed role: while it differs from the desired role, or is missing, the engine is draining.
+  In a cluster it comes from the routers (:class:`ServedRoles`): each engine's load report says
+  which role it serves, and every router's work batch carries the latest one per engine. Engines
+  write nothing to the Kubernetes API.
 """
 
 from __future__ import annotations
@@ -35,17 +38,39 @@ class PodRoleState:
         return self.observed_role != self.desired_role
 
     @staticmethod
-    def of(name: str, annotations: Mapping[str, str] | None) -> PodRoleState:
-        """From annotations: ``agentpool.io/role-pinned`` with any value but ``false`` pins (a typo
-        therefore pins rather than unpins)."""
+    def of(name: str, annotations: Mapping[str, str] | None, served: str | None) -> PodRoleState:
+        """From the pod's annotations and the role the engine says it serves (``served``; None
+        while no router has heard from it): ``agentpool.io/role-pinned`` with any value but
+        ``false`` pins (a typo therefore pins rather than unpins)."""
         notes = dict(annotations or {})
         pinned_value = notes.get(PINNED_ANNOTATION)
         return PodRoleState(
             name=name,
             desired_role=notes.get(ROLE_ANNOTATION),
-            observed_role=notes.get(OBSERVED_ROLE_ANNOTATION),
+            observed_role=served,
             pinned=pinned_value is not None and pinned_value.strip().lower() != "false",
         )
+
+
+class ServedRoles:
+    """The role each engine serves, as the routers heard it from the engine's load reports.
+
+    Every router carries each engine's latest report (:class:`agentpool.wire.work.WireServedRole`);
+    the newest (by the router's receive time) wins, so a router that heard from an engine long ago
+    does not undo a switch another router has already seen.
+    """
+
+    def __init__(self) -> None:
+        self._roles: dict[str, tuple[float, str]] = {}
+
+    def update(self, node: str, role: str, at: float) -> None:
+        known = self._roles.get(node)
+        if known is None or at >= known[0]:
+            self._roles[node] = (at, role)
+
+    def get(self, node: str) -> str | None:
+        known = self._roles.get(node)
+        return known[1] if known is not None else None
 
 
 @dataclass(frozen=True, slots=True)

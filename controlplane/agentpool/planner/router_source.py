@@ -10,6 +10,10 @@ Engines' iteration records come through the routers too (each engine reports to 
 the source passes each iteration on once (:class:`IterationDeduper`), so several replicas do not
 multiply them in the fit.
 
+Every batch also carries the role each engine last said it serves: the source keeps the newest
+per engine in ``served`` (:class:`agentpool.planner.roles.ServedRoles`), which is where the
+planner's role board reads it.
+
 Poll each router replica directly (one URL per pod), not a Service that load-balances several:
 cursors belong to one router process.
 """
@@ -27,6 +31,7 @@ from pydantic import ValidationError
 
 from agentpool.models import IterationRecord
 from agentpool.planner.inbox import PlannerInbox
+from agentpool.planner.roles import ServedRoles
 from agentpool.planner.router_models import ModelBroadcast
 from agentpool.wire.work import MAX_BATCH, WORK_PATH, WireNodeIteration, WorkBatch
 
@@ -85,6 +90,7 @@ class RouterWorkSource:
         max_pages: int = 20,
         models: ModelBroadcast | None = None,
         discover: Callable[[], Awaitable[list[str] | None]] | None = None,
+        served: ServedRoles | None = None,
     ) -> None:
         """``urls``: routers always polled; ``discover``: finds the others (router pods) before every
         poll (None: it failed, keep the routers known)."""
@@ -102,6 +108,7 @@ class RouterWorkSource:
         self._limit = limit
         self._max_pages = max_pages
         self.iterations = IterationDeduper()
+        self.served = served if served is not None else ServedRoles()
         self._models = models
 
     async def poll_once(self) -> int:
@@ -180,6 +187,8 @@ class RouterWorkSource:
         self._inbox.add_requests(r.record() for r in batch.requests)
         self._inbox.add_occupancy(s.sample(router.url) for s in batch.occupancy)
         self._inbox.add_iterations(self.iterations.new(batch.iterations))
+        for s in batch.served:
+            self.served.update(s.node, s.role, s.at)
         n = len(batch.requests) + len(batch.occupancy) + len(batch.iterations)
         router.records += n
         return n

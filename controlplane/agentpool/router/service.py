@@ -153,6 +153,7 @@ class RouterService:
         if report.node_id not in self.nodes and not self.discovery.register(report):
             return False
         self.nodes.apply_report(report, time.monotonic())
+        self.dispatcher.work_log.served_role(report.node_id, report.role.value)
         if report.iterations:
             self.dispatcher.work_log.iterations(report.node_id, report.iterations)
         return True

@@ -23,6 +23,9 @@ seen finish. This module keeps them and answers ``GET /agentpool/v1/work?since=<
   node and phase on average (a sample: the rest would crowd the request records out of the ring).
 - ``models_version``: the version of the planner's fitted models the router uses
   (:mod:`agentpool.wire.fits`), carried in every batch.
+- Served roles: :meth:`WorkLog.served_role` with the role each engine's load report says it
+  serves; every batch carries the latest per engine (the planner's only source of it). One small
+  entry per engine id that ever reported (the planner looks up only the pods that exist).
 
 Memory is bounded: the entries are a ring buffer of ``capacity`` (the oldest are overwritten and
 a poller that fell behind is told how many it missed), and at most ``max_in_flight`` requests are
@@ -51,6 +54,7 @@ from agentpool.wire.work import (
     WireNodeIteration,
     WireOccupancy,
     WireRequestWork,
+    WireServedRole,
     WorkBatch,
     format_cursor,
     parse_cursor,
@@ -112,6 +116,7 @@ class WorkLog:
         self._seq = 0
         self._entries: deque[_Finished | _Sample | _Iteration] = deque(maxlen=capacity)
         self.models_version: int | None = None
+        self._served: dict[str, WireServedRole] = {}
         self._pending: OrderedDict[str, _Pending] = OrderedDict()
 
     # -- recording ---------------------------------------------------------------------------
@@ -132,6 +137,10 @@ class WorkLog:
         if entry is not None and t_acc > 0:
             w = entry.work
             entry.work = Work(t_uc=w.t_uc, t_c=w.t_c, t_out=w.t_out, t_acc=t_acc)
+
+    def served_role(self, node: str, role: str) -> None:
+        """``node``'s load report says it serves ``role`` (now)."""
+        self._served[node] = WireServedRole(node=node, role=role, at=self._clock())
 
     def iterations(self, node: str, iterations: Iterable[WireIteration]) -> None:
         """Keep the iteration records ``node`` reported, for the planner: at most
@@ -217,6 +226,7 @@ class WorkLog:
             occupancy=occupancy,
             iterations=iterations,
             models_version=self.models_version,
+            served=sorted(self._served.values(), key=lambda s: s.node),
             dropped=dropped,
             reset=reset,
             more=stop < len(self._entries),

@@ -12,9 +12,15 @@ after ``since`` in sequence order; ``next`` is the cursor to send next. When the
 holds some entries after ``since`` (its ring buffer overwrote them) it says how many in
 ``dropped``; when ``since`` is from another epoch (the router restarted) or absent, the batch
 starts at the oldest entry it holds and ``reset`` is true.
+
+``served`` is not part of the log: every batch carries, for each engine that reported to the
+router, the role it last said it serves and when (:class:`WireServedRole`). This is how the planner
+learns which role an engine serves (engines write nothing to the Kubernetes API).
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -67,6 +73,15 @@ class WireNodeIteration(_Wire):
         return self.iteration.record(self.node)
 
 
+class WireServedRole(_Wire):
+    """The role ``node`` said it serves in its last load report to the router, received at ``at``
+    (the router's wall clock, s)."""
+
+    node: str
+    role: Literal["prefill", "decode", "both"]
+    at: float
+
+
 class WorkBatch(_Wire):
     """What ``GET /agentpool/v1/work`` answers.
 
@@ -81,6 +96,7 @@ class WorkBatch(_Wire):
     occupancy: list[WireOccupancy] = Field(default_factory=list)
     iterations: list[WireNodeIteration] = Field(default_factory=list)
     models_version: int | None = None
+    served: list[WireServedRole] = Field(default_factory=list)
     dropped: int = Field(default=0, ge=0)
     reset: bool = False
     more: bool = False

@@ -149,8 +149,6 @@ class EngineApp:
     async def _switched(self, role: Role) -> None:
         if self.link is not None:
             await self.link.switch_phase(Phase(role.value))
-        if self.kube is not None and self.cfg.kube is not None and self.cfg.kube.write_observed_role:
-            await self.kube.write_observed(role)
 
     async def _gauges(self) -> None:
         while True:

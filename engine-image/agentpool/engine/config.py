@@ -61,9 +61,8 @@ class KubeSource(_Model):
     namespace: str = Field(min_length=1, max_length=253)
     pod: str = Field(min_length=1, max_length=253)
     kubeconfig: Path | None = None
-    """Unset: in-cluster service account."""
-    write_observed_role: bool = True
-    """Annotate the pod with ``agentpool.io/observed-role`` after each switch (needs ``patch`` on it)."""
+    """Unset: in-cluster service account. The engine only reads its pod (``get``/``list``/``watch``);
+    the role it serves reaches the planner through its load reports to the routers."""
 
 
 class SimSettings(_Model):

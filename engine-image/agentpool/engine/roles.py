@@ -3,8 +3,9 @@
 Sources of the desired role (the planner writes it):
 
 - the pod's ``agentpool.io/role`` annotation, read by watching the engine's own pod through the
-  Kubernetes API (:class:`KubeRoleWatch`; RBAC: ``get``/``list``/``watch`` pods, plus ``patch`` on
-  pods to write ``agentpool.io/observed-role`` back, both limitable to the engine's pod names);
+  Kubernetes API (:class:`KubeRoleWatch`; RBAC: ``get``/``list``/``watch`` pods, limitable to the
+  engine's pod names). The engine writes nothing to the API: the role it serves goes to the
+  routers in its load reports, and the planner reads it from them;
 - a file holding the role (:class:`RoleFileWatch`): a downward-API volume of that annotation in a
   cluster, or a plain file in a local pool.
 
@@ -32,7 +33,6 @@ from agentpool.node import Role
 log = logging.getLogger(__name__)
 
 ROLE_ANNOTATION = "agentpool.io/role"
-OBSERVED_ROLE_ANNOTATION = "agentpool.io/observed-role"
 DRAIN_ANNOTATION = "agentpool.io/drain"  # the operator removes this pod: drain for good
 
 
@@ -70,7 +70,7 @@ class Switcher:
         self.backend = backend
         self.metrics = metrics
         self.on_state = on_state  # report now (the reporter's kick)
-        self.on_switched = on_switched  # async hook: directory phase, observed-role annotation
+        self.on_switched = on_switched  # async hook: the directory's phase
         self.desired: Role | None = None
         self.desired_at = 0.0
         self.history: list[dict[str, Any]] = []
@@ -258,14 +258,3 @@ class KubeRoleWatch:
 
     def stop(self) -> None:
         self._stop.set()
-
-    async def write_observed(self, role: Role) -> None:
-        """Annotate the pod with the role it serves (what the planner reads)."""
-        from kubernetes.client.exceptions import ApiException
-
-        body = {"metadata": {"annotations": {OBSERVED_ROLE_ANNOTATION: role.value}}}
-        try:
-            await asyncio.to_thread(self._core().patch_namespaced_pod, self.pod, self.namespace, body)
-        except (ApiException, OSError) as e:
-            self.errors += 1
-            log.warning("cannot annotate pod %s/%s with its observed role: %s", self.namespace, self.pod, e)

@@ -166,20 +166,25 @@ def pool_status(
 ) -> AgentServingPoolStatus:
     """Status of a pool whose spec is valid; `names` are its engine pods, in ordinal order."""
     nodes: list[NodeStatus] = []
+    colocated = spec.mode == "colocated"
     for ordinal, name in enumerate(names):
         pod = observed.pods.get(name)
         desired = pod.desired_role if pod is not None and pod.desired_role else initial_role(spec, ordinal)
+        shown = pod.observed_role if pod is not None else None
+        if colocated and shown is None and pod is not None and pod.ready:
+            # No planner runs (it is what shows `agentpool.io/observed-role`, from the routers), and
+            # nothing switches roles: a ready engine serves the role it started with.
+            shown = desired
         nodes.append(
             NodeStatus.model_validate(
                 {
                     "name": name,
                     "desiredRole": desired,
-                    "observedRole": pod.observed_role if pod is not None else None,
+                    "observedRole": shown,
                     "ready": pod.ready if pod is not None else False,
                 }
             )
         )
-    colocated = spec.mode == "colocated"
     desired_split = split_status([n.desired_role for n in nodes], colocated)
     served = split_status([n.observed_role for n in nodes if n.ready and n.observed_role], colocated)
     ready_nodes = sum(n.ready for n in nodes)

@@ -192,8 +192,9 @@ class Controllers:
 
 
 class Engines:
-    """What the engine agents would do to their pods: become ready, report the role they serve,
-    finish draining. (The engine reports through `agentpool.io/observed-role` and its readiness.)"""
+    """What happens to engine pods outside the operator: they become ready or finish draining
+    (readiness), and the planner shows the role each serves, which it reads from the routers, as
+    `agentpool.io/observed-role` (engines themselves write nothing to the API)."""
 
     def __init__(self, api: KubeApi, namespace: str) -> None:
         self.api = api

@@ -1,8 +1,9 @@
 """The planner controller against a Kubernetes API server (KMock's emulator on loopback).
 
 Engines are played by the test: they report iteration records into the planner's inbox (records
-generated from known models with noise) and their observed role as a pod annotation; the router's
-work records and decode occupancy go into the same inbox.
+generated from known models with noise) and the role they serve, as the routers' work batches
+carry it (:class:`ServedRoles`); the router's work records and decode occupancy go into the same
+inbox.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from agentpool.planner.core import Outcome
 from agentpool.planner.inbox import PlannerInbox
 from agentpool.planner.kube import ObjectRef, PodRoles
 from agentpool.planner.metrics import PlannerMetrics
+from agentpool.planner.roles import ServedRoles
 
 pytestmark = pytest.mark.integration
 
@@ -55,7 +57,7 @@ PINNED = "engine-8"
 
 
 def pod_body(name: str, role: str, pinned: bool) -> dict[str, Any]:
-    notes = {"agentpool.io/role": role, "agentpool.io/observed-role": role, "example.com/keep": "yes"}
+    notes = {"agentpool.io/role": role, "example.com/keep": "yes"}
     if pinned:
         notes["agentpool.io/role-pinned"] = "true"
     return {
@@ -82,6 +84,13 @@ class Harness:
     registry: CollectorRegistry
     config: list[PlannerConfig]
     evaluated: asyncio.Event
+    served: ServedRoles
+    reports: int = 0
+
+    def serves(self, name: str, role: str) -> None:
+        """``name``'s load report says it serves ``role`` (as a router's work batch carries it)."""
+        self.reports += 1
+        self.served.update(name, role, float(self.reports))
 
     def pod(self, name: str) -> dict[str, Any]:
         return dict(self.kmock.objects[self.kmock.resource("v1", "pods"), NS, name].raw)
@@ -91,13 +100,17 @@ class Harness:
 
     def engines_report_observed_roles(self) -> None:
         for name in PODS:
-            key = (self.kmock.resource("v1", "pods"), NS, name)
-            self.kmock.objects[key].patch(
-                {"metadata": {"annotations": {"agentpool.io/observed-role": self.role(name)}}}
-            )
+            self.serves(name, self.role(name))
 
     def patches(self) -> list[Any]:
-        return [r for r in self.kmock if r.method == "PATCH"]
+        """The planner's desired-role patches."""
+        return [
+            r
+            for r in self.kmock
+            if r.method == "PATCH"
+            and "/pods/" in r.url.path
+            and "agentpool.io/role" in r.data["metadata"]["annotations"]
+        ]
 
     def events(self) -> list[dict[str, Any]]:
         res = self.kmock.resource("v1", "events")
@@ -129,6 +142,7 @@ async def harness(kmock: Any) -> AsyncIterator[Harness]:
     for i, name in enumerate(PODS):
         role = "decode" if name == PINNED else ("prefill" if i == 0 else "both")
         kmock.objects[kmock.resource("v1", "pods"), NS, name] = pod_body(name, role, pinned=name == PINNED)
+    served = ServedRoles()
     kmock.resources["v1/events"] = {}
     api = k8s.ApiClient(k8s.Configuration(host=str(kmock.url).rstrip("/")))
     inbox = PlannerInbox()
@@ -136,7 +150,7 @@ async def harness(kmock: Any) -> AsyncIterator[Harness]:
     evaluated = asyncio.Event()
     config = [PlannerConfig(window_s=600, slices=10, warmup_s=1800, cooldown_s=120, initial_prefill=2)]
     controller = PlannerController(
-        pods=PodRoles(api, NS, "agentpool.io/pool=demo"),
+        pods=PodRoles(api, NS, "agentpool.io/pool=demo", served),
         inbox=inbox,
         config=lambda: config[0],
         pool=POOL,
@@ -144,7 +158,9 @@ async def harness(kmock: Any) -> AsyncIterator[Harness]:
         shape=SHAPE,
         on_evaluation=lambda _: evaluated.set(),
     )
-    yield Harness(kmock, controller, inbox, registry, config, evaluated)
+    h = Harness(kmock, controller, inbox, registry, config, evaluated, served)
+    h.engines_report_observed_roles()
+    yield h
     await asyncio.to_thread(api.close)
 
 
@@ -244,9 +260,8 @@ async def test_pods_without_a_fitted_model_are_left_out_and_reported(harness: Ha
     for name in PODS:  # move all pods out of colocation by hand: prefill for the first three
         key = (h.kmock.resource("v1", "pods"), NS, name)
         role = "prefill" if name in PODS[:3] else "decode"
-        h.kmock.objects[key].patch(
-            {"metadata": {"annotations": {"agentpool.io/role": role, "agentpool.io/observed-role": role}}}
-        )
+        h.kmock.objects[key].patch({"metadata": {"annotations": {"agentpool.io/role": role}}})
+        h.serves(name, role)
     h.route(200, 800, PUTNAM, rng)
     ev = await h.controller.evaluate_window(200, 800)
     assert ev is not None
@@ -258,8 +273,7 @@ async def test_run_loop_warms_up_fits_and_evaluates_windows(harness: Harness) ->
     h, rng = harness, np.random.default_rng(3)
     h.config[0] = PlannerConfig(window_s=0.4, slices=4, warmup_s=1.0, cooldown_s=0, initial_prefill=2)
     for name in PODS:  # engines report "decode" whatever they are told
-        key = (h.kmock.resource("v1", "pods"), NS, name)
-        h.kmock.objects[key].patch({"metadata": {"annotations": {"agentpool.io/observed-role": "decode"}}})
+        h.serves(name, "decode")
 
     async def engines_and_router_report() -> None:
         """Records stamped with the wall clock as they come, whenever the warmup and windows fall

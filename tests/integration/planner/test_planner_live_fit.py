@@ -159,6 +159,14 @@ async def test_engine_iterations_through_the_router_fit_the_planner_and_the_spli
             for pod in await roles.pods():
                 assert pod.observed_role == pod.desired_role
             assert source.iterations.duplicates == 0 and len(inbox.iterations(0, 1e12)) > 50
+            # The served roles also reached the planner through the router's work batches (the
+            # engines' load reports): what the cluster's role board reads instead of the engines.
+            desired = {n: p.read_text().strip() for n, p in roles.files.items()}
+            for _ in range(50):  # at most 5 s: the source polls every 0.3 s
+                if {n: source.served.get(n) for n in names} == desired:
+                    break
+                await asyncio.sleep(0.1)
+            assert {n: source.served.get(n) for n in names} == desired
         finally:
             stop.set()
             for t in tasks:

@@ -143,6 +143,8 @@ async def test_process_resumes_from_the_saved_state_and_plans_from_the_routers_r
         "metadata": {"name": "demo-planner-state", "namespace": NS, "resourceVersion": "1"},
         "data": {"state.json": state.model_dump_json()},
     }
+    for name, served in roles.items():  # the engines' load reports: the role each serves
+        work_log.served_role(name, served)
     for i in range(300):  # Putnam-like load: 300 requests in flight, one finishing every 20 ms
         work_log.routed(f"long-{i}", Work(t_uc=6000, t_c=30000, t_out=4096))
 
@@ -164,6 +166,13 @@ async def test_process_resumes_from_the_saved_state_and_plans_from_the_routers_r
     outcomes = re.findall(r"planner window \d+-\d+: ([a-z-]+):", out)
     assert outcomes and outcomes[0] in {"hold", "switch"}, out  # a window with data, no warmup
     assert "both" not in {role(kmock, n) for n in PODS}
+    # the served roles came from the router's batches; the planner shows them on the pods
+    pods = kmock.resource("v1", "pods")
+    shown = {
+        n: kmock.objects[pods, NS, n].raw["metadata"]["annotations"]["agentpool.io/observed-role"]
+        for n in PODS
+    }
+    assert shown == roles
     if "switch" in outcomes:  # Putnam-like work: 2P7D is better than 3P6D; the switch is saved
         cm = kmock.objects[kmock.resource("v1", "configmaps"), NS, "demo-planner-state"].raw
         saved = PlannerState.model_validate_json(cm["data"]["state.json"])

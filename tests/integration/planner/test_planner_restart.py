@@ -24,6 +24,7 @@ from agentpool.planner.core import Outcome
 from agentpool.planner.inbox import PlannerInbox
 from agentpool.planner.kube import PodRoles
 from agentpool.planner.metrics import PlannerMetrics
+from agentpool.planner.roles import ServedRoles
 from agentpool.planner.state import ConfigMapStateStore, PlannerState
 
 pytestmark = pytest.mark.integration
@@ -46,7 +47,7 @@ class Env:
         return dict(self.h.kmock.objects[key].raw)
 
     def pod_patches(self) -> list[Any]:
-        return [r for r in self.h.kmock if r.method == "PATCH" and "/pods/" in r.url.path]
+        return [r for r in self.h.patches() if "/pods/" in r.url.path]
 
 
 @pytest_asyncio.fixture()
@@ -56,6 +57,7 @@ async def env(kmock: Any) -> AsyncIterator[Env]:
         kmock.objects[kmock.resource("v1", "pods"), NS, name] = pod_body(name, role, pinned=name == PODS[-1])
     kmock.resources["v1/events"] = {}
     kmock.resources["v1/configmaps"] = {}
+    served = ServedRoles()
     api = k8s.ApiClient(k8s.Configuration(host=str(kmock.url).rstrip("/")))
     box: list[Any] = [
         PlannerConfig(window_s=600, slices=10, warmup_s=1800, cooldown_s=120, initial_prefill=2)
@@ -70,7 +72,7 @@ async def env(kmock: Any) -> AsyncIterator[Env]:
 
     def build(cls: type[PlannerController] = PlannerController, shape: MoeShape = SHAPE) -> PlannerController:
         return cls(
-            pods=PodRoles(api, NS, "agentpool.io/pool=demo"),
+            pods=PodRoles(api, NS, "agentpool.io/pool=demo", served),
             inbox=PlannerInbox(),
             config=config,
             pool=POOL,
@@ -81,7 +83,8 @@ async def env(kmock: Any) -> AsyncIterator[Env]:
         )
 
     first = build()
-    h = Harness(kmock, first, first._inbox, CollectorRegistry(), box, evaluated)
+    h = Harness(kmock, first, first._inbox, CollectorRegistry(), box, evaluated, served)
+    h.engines_report_observed_roles()
     yield Env(h, api, build, box)
     await asyncio.to_thread(api.close)
 

@@ -36,7 +36,7 @@ from agentpool.planner.core import Outcome
 from agentpool.planner.inbox import PlannerInbox
 from agentpool.planner.kube import PodRoles
 from agentpool.planner.metrics import PlannerMetrics
-from agentpool.planner.roles import ObjectRef
+from agentpool.planner.roles import ObjectRef, ServedRoles
 
 pytestmark = pytest.mark.integration
 
@@ -61,7 +61,7 @@ def pod_body(name: str, role: str) -> dict[str, Any]:
             "name": name,
             "namespace": NS,
             "labels": {"agentpool.io/pool": "demo"},
-            "annotations": {"agentpool.io/role": role, "agentpool.io/observed-role": role},
+            "annotations": {"agentpool.io/role": role},
             "uid": f"uid-{name}",
             "resourceVersion": "1",
             "generation": 1,
@@ -116,8 +116,11 @@ async def test_a_switch_resets_the_counts_of_engines_moved_to_prefill_once_they_
     kmock.resources["v1/events"] = {}
     api = k8s.ApiClient(k8s.Configuration(host=str(kmock.url).rstrip("/")))
     inbox = PlannerInbox()
+    served = ServedRoles()  # what the routers' work batches say each engine serves
+    for i, name in enumerate(PODS):
+        served.update(name, "prefill" if i == 0 else "decode", 1.0)
     controller = PlannerController(
-        pods=PodRoles(api, NS, "agentpool.io/pool=demo"),
+        pods=PodRoles(api, NS, "agentpool.io/pool=demo", served),
         inbox=inbox,
         config=lambda: PlannerConfig(window_s=600, slices=10, warmup_s=60, cooldown_s=120, initial_prefill=1),
         pool=POOL,
@@ -151,17 +154,12 @@ async def test_a_switch_resets_the_counts_of_engines_moved_to_prefill_once_they_
         assert list(controller.announced) == []
         assert await counts_on(directory, moved[0]) == {CHAIN[0]: 1, CHAIN[1]: 1}
         # The first moved engine serves prefill: it alone is announced, and its counts are reset.
-        pods = kmock.resource("v1", "pods")
-        kmock.objects[pods, NS, moved[0]].patch(
-            {"metadata": {"annotations": {"agentpool.io/observed-role": "prefill"}}}
-        )
+        served.update(moved[0], "prefill", 2.0)
         assert not await controller.observe_switch(at=1220.0) or len(moved) == 1
         assert list(controller.announced)[:1] == [(moved[0], Phase.PREFILL)]
         assert await counts_on(directory, moved[0]) == {}
         for name in moved[1:]:
-            kmock.objects[pods, NS, name].patch(
-                {"metadata": {"annotations": {"agentpool.io/observed-role": "prefill"}}}
-            )
+            served.update(name, "prefill", 3.0)
         assert await controller.observe_switch(at=1250.0)
         assert sorted(n for n, _ in controller.announced) == sorted(moved)
         for name in moved:

@@ -284,12 +284,12 @@ def test_least_privilege() -> None:
     roles = by_kind(objs, "Role")
     assert set(roles) == {"sim-engine", "sim-planner"}
     engine_pods = [f"sim-engine-{i}" for i in range(6)]
-    # engines: their pool's engine pods only, by name (they annotate the role they serve)
+    # engines: read their pool's engine pods only, by name; they write nothing to the API
     assert roles["sim-engine"]["rules"] == [
         {
             "apiGroups": [""],
             "resources": ["pods"],
-            "verbs": ["get", "list", "watch", "patch"],
+            "verbs": ["get", "list", "watch"],
             "resourceNames": engine_pods,
         }
     ]
@@ -300,10 +300,9 @@ def test_least_privilege() -> None:
         for rule in role["rules"]
         if "pods" in rule["resources"] and writes & set(rule["verbs"])
     ]
-    assert pod_writers == [
-        ("sim-engine", ["get", "list", "watch", "patch"], engine_pods),
-        ("sim-planner", ["patch"], engine_pods),
-    ]
+    assert pod_writers == [("sim-planner", ["patch"], engine_pods)]  # only the planner patches pods
+    engine_verbs = {v for rule in roles["sim-engine"]["rules"] for v in rule["verbs"]}
+    assert not engine_verbs & writes  # engines cannot patch (nor write) anything
     for rule in roles["sim-planner"]["rules"]:
         assert (
             "*" not in rule["verbs"] and "delete" not in rule["verbs"] and "secrets" not in rule["resources"]

@@ -114,6 +114,13 @@ def test_a_colocated_pool() -> None:
     assert status.split is not None and status.split.label == "6C"
     assert status.model_fit is None
     assert conditions(status)["Progressing"] == ("False", "Stable")
+    # no planner shows an observed role on a colocated pool's pods: a ready engine serves `both`
+    unshown = pool_status(
+        NAMES, spec, 1, 1, observed(["both"] * 6, [None] * 6, [True] * 5 + [False]), None, T0
+    )
+    assert [n.observed_role for n in unshown.nodes] == ["both"] * 5 + [None]
+    assert unshown.split is not None and unshown.split.label == "5C"
+    assert conditions(unshown)["Progressing"] == ("True", "NodesStarting")
 
 
 def test_an_invalid_spec() -> None:

@@ -9,6 +9,7 @@ from agentpool.planner.config import PlannerConfig
 from agentpool.planner.core import Candidate, Decision, Outcome, PlannerPolicy
 from agentpool.planner.inbox import PlannerInbox
 from agentpool.planner.kube import PodRoleState
+from agentpool.planner.roles import ServedRoles
 
 
 def test_config_defaults_are_the_papers_and_bad_values_are_rejected() -> None:
@@ -47,14 +48,27 @@ def test_inbox_returns_records_by_time_and_forgets_old_ones() -> None:
 
 
 def test_pod_annotations() -> None:
-    pod = PodRoleState.of("p", {"agentpool.io/role": "prefill", "agentpool.io/observed-role": "prefill"})
+    # the served role comes from the routers; the pod's observed-role annotation is never read back
+    notes = {"agentpool.io/role": "prefill", "agentpool.io/observed-role": "decode"}
+    pod = PodRoleState.of("p", notes, "prefill")
     assert (pod.desired_role, pod.pinned, pod.draining) == ("prefill", False, False)
-    moving = PodRoleState.of("p", {"agentpool.io/role": "decode", "agentpool.io/observed-role": "prefill"})
+    moving = PodRoleState.of("p", {"agentpool.io/role": "decode"}, "prefill")
     assert moving.draining
-    assert PodRoleState.of("p", {"agentpool.io/role": "decode"}).draining  # engine has not reported
+    assert PodRoleState.of("p", {"agentpool.io/role": "decode"}, None).draining  # engine has not reported
     for value, pinned in [("true", True), ("True", True), ("yes", True), ("", True), ("false", False)]:
-        assert PodRoleState.of("p", {"agentpool.io/role-pinned": value}).pinned is pinned
-    assert not PodRoleState.of("p", None).pinned
+        assert PodRoleState.of("p", {"agentpool.io/role-pinned": value}, None).pinned is pinned
+    assert not PodRoleState.of("p", None, None).pinned
+
+
+def test_served_roles_keep_the_newest_report_whichever_router_carries_it() -> None:
+    served = ServedRoles()
+    assert served.get("e-0") is None
+    served.update("e-0", "decode", 10.0)
+    served.update("e-0", "prefill", 12.0)  # a router that heard the switch
+    served.update("e-0", "decode", 11.0)  # a router that heard an older report: ignored
+    assert served.get("e-0") == "prefill"
+    served.update("e-1", "both", 1.0)
+    assert (served.get("e-0"), served.get("e-1")) == ("prefill", "both")
 
 
 def _candidate(mean: float, se: float) -> Candidate:

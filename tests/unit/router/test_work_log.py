@@ -88,3 +88,20 @@ def test_malformed_cursors_and_limits_are_rejected(cursor: str) -> None:
         WorkLog().batch(cursor)
     with pytest.raises(ValueError):
         WorkLog().batch(None, limit=0)
+
+
+def test_every_batch_carries_the_role_each_engine_last_said_it_serves() -> None:
+    clock = Clock()
+    log = WorkLog("r0", clock=clock)
+    assert log.batch(None).served == []
+    log.served_role("e-1", "decode")
+    log.served_role("e-0", "both")
+    clock.now = 1005.0
+    log.served_role("e-0", "prefill")  # its report after a switch
+    first = log.batch(None)
+    assert [(s.node, s.role, s.at) for s in first.served] == [
+        ("e-0", "prefill", 1005.0),
+        ("e-1", "decode", 1000.0),
+    ]
+    # not part of the log: a poll with the latest cursor still gets them
+    assert log.batch(first.next).served == first.served

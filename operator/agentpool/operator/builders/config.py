@@ -87,7 +87,7 @@ def engine_config(pool: PoolRef, spec: AgentServingPoolSpec, ordinal: int) -> st
         "backend": spec.engine.backend,
         "role": initial_role(spec, ordinal),
         "roleFile": f"{PODINFO_DIR}/{ROLE_FILE}",
-        "kube": {"namespace": pool.namespace, "pod": pod, "writeObservedRole": True},
+        "kube": {"namespace": pool.namespace, "pod": pod},
         "routers": [
             {
                 "url": f"http://{pool.service_host(ROUTER)}:{ROUTER_PORT}",

@@ -1,17 +1,18 @@
 """ServiceAccounts, Roles and RoleBindings of a pool, with the least privilege each part needs.
 
-- `<pool>-engine` (engine pods): get/list/watch the pool's engine pods, by name (its own role
-  annotation), and patch them, by name: the engine agent reports the role it serves as the pod
-  annotation `agentpool.io/observed-role`, which the planner reads. RBAC cannot narrow this to
-  the engine's own pod; each engine may annotate the pool's other engine pods too.
+- `<pool>-engine` (engine pods): get/list/watch the pool's engine pods, by name (its own desired
+  role and drain annotations), nothing else. The role an engine serves goes to the routers in its
+  load reports; the planner reads it from the routers' work batches, so engines never write to
+  the API.
 - `<pool>-planner` (router pods; its token is mounted only into the planner container):
-  get/list/watch pods, patch the pool's engine pods by name (role annotations), create Events,
-  create ConfigMaps and get/patch its state ConfigMap, create Leases and get/update its Lease.
+  get/list/watch pods, patch the pool's engine pods by name (the annotations `agentpool.io/role`
+  and `agentpool.io/observed-role`), create Events, create ConfigMaps and get/patch its state
+  ConfigMap, create Leases and get/update its Lease.
 - `<pool>-directory` (directory pods), `<pool>-redis` (the managed Redis): nothing, no token
   mounted.
 
-Only the planner (desired roles) and the engines (observed roles) patch pods, and only the pool's
-engine pods (`resourceNames`); the router container beside the planner gets no API token at all.
+Only the planner patches pods, and only the pool's engine pods (`resourceNames`); the router
+container beside the planner gets no API token at all.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def engine_role(pool: PoolRef, spec: AgentServingPoolSpec) -> dict[str, Any]:
         "kind": "Role",
         "metadata": pool.metadata(pool.child(ENGINE), ENGINE),
         # list/watch with fieldSelector metadata.name=<pod> are authorized against resourceNames
-        "rules": [_rule("", "pods", ["get", "list", "watch", "patch"], pods)],
+        "rules": [_rule("", "pods", ["get", "list", "watch"], pods)],
     }
 
 

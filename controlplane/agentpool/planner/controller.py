@@ -326,10 +326,10 @@ class PlannerController:
     async def evaluate_window(self, start: float, end: float) -> Evaluation | None:
         """Evaluate ``[start, end)``; apply and report the decision. None when the planner is disabled."""
         cfg = self._config()
+        pods = await self._pods.pods()  # listed even when disabled: it keeps the served roles shown
         if not cfg.enabled:
             log.info("planner disabled: window %.0f-%.0f not evaluated", start, end)
             return None
-        pods = await self._pods.pods()
         if self._pending is not None:
             await self._observe(pods, end)
         nodes, excluded = self._planner_nodes(pods, start, end)

@@ -243,9 +243,15 @@ async def test_warmup_fit_initial_split_then_a_shift_patches_exactly_the_switche
 
     # Disabling the planner in the config applies at the next window, without a restart.
     h.config[0] = dataclasses.replace(h.config[0], enabled=False)
-    requests_before = len(list(h.kmock))
+    requests_before, patches_before = len(list(h.kmock)), len(h.patches())
+    served = h.pod("engine-7")["metadata"]["annotations"]["agentpool.io/observed-role"]
+    h.serves("engine-7", "prefill" if served == "decode" else "decode")  # e.g. a user moved it
     assert await h.controller.evaluate_window(3600, 4200) is None
-    assert len(list(h.kmock)) == requests_before
+    # no decision, no desired role written; the pods are still listed so the served roles stay shown
+    assert len(h.patches()) == patches_before
+    new = [(r.method, r.url.path.rsplit("/", 1)[-1]) for r in list(h.kmock)[requests_before:]]
+    assert new == [("GET", "pods"), ("PATCH", "engine-7")]
+    assert h.pod("engine-7")["metadata"]["annotations"]["agentpool.io/observed-role"] != served
 
 
 async def test_pods_without_a_fitted_model_are_left_out_and_reported(harness: Harness) -> None:

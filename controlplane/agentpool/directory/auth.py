@@ -16,28 +16,15 @@ from urllib.parse import urlsplit
 
 import grpc
 
-MIN_TOKEN_CHARS = 16
+from agentpool.secret_file import MIN_TOKEN_CHARS, read_secret_file
 
 
 class ConfigurationError(ValueError):
     """A secret or certificate file is missing, empty or unusable; a setting would leak a secret."""
 
 
-def read_secret_file(path: Path, what: str, min_chars: int = 1) -> str:
-    """The stripped content of ``path``; a clear error when it is missing, unreadable, empty or short."""
-    try:
-        value = path.read_text().strip()
-    except OSError as e:
-        raise ConfigurationError(f"cannot read the {what} file {path}: {e.strerror or e}") from None
-    if not value:
-        raise ConfigurationError(f"the {what} file {path} is empty")
-    if len(value) < min_chars:
-        raise ConfigurationError(f"the {what} in {path} has {len(value)} characters, fewer than {min_chars}")
-    return value
-
-
-def read_token_file(path: Path, min_chars: int = 1) -> str:
-    """A directory bearer token from ``path`` (the server asks for :data:`MIN_TOKEN_CHARS` at least)."""
+def read_token_file(path: Path, min_chars: int = MIN_TOKEN_CHARS) -> str:
+    """A directory bearer token from ``path`` (:class:`SecretFileError` if missing, empty or short)."""
     return read_secret_file(path, "directory token", min_chars)
 
 

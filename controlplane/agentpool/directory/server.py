@@ -23,7 +23,6 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, m
 from agentpool.directory.auth import (
     ConfigurationError,
     TokenAuthInterceptor,
-    read_secret_file,
     read_token_file,
     server_credentials,
     url_has_password,
@@ -42,6 +41,7 @@ from agentpool.directory.redis_store import RedisBranchStore
 from agentpool.directory.service import DEFAULT_NODE_TIMEOUT_S, DirectoryService, ServiceTimers
 from agentpool.directory.store import BranchStore, MemoryBranchStore, StoreUnavailableError
 from agentpool.kv import DEFAULT_PAGE_SIZE, Directory
+from agentpool.secret_file import SecretFileError, read_secret_file
 
 REDIS_PASSWORD_ENV = "AGENTPOOL_REDIS_PASSWORD"
 MIN_SERVER_TOKEN_CHARS = 16
@@ -225,7 +225,7 @@ def parse_args(argv: list[str] | None = None) -> DirectoryConfig:
     try:
         token = read_token_file(a.auth_token_file, MIN_SERVER_TOKEN_CHARS) if a.auth_token_file else None
         password = (
-            read_secret_file(a.redis_password_file, "Redis password")
+            read_secret_file(a.redis_password_file, "Redis password", min_chars=1)
             if a.redis_password_file is not None
             else os.environ.get(REDIS_PASSWORD_ENV) or None
         )
@@ -248,7 +248,7 @@ def parse_args(argv: list[str] | None = None) -> DirectoryConfig:
             tls_client_ca_file=a.tls_client_ca_file,
             metrics_port=a.metrics_port,
         )
-    except ConfigurationError as e:
+    except (ConfigurationError, SecretFileError) as e:
         p.error(str(e))
     except ValidationError as e:
         p.error("; ".join(f"{'.'.join(map(str, x['loc'])) or 'config'}: {x['msg']}" for x in e.errors()))

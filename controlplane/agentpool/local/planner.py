@@ -28,11 +28,11 @@ from agentpool.models import MoeShape
 from agentpool.planner.controller import PlannerController, PlannerError
 from agentpool.planner.inbox import PlannerInbox
 from agentpool.planner.metrics import PlannerMetrics
-from agentpool.planner.process import read_token
 from agentpool.planner.roles import ObjectRef
 from agentpool.planner.router_models import ModelBroadcast
 from agentpool.planner.router_source import RouterWorkSource
 from agentpool.planner.settings_file import PlannerSettings
+from agentpool.secret_file import read_optional_secret
 
 log = logging.getLogger("agentpool.local.planner")
 
@@ -69,8 +69,10 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> int:
         engines = engines_of(args.engine)
         settings = PlannerSettings({}, args.settings)
         shape = MoeShape(args.experts_active, args.experts_total)
-        router_token = await asyncio.to_thread(read_token, args.router_token_file)
-        directory_token = await asyncio.to_thread(read_token, args.directory_token_file)
+        router_token = await asyncio.to_thread(read_optional_secret, args.router_token_file, "router token")
+        directory_token = await asyncio.to_thread(
+            read_optional_secret, args.directory_token_file, "directory token"
+        )
     except (ValueError, OSError) as e:
         log.error("planner not started: %s", e)
         return 1

@@ -56,6 +56,7 @@ from agentpool.planner.router_models import ModelBroadcast
 from agentpool.planner.router_source import RouterWorkSource
 from agentpool.planner.settings_file import PlannerSettings
 from agentpool.planner.state import ConfigMapStateStore
+from agentpool.secret_file import read_optional_secret
 
 log = logging.getLogger("agentpool.planner")
 
@@ -120,16 +121,6 @@ def setting_flags(args: argparse.Namespace) -> dict[str, Any]:
     return flags
 
 
-def read_token(path: Path | None) -> str | None:
-    """A token from a file (a mounted Secret), stripped; None without a file; ValueError if empty."""
-    if path is None:
-        return None
-    token = path.read_text().strip()
-    if not token:
-        raise ValueError(f"token file {path} is empty")
-    return token
-
-
 def api_client(args: argparse.Namespace) -> k8s.ApiClient:
     """A client from the service account or a kubeconfig (file I/O: call it in a thread)."""
     configuration = k8s.Configuration()
@@ -166,8 +157,10 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> int:
             raise ValueError("no router: give --router URL (repeatable) and/or --router-selector")
         settings = PlannerSettings(setting_flags(args), args.settings)
         shape = MoeShape(args.experts_active, args.experts_total)
-        router_token = await asyncio.to_thread(read_token, args.router_token_file)
-        directory_token = await asyncio.to_thread(read_token, args.directory_token_file)
+        router_token = await asyncio.to_thread(read_optional_secret, args.router_token_file, "router token")
+        directory_token = await asyncio.to_thread(
+            read_optional_secret, args.directory_token_file, "directory token"
+        )
         api = await asyncio.to_thread(api_client, args)
     except (ValueError, ConfigException, OSError) as e:
         log.error("planner not started: %s", e)

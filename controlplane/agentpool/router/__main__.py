@@ -34,6 +34,7 @@ from agentpool.router.config import ConfigError, ConfigFile
 from agentpool.router.directory_view import DirectoryView, InProcessDirectoryView
 from agentpool.router.server import app_runner
 from agentpool.router.service import RouterService
+from agentpool.secret_file import SecretFileError, read_optional_secret
 
 log = logging.getLogger("agentpool.router")
 
@@ -48,7 +49,7 @@ def directory_view(
         return InProcessDirectoryView(Directory(page_size), time.monotonic)
     from agentpool.router.grpc_directory import GrpcDirectoryView
 
-    token = token_file.read_text().strip() if token_file is not None else None
+    token = read_optional_secret(token_file, "directory token")
     certs = ca_file.read_bytes() if ca_file is not None else None
     return GrpcDirectoryView(spec, token=token, root_certificates=certs)
 
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
         auth = report_auth(args, dict(os.environ))
         with asyncio.Runner(loop_factory=factory) as runner:
             runner.run(serve(args, auth))
-    except (AuthConfigError, ConfigError) as e:
+    except (AuthConfigError, ConfigError, SecretFileError) as e:
         raise SystemExit(f"agentpool.router: {e}") from e
 
 

@@ -11,7 +11,8 @@ import hmac
 from dataclasses import dataclass
 from pathlib import Path
 
-MIN_TOKEN_CHARS = 16
+from agentpool.secret_file import MIN_TOKEN_CHARS, read_secret_file
+
 TOKEN_FILE_ENV = "AGENTPOOL_REPORT_TOKEN_FILE"
 
 
@@ -36,11 +37,7 @@ class ReportAuth:
 
     @classmethod
     def token_file(cls, path: Path) -> ReportAuth:
-        try:
-            text = path.read_text()
-        except OSError as e:
-            raise AuthConfigError(f"cannot read the report token file {path}: {e}") from e
-        return cls.token(text)
+        return cls.token(read_secret_file(path, "report token", MIN_TOKEN_CHARS))
 
     @classmethod
     def unauthenticated(cls) -> ReportAuth:

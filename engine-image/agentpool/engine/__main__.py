@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from agentpool.engine.config import ConfigError, load_config
+from agentpool.secret_file import SecretFileError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("nixl").setLevel(logging.WARNING)
     try:
         return asyncio.run(_serve(args))
-    except ConfigError as e:
+    except (ConfigError, SecretFileError) as e:
         print(f"engine: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -11,7 +11,7 @@ import aiohttp
 from aiohttp import web
 
 from agentpool.directory.client import DirectoryClient
-from agentpool.engine.config import EngineConfig, read_token
+from agentpool.engine.config import EngineConfig
 from agentpool.engine.directory_link import DirectoryLink
 from agentpool.engine.hostpool import HostPool
 from agentpool.engine.kv_peers import KvExporter, PeerFetcher
@@ -26,6 +26,7 @@ from agentpool.kv import Phase, Tier
 from agentpool.node import GpuCache, Role
 from agentpool.router.engine_protocol import LoadReport, QueuedItem
 from agentpool.router.policy import Role as RouterRole
+from agentpool.secret_file import read_optional_secret
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,9 @@ class EngineApp:
         gpu = GpuCache(max(1, cfg.sim.gpu_kv_tokens // cfg.page_size))
         self.ledger = KvLedger(gpu, self.pool, NoSink())
         if cfg.directory is not None:
-            self.directory = DirectoryClient(cfg.directory.target, token=read_token(cfg.directory.token_file))
+            self.directory = DirectoryClient(
+                cfg.directory.target, token=read_optional_secret(cfg.directory.token_file, "directory token")
+            )
         self.backend = SimBackend(
             cfg, self.ledger, self.pool, self.exporter, fetcher, self.metrics, self.directory
         )
@@ -84,7 +87,9 @@ class EngineApp:
                 reconnect_s=cfg.directory.reconnect_s,
             )
             self.ledger.sink = self.link
-        targets = [ReportTarget(r.url, read_token(r.token_file)) for r in cfg.routers]
+        targets = [
+            ReportTarget(r.url, read_optional_secret(r.token_file, "report token")) for r in cfg.routers
+        ]
         self.reporter = Reporter(
             targets, self._session, self.build_report, self.metrics, cfg.report_interval_s
         )

@@ -173,15 +173,3 @@ def load_config(path: Path) -> EngineConfig:
         return EngineConfig.model_validate(data)
     except ValidationError as e:
         raise ConfigError(f"{path}: {e}") from e
-
-
-def read_token(path: Path | None) -> str | None:
-    if path is None:
-        return None
-    try:
-        token = path.read_text().strip()
-    except OSError as e:
-        raise ConfigError(f"cannot read the token file {path}: {e}") from e
-    if not token:
-        raise ConfigError(f"the token file {path} is empty")
-    return token

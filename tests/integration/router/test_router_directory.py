@@ -123,17 +123,19 @@ async def test_headers_drive_branch_ends_and_prefixes_drive_routing(directory: D
 async def test_router_reaches_a_token_protected_directory(tmp_path: Path) -> None:
     namespace = f"agentpool-router-test:{uuid.uuid4().hex}"
     srv = DirectoryServer(
-        DirectoryConfig(port=0, redis_url=REDIS_URL, namespace=namespace, page_size=PAGE, auth_token="s3cret")
+        DirectoryConfig(
+            port=0, redis_url=REDIS_URL, namespace=namespace, page_size=PAGE, auth_token="s3cret-dir-token"
+        )
     )
     await srv.start()
     token_file = tmp_path / "token"
     try:
-        token_file.write_text("wrong\n")
+        token_file.write_text("wrong-dir-token!\n")
         denied = directory_view(srv.address, PAGE, token_file=token_file)
         with pytest.raises(DirectoryError):
             await denied.resolve(block_hashes(list(range(64)), PAGE), None, None)
         await denied.close()  # type: ignore[attr-defined]
-        token_file.write_text("s3cret\n")
+        token_file.write_text("s3cret-dir-token\n")
         allowed = directory_view(srv.address, PAGE, token_file=token_file)
         resolved = await allowed.resolve(block_hashes(list(range(64)), PAGE), None, None)
         assert resolved.prefixes == {}

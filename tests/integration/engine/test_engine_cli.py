@@ -8,7 +8,8 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from engine_processes import engine_config, gen_body, generate, launch, start_engine, state
+from engine_processes import engine_config, gen_body, generate, start_engine, state
+from process_helpers import launch
 
 pytestmark = pytest.mark.integration
 

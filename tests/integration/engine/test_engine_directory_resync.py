@@ -4,26 +4,13 @@ engine not ready, with the reason."""
 
 from __future__ import annotations
 
-import socket
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
-import redis.asyncio as aioredis
-from engine_processes import (
-    PAGE,
-    REDIS_URL,
-    Proc,
-    engine_config,
-    gen_body,
-    generate,
-    launch,
-    start_engine,
-    state,
-    wait_until,
-)
+from engine_processes import PAGE, engine_config, gen_body, generate, start_engine, state, wait_until
+from process_helpers import free_port, redis_namespace, start_directory
 
 from agentpool.directory.client import DirectoryClient, DirectoryRpcError
 from agentpool.kv import block_hashes
@@ -34,31 +21,8 @@ TOKEN = "k" * 32
 
 @pytest.fixture
 async def namespace() -> AsyncIterator[str]:
-    ns = f"agentpool-engine-resync:{uuid.uuid4().hex}"
-    yield ns
-    r = aioredis.Redis.from_url(REDIS_URL)
-    try:
-        keys = [k async for k in r.scan_iter(match=f"{ns}:*", count=1000)]
-        if keys:
-            await r.delete(*keys)
-    finally:
-        await r.aclose()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-async def directory(namespace: str, port: int, token_file: Path) -> Proc:
-    d = await launch(
-        "directory", "agentpool.directory",
-        "--host", "127.0.0.1", "--port", str(port), "--redis-url", REDIS_URL, "--namespace", namespace,
-        "--page-size", str(PAGE), "--auth-token-file", str(token_file),
-    )  # fmt: skip
-    await d.wait_for(r"directory listening on")
-    return d
+    async with redis_namespace("agentpool-engine-resync") as ns:
+        yield ns
 
 
 async def metric(http: aiohttp.ClientSession, url: str, name: str) -> float:
@@ -76,7 +40,7 @@ async def test_the_engine_resyncs_a_restarted_directory(tmp_path: Path, namespac
     wrong.write_text("w" * 32)
     port = free_port()
     address = f"127.0.0.1:{port}"
-    d = await directory(namespace, port, token)
+    d, _ = await start_directory(namespace, token, PAGE, port)
     eng = bad = None
     try:
         good_cfg = engine_config("e", directory={"target": address, "tokenFile": str(token)})
@@ -106,7 +70,7 @@ async def test_the_engine_resyncs_a_restarted_directory(tmp_path: Path, namespac
 
             d.kill()  # SIGKILL: the index is gone with the process
             await d.proc.wait()
-            d = await directory(namespace, port, token)
+            d, _ = await start_directory(namespace, token, PAGE, port)
             await wait_until(indexed, 30, "the engine to resync the new directory")
             assert (await state(http, eng.url))["directory_connected"]
 
@@ -126,7 +90,7 @@ async def test_host_eviction_follows_the_directorys_branch_counts(tmp_path: Path
     token.write_text(TOKEN)
     port = free_port()
     address = f"127.0.0.1:{port}"
-    d = await directory(namespace, port, token)
+    d, _ = await start_directory(namespace, token, PAGE, port)
     eng = None
     try:
         # 8 host slots of 4 tokens: two 4-block paths fill the pool

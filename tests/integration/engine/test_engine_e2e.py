@@ -5,26 +5,14 @@ NIXL, engines publish KV events to the directory and post authenticated load rep
 from __future__ import annotations
 
 import json
-import socket
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-import redis.asyncio as aioredis
-from engine_processes import (
-    PAGE,
-    REDIS_URL,
-    Proc,
-    engine_config,
-    launch,
-    start_directory,
-    start_engine,
-    state,
-    wait_until,
-)
+from engine_processes import PAGE, engine_config, start_engine, state, wait_until
+from process_helpers import Proc, free_port, launch, redis_namespace, start_directory
 
 pytestmark = pytest.mark.integration
 DIR_TOKEN = "d" * 32
@@ -33,21 +21,8 @@ REPORT_TOKEN = "r" * 32
 
 @pytest.fixture
 async def namespace() -> AsyncIterator[str]:
-    ns = f"agentpool-engine-e2e:{uuid.uuid4().hex}"
-    yield ns
-    r = aioredis.Redis.from_url(REDIS_URL)
-    try:
-        keys = [k async for k in r.scan_iter(match=f"{ns}:*", count=1000)]
-        if keys:
-            await r.delete(*keys)
-    finally:
-        await r.aclose()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    async with redis_namespace("agentpool-engine-e2e") as ns:
+        yield ns
 
 
 def router_config(path: Path, nodes: list[dict[str, str]]) -> None:
@@ -72,7 +47,7 @@ async def test_router_directory_and_two_engines_serve_a_streamed_chat_completion
     dir_token.write_text(DIR_TOKEN)
     report_token = tmp_path / "report-token"
     report_token.write_text(REPORT_TOKEN)
-    directory, address = await start_directory(namespace, dir_token)
+    directory, address = await start_directory(namespace, dir_token, PAGE)
     procs: list[Proc] = [directory]
     try:
         port = free_port()  # the engines report to the router from their start

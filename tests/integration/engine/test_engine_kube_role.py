@@ -5,28 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 import kubernetes.client as k8s
 import pytest
+from process_helpers import kubeconfig
 
 from agentpool.engine.roles import DRAIN_ANNOTATION, ROLE_ANNOTATION, KubeRoleWatch
 from agentpool.node import Role
 
 pytestmark = pytest.mark.integration
 NS = "agents"
-
-
-def kubeconfig(path: Path, url: str) -> Path:
-    cluster = {"name": "kmock", "cluster": {"server": url.rstrip("/")}}
-    context = {"name": "kmock", "context": {"cluster": "kmock", "user": "test"}}
-    body = {"apiVersion": "v1", "kind": "Config", "clusters": [cluster], "contexts": [context]}
-    body |= {"users": [{"name": "test", "user": {}}], "current-context": "kmock"}
-    path.write_text(json.dumps(body))
-    return path
 
 
 def pod(name: str, role: str) -> dict[str, Any]:

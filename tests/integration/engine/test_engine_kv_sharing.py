@@ -10,24 +10,13 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
-import redis.asyncio as aioredis
-from engine_processes import (
-    PAGE,
-    REDIS_URL,
-    engine_config,
-    gen_body,
-    generate,
-    start_directory,
-    start_engine,
-    state,
-    wait_until,
-)
+from engine_processes import PAGE, engine_config, gen_body, generate, start_engine, state, wait_until
+from process_helpers import redis_namespace, start_directory
 
 from agentpool.directory.client import DirectoryClient
 from agentpool.kv import block_hashes
@@ -38,15 +27,8 @@ TOKEN = "t" * 32
 
 @pytest.fixture
 async def namespace() -> AsyncIterator[str]:
-    ns = f"agentpool-engine-test:{uuid.uuid4().hex}"
-    yield ns
-    r = aioredis.Redis.from_url(REDIS_URL)
-    try:
-        keys = [k async for k in r.scan_iter(match=f"{ns}:*", count=1000)]
-        if keys:
-            await r.delete(*keys)
-    finally:
-        await r.aclose()
+    async with redis_namespace("agentpool-engine-test") as ns:
+        yield ns
 
 
 async def metric(http: aiohttp.ClientSession, url: str, name: str) -> float:
@@ -62,7 +44,7 @@ async def test_a_queued_request_fetches_a_peers_host_blocks_and_recomputes_when_
 ) -> None:
     token_file = tmp_path / "dir-token"
     token_file.write_text(TOKEN)
-    directory, address = await start_directory(namespace, token_file)
+    directory, address = await start_directory(namespace, token_file, PAGE)
     dir_cfg = {"target": address, "tokenFile": str(token_file), "heartbeatS": 0.5}
     a = b = None
     try:

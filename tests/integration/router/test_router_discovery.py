@@ -5,12 +5,12 @@ they go, so a dead engine is not retried forever."""
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from process_helpers import kubeconfig
 from router_engine_standin import StandIn
 from router_harness import chat_body, router_config, start_router, wait_until
 
@@ -67,15 +67,6 @@ async def test_engines_register_with_their_reports_and_leave_when_they_stop_repo
         await r.stop()
         await a.kill()
         await b.kill()
-
-
-def kubeconfig(path: Path, url: str) -> Path:
-    cluster = {"name": "kmock", "cluster": {"server": url.rstrip("/")}}
-    context = {"name": "kmock", "context": {"cluster": "kmock", "user": "test"}}
-    body = {"apiVersion": "v1", "kind": "Config", "clusters": [cluster], "contexts": [context]}
-    body |= {"users": [{"name": "test", "user": {}}], "current-context": "kmock"}
-    path.write_text(json.dumps(body))
-    return path
 
 
 def endpoint_slice(engines: list[StandIn]) -> dict[str, Any]:

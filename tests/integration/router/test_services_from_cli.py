@@ -9,51 +9,32 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-import redis.asyncio as aioredis
+from process_helpers import kubeconfig, launch, redis_namespace, running, start_directory, start_router
 from router_engine_standin import StandIn
 from router_harness import chat_body, read_sse, streamed_text, wait_until
-from service_processes import Service, launch, running
 
 from agentpool.directory.client import DirectoryClient
 
 pytestmark = pytest.mark.integration
-REDIS_URL = "redis://127.0.0.1:6379/0"
 NS = "agents"
 PODS = ("engine-0", "engine-1")
 
 
 @pytest.fixture
 async def namespace() -> AsyncIterator[str]:
-    ns = f"agentpool-router-cli-test:{uuid.uuid4().hex}"
-    yield ns
-    r = aioredis.Redis.from_url(REDIS_URL)
-    try:
-        keys = [k async for k in r.scan_iter(match=f"{ns}:*", count=1000)]
-        if keys:
-            await r.delete(*keys)
-    finally:
-        await r.aclose()
+    async with redis_namespace("agentpool-router-cli-test") as ns:
+        yield ns
 
 
 def secret(path: Path, value: str) -> Path:
     path.write_text(value + "\n")
     path.chmod(0o600)
-    return path
-
-
-def kubeconfig(path: Path, url: str) -> Path:
-    cluster = {"name": "kmock", "cluster": {"server": url.rstrip("/")}}
-    context = {"name": "kmock", "context": {"cluster": "kmock", "user": "test"}}
-    body = {"apiVersion": "v1", "kind": "Config", "clusters": [cluster], "contexts": [context]}
-    body |= {"users": [{"name": "test", "user": {}}], "current-context": "kmock"}
-    path.write_text(json.dumps(body))
     return path
 
 
@@ -72,24 +53,6 @@ def pod_role(kmock: Any, name: str) -> str:
     return str(raw["metadata"]["annotations"]["agentpool.io/role"])
 
 
-async def start_directory(namespace: str, token_file: Path) -> tuple[Service, str]:
-    directory = await launch(
-        "directory", "agentpool.directory",
-        "--host", "127.0.0.1", "--port", "0", "--redis-url", REDIS_URL, "--namespace", namespace,
-        "--page-size", "16", "--auth-token-file", str(token_file),
-    )  # fmt: skip
-    m = await directory.wait_for(r"directory listening on (\S+)")
-    return directory, m.group(1)
-
-
-async def start_router(config: Path, *args: str) -> tuple[Service, str]:
-    router = await launch(
-        "router", "agentpool.router", "--config", str(config), "--host", "127.0.0.1", "--port", "0", *args
-    )
-    m = await router.wait_for(r"router listening on (http://\S+)")
-    return router, m.group(1)
-
-
 async def get_json(http: aiohttp.ClientSession, url: str) -> tuple[int, Any]:
     async with http.get(url) as resp:
         return resp.status, await resp.json()
@@ -106,7 +69,7 @@ async def test_a_streamed_completion_through_directory_router_and_planner_starte
     raw = {"model": "test-model", "policy": "smetric", "pageSize": 16, "nodes": nodes}
     config.write_text(json.dumps(raw))
     add_pods(kmock)
-    directory, address = await start_directory(namespace, dir_token)
+    directory, address = await start_directory(namespace, dir_token, 16)
     try:
         router, url = await start_router(
             config,

@@ -1,0 +1,143 @@
+"""Start services from their command lines (``python -m ...``) as subprocesses, for tests: one process
+handle for every service, the directory and router start-ups, a Redis key namespace, a kubeconfig."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import signal
+import socket
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis.asyncio as aioredis
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+@dataclass
+class Proc:
+    """A service started with :func:`launch`: its stdout and stderr, line by line, in ``output``."""
+
+    name: str
+    proc: asyncio.subprocess.Process
+    output: list[str] = field(default_factory=list)
+    url: str = ""
+    _reader: asyncio.Task[None] | None = None
+
+    def text(self) -> str:
+        return "".join(self.output)
+
+    async def _read(self) -> None:
+        assert self.proc.stdout is not None
+        async for line in self.proc.stdout:
+            self.output.append(line.decode(errors="replace"))
+
+    async def wait_for(self, pattern: str, within_s: float = 60.0) -> re.Match[str]:
+        """The first output line matching ``pattern`` (fails with the output if it exits first)."""
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + within_s
+        while True:
+            for line in self.output:
+                m = regex.search(line)
+                if m is not None:
+                    return m
+            if self.proc.returncode is not None or time.monotonic() > deadline:
+                raise AssertionError(f"{self.name} never printed {pattern!r}; its output:\n{self.text()}")
+            await asyncio.sleep(0.05)
+
+    def kill(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.kill()
+
+    async def stop(self, within_s: float = 15.0) -> int:
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.proc.wait(), timeout=within_s)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+        if self._reader is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        assert self.proc.returncode is not None
+        return self.proc.returncode
+
+
+async def launch(name: str, module: str, *args: str) -> Proc:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", module, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    p = Proc(name, proc)
+    p._reader = asyncio.create_task(p._read())
+    return p
+
+
+@contextlib.asynccontextmanager
+async def running(name: str, module: str, *args: str) -> AsyncIterator[Proc]:
+    p = await launch(name, module, *args)
+    try:
+        yield p
+    finally:
+        await p.stop()
+
+
+async def start_directory(
+    namespace: str, token_file: Path, page_size: int, port: int = 0
+) -> tuple[Proc, str]:
+    """``python -m agentpool.directory`` on Redis with a token; the process and its address."""
+    d = await launch(
+        "directory", "agentpool.directory",
+        "--host", "127.0.0.1", "--port", str(port), "--redis-url", REDIS_URL, "--namespace", namespace,
+        "--page-size", str(page_size), "--auth-token-file", str(token_file),
+    )  # fmt: skip
+    m = await d.wait_for(r"directory listening on (\S+)")
+    return d, m.group(1)
+
+
+async def start_router(config: Path, *args: str) -> tuple[Proc, str]:
+    """``python -m agentpool.router`` on a free port; the process and its URL."""
+    router = await launch(
+        "router", "agentpool.router", "--config", str(config), "--host", "127.0.0.1", "--port", "0", *args
+    )
+    m = await router.wait_for(r"router listening on (http://\S+)")
+    return router, m.group(1)
+
+
+@contextlib.asynccontextmanager
+async def redis_namespace(prefix: str) -> AsyncIterator[str]:
+    """A unique key namespace on the shared Redis; its keys are deleted afterwards."""
+    ns = f"{prefix}:{uuid.uuid4().hex}"
+    try:
+        yield ns
+    finally:
+        r = aioredis.Redis.from_url(REDIS_URL)
+        try:
+            keys = [k async for k in r.scan_iter(match=f"{ns}:*", count=1000)]
+            if keys:
+                await r.delete(*keys)
+        finally:
+            await r.aclose()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def kubeconfig(path: Path, url: str) -> Path:
+    """A kubeconfig for the API server at ``url`` (KMock), no credentials."""
+    cluster = {"name": "kmock", "cluster": {"server": url.rstrip("/")}}
+    context = {"name": "kmock", "context": {"cluster": "kmock", "user": "test"}}
+    body = {"apiVersion": "v1", "kind": "Config", "clusters": [cluster], "contexts": [context]}
+    body |= {"users": [{"name": "test", "user": {}}], "current-context": "kmock"}
+    path.write_text(json.dumps(body))
+    return path

@@ -283,19 +283,33 @@ def warm_chat(url: str, timeout_s: float, proc: subprocess.Popen[bytes]) -> None
     raise RuntimeError(f"{url} never served a chat request within {timeout_s}s")
 
 
+def start_engines(engines: int, procs: list[subprocess.Popen[bytes]]) -> list[str]:
+    """``engines`` instant engines (one process, appended to ``procs``); their URLs."""
+    ports = [free_port() for _ in range(engines)]
+    eng = subprocess.Popen([sys.executable, "-c", ENGINE_SCRIPT, *map(str, ports)], stdout=subprocess.PIPE)
+    procs.append(eng)
+    assert eng.stdout is not None
+    eng.stdout.readline()
+    return [f"http://127.0.0.1:{p}" for p in ports]
+
+
+def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Terminate ``procs`` (last started first), killing those that do not exit within 5 s."""
+    for p in reversed(procs):
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
 def router_overhead(seconds: float, engines: int, loops: Sequence[str] = ("asyncio",)) -> None:
     print(f"\n## Router overhead on loopback, {engines} instant engines, {seconds:.0f}s per measurement")
     procs: list[subprocess.Popen[bytes]] = []
     tmp = Path(tempfile.mkdtemp(prefix="bench-router-"))
     try:
-        ports = [free_port() for _ in range(engines)]
-        eng = subprocess.Popen(
-            [sys.executable, "-c", ENGINE_SCRIPT, *map(str, ports)], stdout=subprocess.PIPE
-        )
-        procs.append(eng)
-        assert eng.stdout is not None
-        eng.stdout.readline()
-        engine_urls = [f"http://127.0.0.1:{p}" for p in ports]
+        engine_urls = start_engines(engines, procs)
 
         targets: list[tuple[str, list[str]]] = [("direct", [u + "/v1/chat/completions" for u in engine_urls])]
         for loop in loops:
@@ -321,13 +335,7 @@ def router_overhead(seconds: float, engines: int, loops: Sequence[str] = ("async
         if sglang_note:
             print(sglang_note)
     finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs)
         shutil.rmtree(tmp, ignore_errors=True)
 
 

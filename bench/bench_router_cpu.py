@@ -31,16 +31,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.bench_router import ENGINE_SCRIPT, free_port, load, start_agentpool, start_sglang
-
-
-def start_engines(engines: int, procs: list[subprocess.Popen[bytes]]) -> list[str]:
-    ports = [free_port() for _ in range(engines)]
-    eng = subprocess.Popen([sys.executable, "-c", ENGINE_SCRIPT, *map(str, ports)], stdout=subprocess.PIPE)
-    procs.append(eng)
-    assert eng.stdout is not None
-    eng.stdout.readline()
-    return [f"http://127.0.0.1:{p}" for p in ports]
+from bench.bench_router import load, start_agentpool, start_engines, start_sglang, stop_all
 
 
 def start_directory(procs: list[subprocess.Popen[bytes]], tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -60,16 +51,6 @@ def start_directory(procs: list[subprocess.Popen[bytes]], tmp: Path) -> tuple[su
         if line.startswith("directory listening on "):
             return proc, line.split()[-1]
     raise RuntimeError("the directory exited before it listened")
-
-
-def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
-    for p in reversed(procs):
-        p.terminate()
-    for p in procs:
-        try:
-            p.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            p.kill()
 
 
 def cpu_seconds(pid: int) -> float:
@@ -98,14 +79,7 @@ def router_cpu(seconds: float, engines: int, repeats: int, concurrencies: Sequen
     procs: list[subprocess.Popen[bytes]] = []
     tmp = Path(tempfile.mkdtemp(prefix="bench-router-cpu-"))
     try:
-        ports = [free_port() for _ in range(engines)]
-        eng = subprocess.Popen(
-            [sys.executable, "-c", ENGINE_SCRIPT, *map(str, ports)], stdout=subprocess.PIPE
-        )
-        procs.append(eng)
-        assert eng.stdout is not None
-        eng.stdout.readline()
-        engine_urls = [f"http://127.0.0.1:{p}" for p in ports]
+        engine_urls = start_engines(engines, procs)
         targets: list[tuple[str, list[str]]] = []
         pids: dict[str, int] = {}
         for loop in ("asyncio", "uvloop"):
@@ -157,13 +131,7 @@ def router_cpu(seconds: float, engines: int, repeats: int, concurrencies: Sequen
                         line += f"  vs {other}: " + ", ".join(f"{x:.2f}x" for x in ratios)
                 print(line)
     finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs)
         shutil.rmtree(tmp, ignore_errors=True)
 
 

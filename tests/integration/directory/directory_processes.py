@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -13,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import redis.asyncio as aioredis
+from process_helpers import free_port
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
@@ -67,12 +67,6 @@ async def start_directory_process(
     line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
     assert line.startswith("directory listening on "), line
     return proc, line.split()[-1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class PrivateRedis:

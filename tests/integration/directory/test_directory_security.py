@@ -6,7 +6,6 @@ import asyncio
 import hmac
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ import grpc
 import pytest
 import redis.asyncio as aioredis
 from conftest import config_for
+from process_helpers import free_port
 from pydantic import SecretStr
 
 import agentpool.directory.auth as auth_module
@@ -279,7 +279,7 @@ async def test_redis_password_from_a_file_or_the_environment(tmp_path: Path) -> 
     """A private redis-server with requirepass: the directory started from its command line with
     --redis-password-file serves, so does one with AGENTPOOL_REDIS_PASSWORD; without the password it
     cannot load its state and exits."""
-    port = _free_port()
+    port = free_port()
     redis = await asyncio.create_subprocess_exec(
         REDIS_SERVER,
         "--port",
@@ -345,12 +345,6 @@ async def test_redis_password_from_a_file_or_the_environment(tmp_path: Path) -> 
     finally:
         redis.kill()
         await redis.wait()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _wait_redis(port: int, password: str) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,15 +13,10 @@ from typing import Any
 import aiohttp
 import pytest
 from local_trace import write_small_trace
+from process_helpers import free_port
 from router_engine_standin import StandIn
 
 pytestmark = pytest.mark.integration
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

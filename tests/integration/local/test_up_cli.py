@@ -14,17 +14,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from process_helpers import free_port
 
 from agentpool.local.supervisor import ProcessSpec, StartError, Supervisor, TcpReady
 
 pytestmark = pytest.mark.integration
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "pool-sim.yaml"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def processes_mentioning(text: str) -> list[int]:

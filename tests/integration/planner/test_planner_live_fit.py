@@ -9,7 +9,6 @@ import asyncio
 import collections
 import contextlib
 import json
-import socket
 import sys
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 from planner_link_harness import chat, router_config, start_router
+from process_helpers import free_port
 from prometheus_client import CollectorRegistry
 
 from agentpool.models import MoeShape
@@ -57,12 +57,6 @@ class FileRoles:
 
     async def record_event(self, about: ObjectRef, reason: str, message: str, warning: bool = False) -> None:
         self.events.append((reason, message))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def start_engine(tmp: Path, node: str, port: int, router_url: str) -> asyncio.subprocess.Process:

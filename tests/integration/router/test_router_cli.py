@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -11,14 +10,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from process_helpers import free_port
 
 pytestmark = pytest.mark.integration
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_module_entry_point_serves_models_and_metrics(tmp_path: Path) -> None:

@@ -118,13 +118,18 @@ async def redis_namespace(prefix: str) -> AsyncIterator[str]:
     try:
         yield ns
     finally:
-        r = aioredis.Redis.from_url(REDIS_URL)
-        try:
-            keys = [k async for k in r.scan_iter(match=f"{ns}:*", count=1000)]
-            if keys:
-                await r.delete(*keys)
-        finally:
-            await r.aclose()
+        await delete_namespace(ns)
+
+
+async def delete_namespace(namespace: str) -> None:
+    """Delete every key under ``namespace:`` on the shared Redis (never FLUSHDB: others use it)."""
+    r = aioredis.Redis.from_url(REDIS_URL)
+    try:
+        keys = [k async for k in r.scan_iter(match=f"{namespace}:*", count=1000)]
+        if keys:
+            await r.delete(*keys)
+    finally:
+        await r.aclose()
 
 
 def free_port() -> int:

@@ -7,22 +7,12 @@ import uuid
 from collections.abc import AsyncIterator
 
 import pytest
-import redis.asyncio as aioredis
+from process_helpers import delete_namespace
 
 from agentpool.directory.client import DirectoryClient
 from agentpool.directory.server import DirectoryConfig, DirectoryServer
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
-
-
-async def delete_namespace(namespace: str, url: str = REDIS_URL) -> None:
-    client = aioredis.Redis.from_url(url)
-    try:
-        keys = [k async for k in client.scan_iter(match=f"{namespace}:*", count=1000)]
-        if keys:
-            await client.delete(*keys)
-    finally:
-        await client.aclose()
 
 
 @pytest.fixture

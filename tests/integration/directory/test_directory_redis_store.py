@@ -12,6 +12,7 @@ import pytest
 import redis.asyncio as aioredis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from process_helpers import delete_namespace
 
 from agentpool.directory.redis_store import RedisBranchStore
 from agentpool.directory.store import snapshot
@@ -20,14 +21,6 @@ from agentpool.kv import Directory, Phase
 pytestmark = pytest.mark.integration
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
-
-
-async def delete_namespace(namespace: str) -> None:
-    client = aioredis.Redis.from_url(REDIS_URL)
-    keys = [k async for k in client.scan_iter(match=f"{namespace}:*", count=1000)]
-    if keys:
-        await client.delete(*keys)
-    await client.aclose()
 
 
 _KV_TESTS = Path(__file__).parents[2] / "unit" / "kv"

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-import redis.asyncio as aioredis
 from kubernetes import client as k8s
+from process_helpers import delete_namespace
 from prometheus_client import CollectorRegistry
 
 from agentpool.directory.client import DirectoryClient
@@ -89,11 +89,7 @@ async def directory() -> AsyncIterator[DirectoryClient]:
             yield client
     finally:
         await server.stop()
-        r = aioredis.Redis.from_url("redis://127.0.0.1:6379/0")
-        keys = [k async for k in r.scan_iter(match=f"{namespace}:*", count=1000)]
-        if keys:
-            await r.delete(*keys)
-        await r.aclose()
+        await delete_namespace(namespace)
 
 
 async def counts_on(directory: DirectoryClient, node: str) -> dict[int, int]:

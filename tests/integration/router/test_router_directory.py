@@ -10,7 +10,7 @@ from pathlib import Path
 import aiohttp
 import grpc
 import pytest
-import redis.asyncio as aioredis
+from process_helpers import delete_namespace
 from router_engine_standin import StandIn
 from router_harness import chat_body, router_config, start_router
 
@@ -43,13 +43,7 @@ async def directory() -> AsyncIterator[DirectoryServer]:
     await srv.start()
     yield srv
     await srv.stop()
-    r = aioredis.Redis.from_url(REDIS_URL)
-    try:
-        keys = [k async for k in r.scan_iter(match=f"{namespace}:*", count=1000)]
-        if keys:
-            await r.delete(*keys)
-    finally:
-        await r.aclose()
+    await delete_namespace(namespace)
 
 
 async def branch_exists(client: DirectoryClient, branch: str) -> bool:

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
-import redis.asyncio as aioredis
+from process_helpers import delete_namespace
 from router_engine_standin import StandIn
 from router_harness import chat_body, router_config, start_router
 
@@ -31,11 +31,7 @@ async def directory() -> AsyncIterator[DirectoryServer]:
     await srv.start()
     yield srv
     await srv.stop()
-    r = aioredis.Redis.from_url(REDIS_URL)
-    keys = [k async for k in r.scan_iter(match=f"{namespace}:*", count=1000)]
-    if keys:
-        await r.delete(*keys)
-    await r.aclose()
+    await delete_namespace(namespace)
 
 
 async def test_a_refused_request_leaves_the_branch_as_it_was(directory: DirectoryServer) -> None:

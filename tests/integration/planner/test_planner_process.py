@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import re
 import signal
 import sys
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from planner_link_harness import router_config, start_router
+from process_helpers import kubeconfig
 from test_planner_controller import NODE, NS, PODS, SHAPE, pod_body
 
 from agentpool.models import Work
@@ -48,23 +48,6 @@ async def router() -> AsyncIterator[tuple[str, list[str], WorkLog]]:
     await runner.cleanup()
 
 
-def kubeconfig(tmp_path: Path, url: str) -> Path:
-    path = tmp_path / "kubeconfig"
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "kmock", "cluster": {"server": url.rstrip("/")}}],
-                "users": [{"name": "test", "user": {}}],
-                "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "test"}}],
-                "current-context": "kmock",
-            }
-        )
-    )
-    return path
-
-
 def add_pods(kmock: Any, roles: dict[str, str]) -> None:
     for name in PODS:
         kmock.objects[kmock.resource("v1", "pods"), NS, name] = pod_body(name, roles[name], name == PODS[-1])
@@ -89,7 +72,7 @@ async def start(tmp_path: Path, kmock: Any, router_url: str, *extra: str) -> asy
     return await asyncio.create_subprocess_exec(
         sys.executable, "-m", "agentpool.planner",
         "--namespace", NS, "--pool", "demo", "--router", router_url,
-        "--kubeconfig", str(kubeconfig(tmp_path, str(kmock.url))),
+        "--kubeconfig", str(kubeconfig(tmp_path / "kubeconfig", str(kmock.url))),
         "--poll-interval-s", "0.2", "--initial-prefill", "2",
         "--experts-active", "8", "--experts-total", "256",
         *extra,

@@ -40,3 +40,14 @@ def test_installed_console_script_runs() -> None:
     assert exe is not None, "the `agentpool` console script is not installed (pip install -e .)"
     out = subprocess.run([exe, "--help"], cwd="/", capture_output=True, text=True, check=True)
     assert "simulate" in out.stdout
+
+
+def test_every_direct_child_of_agentpool_is_a_package() -> None:
+    """setup.py installs packages only: a module file beside the packages (agentpool/x.py) imports
+    from a source tree but is missing from the installed distribution."""
+    loose = [
+        str(path.relative_to(ROOT))
+        for root in ("controlplane", "operator", "engine-image")
+        for path in (ROOT / root / "agentpool").glob("*.py")
+    ]
+    assert loose == [], f"make these packages (x/__init__.py): {loose}"

@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import signal
 from pathlib import Path
 
 import aiohttp
@@ -28,6 +27,7 @@ from agentpool.models import MoeShape
 from agentpool.planner.controller import PlannerController, PlannerError
 from agentpool.planner.inbox import PlannerInbox
 from agentpool.planner.metrics import PlannerMetrics
+from agentpool.planner.process import drive, serve_until_signal
 from agentpool.planner.roles import ObjectRef
 from agentpool.planner.router_models import ModelBroadcast
 from agentpool.planner.router_source import RouterWorkSource
@@ -96,25 +96,14 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> int:
         source = RouterWorkSource(
             args.router, inbox, session, interval_s=args.poll_interval_s, models=broadcast
         )
-        helpers = [asyncio.create_task(source.run(stop)), asyncio.create_task(settings.run(stop))]
-        try:
-            await controller.run(stop)
-        except (PlannerError, ValueError) as e:
-            log.error("planner stopped: %s", e)
-            return 1
-        finally:
-            stop.set()
-            await asyncio.gather(*helpers)
-    log.info("planner stopped")
-    return 0
+        code = await drive(controller, source, settings, stop, (PlannerError, ValueError))
+    if code == 0:
+        log.info("planner stopped")
+    return code
 
 
 async def serve(args: argparse.Namespace) -> int:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    return await run(args, stop)
+    return await serve_until_signal(run, args)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -202,22 +203,40 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> int:
                 discover=routers,
                 served=served,
             )
-            helpers = [asyncio.create_task(source.run(stop)), asyncio.create_task(settings.run(stop))]
-            try:
-                await controller.run(stop)
-            except (ApiException, PlannerError, ValueError) as e:
-                log.error("planner stopped: %s", e)
-                return 1
-            finally:
-                stop.set()
-                await asyncio.gather(*helpers)
-        log.info("planner stopped")
-        return 0
+            code = await drive(controller, source, settings, stop, (ApiException, PlannerError, ValueError))
+        if code == 0:
+            log.info("planner stopped")
+        return code
     finally:
         await asyncio.to_thread(api.close)
 
 
-async def serve(args: argparse.Namespace) -> int:
+async def drive(
+    controller: PlannerController,
+    source: RouterWorkSource,
+    settings: PlannerSettings,
+    stop: asyncio.Event,
+    errors: tuple[type[Exception], ...],
+) -> int:
+    """Run the controller with its work source and settings reload until ``stop`` (0) or until it
+    fails with one of ``errors`` (1, logged); the two helpers are stopped and awaited either way.
+    Shared by this planner and the local pool's (``agentpool.local.planner``)."""
+    helpers = [asyncio.create_task(source.run(stop)), asyncio.create_task(settings.run(stop))]
+    try:
+        await controller.run(stop)
+    except errors as e:
+        log.error("planner stopped: %s", e)
+        return 1
+    finally:
+        stop.set()
+        await asyncio.gather(*helpers)
+    return 0
+
+
+async def serve_until_signal(
+    run: Callable[[argparse.Namespace, asyncio.Event], Awaitable[int]], args: argparse.Namespace
+) -> int:
+    """``run(args, stop)`` with ``stop`` set by SIGTERM or SIGINT; the handlers are removed after."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -228,6 +247,10 @@ async def serve(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(ValueError):
                 loop.remove_signal_handler(sig)
+
+
+async def serve(args: argparse.Namespace) -> int:
+    return await serve_until_signal(run, args)
 
 
 def main(argv: list[str] | None = None) -> int:

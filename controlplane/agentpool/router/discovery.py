@@ -21,9 +21,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from agentpool.router.config import KubernetesDiscoveryConfig, NodeConfig, RouterConfig
-from agentpool.router.engine_protocol import LoadReport
 from agentpool.router.metrics import RouterMetrics
 from agentpool.router.nodes import NodeTable
+from agentpool.wire.engine import LoadReport
 
 log = logging.getLogger(__name__)
 REGISTRY = "registry"

@@ -1,4 +1,4 @@
-"""HTTP client for the engine protocol (:mod:`agentpool.router.engine_protocol`), with timeouts.
+"""HTTP client for the engine protocol (:mod:`agentpool.wire.engine`), with timeouts.
 
 A lean HTTP/1.1 client: asyncio protocols with httptools' response parser (llhttp) on persistent
 connections kept per engine, one request at a time on each. It replaced an aiohttp session, whose
@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 import httptools
 import orjson
 
-from agentpool.router.engine_protocol import EngineEvent, GenerateRequest, encode_generate
+from agentpool.wire.engine import EngineEvent, GenerateRequest, encode_generate
 
 GENERATE_PATH = "/agentpool/v1/generate"
 # The longest event line accepted.

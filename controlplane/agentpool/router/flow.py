@@ -28,7 +28,6 @@ from agentpool.models import Work
 from agentpool.router.config import RouterConfig
 from agentpool.router.directory_view import DirectoryError, DirectoryView
 from agentpool.router.engine_client import EngineBusy, EngineClient, EngineFailure, EngineRejected
-from agentpool.router.engine_protocol import EngineEvent, GenerateRequest, KvSource, Phase, Usage
 from agentpool.router.metrics import RouterMetrics
 from agentpool.router.nodes import NodeTable
 from agentpool.router.policy import (
@@ -46,6 +45,7 @@ from agentpool.router.policy import (
 )
 from agentpool.router.policy.contract import serves_prefill
 from agentpool.router.work_log import WorkLog
+from agentpool.wire.engine import EngineEvent, GenerateRequest, KvSource, Phase, Usage
 
 Endpoint = Literal["chat", "completion"]
 log = logging.getLogger(__name__)

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 
 from agentpool.models import DecodeModel, NodeModel, PrefillModel, Work
 from agentpool.router.config import NodeConfig, NodeModelConfig
-from agentpool.router.engine_protocol import LoadReport
 from agentpool.router.policy import EMPTY_QUEUE, NodeState, QueuedPrefill, Role
+from agentpool.wire.engine import LoadReport
 
 
 def node_model_of(cfg: NodeModelConfig) -> NodeModel:

@@ -16,7 +16,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from agentpool.router.engine_protocol import Usage
+from agentpool.wire.engine import Usage
 
 _I64 = 1 << 63
 

@@ -26,7 +26,6 @@ from pydantic import BaseModel, ValidationError
 
 from agentpool.kv import InvalidBranchIdError, check_branch_id
 from agentpool.router.directory_view import DirectoryError
-from agentpool.router.engine_protocol import LoadReport, Usage
 from agentpool.router.fitted_models import mount as mount_fitted_models
 from agentpool.router.flow import (
     BadRequest,
@@ -56,6 +55,7 @@ from agentpool.router.openai_api import (
 from agentpool.router.service import RouterService
 from agentpool.router.tokenizer import Encoded, TokenizerError
 from agentpool.router.work_log import mount as mount_work_log
+from agentpool.wire.engine import LoadReport, Usage
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)

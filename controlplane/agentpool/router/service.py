@@ -20,7 +20,6 @@ from agentpool.router.config import ConfigError, ConfigFile, RouterConfig
 from agentpool.router.directory_view import DirectoryError, DirectoryView, Resolved
 from agentpool.router.discovery import Discovery
 from agentpool.router.engine_client import EngineClient
-from agentpool.router.engine_protocol import LoadReport
 from agentpool.router.flow import Dispatcher, Endpoint, Prepared, Routing
 from agentpool.router.metrics import QueueDepthCollector, RouterMetrics
 from agentpool.router.nodes import NodeTable
@@ -35,6 +34,7 @@ from agentpool.router.tokenizer import (
     encode_completion,
     load_tokenizer,
 )
+from agentpool.wire.engine import LoadReport
 
 log = logging.getLogger(__name__)
 

@@ -4,6 +4,8 @@
   per-request work records, occupancy samples and the engines' iteration records.
 - :mod:`agentpool.wire.iterations`: one engine iteration as engines report it (inside their load
   reports to the routers) and as routers pass it on to the planner.
+- :mod:`agentpool.wire.engine`: the router/engine protocol: dispatch (``GenerateRequest``), the
+  engine's event stream (``EngineEvent``) and the engines' load reports to the routers (``LoadReport``).
 - :mod:`agentpool.wire.fits`: the planner's fitted per-node models that it pushes to every router
   (``PUT /agentpool/v1/models``), versioned.
 

@@ -24,9 +24,9 @@ from agentpool.engine.server import build_app
 from agentpool.engine.simbackend import SimBackend
 from agentpool.kv import Phase, Tier
 from agentpool.node import GpuCache, Role
-from agentpool.router.engine_protocol import LoadReport, QueuedItem
 from agentpool.router.policy import Role as RouterRole
 from agentpool.secret_file import read_optional_secret
+from agentpool.wire.engine import LoadReport, QueuedItem
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from agentpool.engine.metrics import EngineMetrics
-from agentpool.router.engine_protocol import LoadReport
+from agentpool.wire.engine import LoadReport
 
 log = logging.getLogger(__name__)
 REPORT_PATH = "/agentpool/v1/report"

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from agentpool.engine.errors import BadRequestError
 from agentpool.engine.http_errors import error_middleware
-from agentpool.router.engine_protocol import GenerateRequest
+from agentpool.wire.engine import GenerateRequest
 
 if TYPE_CHECKING:
     from agentpool.engine.app import EngineApp

@@ -35,7 +35,7 @@ from agentpool.engine.kvstate import KvLedger
 from agentpool.engine.metrics import EngineMetrics
 from agentpool.kv import block_hashes
 from agentpool.node import Iteration, Node, NodeLoad, NodeStatus, Request, Role
-from agentpool.router.engine_protocol import GenerateRequest
+from agentpool.wire.engine import GenerateRequest
 from agentpool.wire.iterations import (
     MAX_ITERATIONS_PER_REPORT,
     WireDecodeIteration,

@@ -14,9 +14,9 @@ from agentpool.kv import Directory
 from agentpool.router.auth import ReportAuth
 from agentpool.router.config import RouterConfig
 from agentpool.router.directory_view import InProcessDirectoryView
-from agentpool.router.engine_protocol import GenerateRequest
 from agentpool.router.server import build_app
 from agentpool.router.service import RouterService
+from agentpool.wire.engine import GenerateRequest
 
 
 @dataclass

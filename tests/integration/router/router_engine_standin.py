@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from agentpool.router.engine_protocol import GenerateRequest
+from agentpool.wire.engine import GenerateRequest
 
 
 @dataclass

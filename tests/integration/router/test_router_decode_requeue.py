@@ -11,7 +11,7 @@ import pytest
 from router_engine_standin import StandIn
 from router_harness import chat_body, read_sse, router_config, start_router, streamed_text
 
-from agentpool.router.engine_protocol import GenerateRequest
+from agentpool.wire.engine import GenerateRequest
 
 pytestmark = pytest.mark.integration
 

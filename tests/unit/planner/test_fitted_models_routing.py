@@ -9,9 +9,9 @@ import pytest
 
 from agentpool.models import DecodeModel, NodeModel, PrefillModel
 from agentpool.router.config import NodeConfig, NodeModelConfig
-from agentpool.router.engine_protocol import LoadReport, QueuedItem
 from agentpool.router.nodes import NodeTable, StaleFitsError, node_model_of
 from agentpool.router.policy import CachedPrefix, PolicyContext, RequestView, create_policy
+from agentpool.wire.engine import LoadReport, QueuedItem
 
 PRIOR = NodeModelConfig()
 CTX = PolicyContext()

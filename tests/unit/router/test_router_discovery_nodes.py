@@ -7,9 +7,9 @@ from kubernetes import client as k8s
 
 from agentpool.router.config import KubernetesDiscoveryConfig, NodeConfig, NodeModelConfig
 from agentpool.router.discovery import engines_from_slices
-from agentpool.router.engine_protocol import LoadReport
 from agentpool.router.nodes import NodeTable
 from agentpool.router.policy import Role
+from agentpool.wire.engine import LoadReport
 
 
 def node(i: str, url: str = "http://e:1", role: Role = Role.BOTH) -> NodeConfig:

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from agentpool.router.engine_client import EngineBusy, EngineClient, EngineFailure, EngineRejected
-from agentpool.router.engine_protocol import GenerateRequest
+from agentpool.wire.engine import GenerateRequest
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 EVENTS = [{"type": "started"}, {"type": "token", "text": "a"}, {"type": "done", "finish_reason": "stop"}]

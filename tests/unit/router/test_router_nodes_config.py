@@ -15,9 +15,9 @@ from agentpool.router.config import (
     RouterConfig,
     parse_config,
 )
-from agentpool.router.engine_protocol import LoadReport, QueuedItem
 from agentpool.router.nodes import NodeTable
 from agentpool.router.policy import Role
+from agentpool.wire.engine import LoadReport, QueuedItem
 
 
 def table(*roles: Role) -> NodeTable:

@@ -9,8 +9,8 @@ from pydantic import TypeAdapter, ValidationError
 
 from agentpool.models import DecodeIterationRecord, DecodeModel, NodeModel, PrefillModel, Work
 from agentpool.planner.router_source import IterationDeduper
-from agentpool.router.engine_protocol import LoadReport
 from agentpool.router.work_log import WorkLog
+from agentpool.wire.engine import LoadReport
 from agentpool.wire.fits import ModelSet, WireNodeModel
 from agentpool.wire.iterations import WireDecodeIteration, WireIteration, WirePrefillIteration
 from agentpool.wire.work import WireNodeIteration, WorkBatch

@@ -1,4 +1,4 @@
-"""The HTTP protocol between the router and engines, as the router speaks it.
+"""The HTTP protocol between the router and engines (both import it; neither owns it).
 
 Dispatch: ``POST {engine}/agentpool/v1/generate`` with a :class:`GenerateRequest`; the engine answers
 ``200`` with a stream of newline-delimited JSON :class:`EngineEvent` objects:

@@ -51,6 +51,11 @@ class EngineMetrics:
             "Tokens recomputed because a fetch failed",
             registry=r,
         )
+        self.handover_recomputed = Counter(
+            "agentpool_engine_handover_recomputed_total",
+            "Decode requests whose P->D hand-over failed and that this node prefilled itself",
+            registry=r,
+        )
         self.unknown_transfers = Counter(
             "agentpool_engine_unknown_transfers_total",
             "Lookups of transfer ids or leases this node does not hold",

@@ -264,6 +264,9 @@ class SimBackend:
     # -- prefill side -------------------------------------------------------------------------
     def _prefilled(self, job: Job, now: float) -> None:
         self.ledger.computed(job.hashes, now)
+        if job.phase == "decode":  # recomputed after a failed hand-over: the first token is out
+            self._start_decode(job, now)
+            return
         first = token_text(0)
         job.tokens_sent = 1
         if job.phase == "prefill":
@@ -330,11 +333,8 @@ class SimBackend:
             self._handovers -= 1
             self.node.joining -= 1  # the node model has no "hand-over failed": undo handover_started
             self.node.kv_used_tokens -= req.kv_tokens
-            self.jobs.pop(req.rid, None)
             self.metrics.fetch_failures.labels("handover").inc()
-            self.metrics.requests.labels("decode", "error").inc()
-            job.finish({"type": "error", "message": f"KV hand-over from {url} failed: {e}"})
-            self.kick()
+            self._recompute(job, f"KV hand-over from {url} failed: {e}")
             return
         self._handovers -= 1
         self.ledger.fetched(r.blocks, r.evicted)
@@ -346,6 +346,29 @@ class SimBackend:
         job.state = JobState.DECODE
         if self.node.decode_iter_s > 0 and job.output_tokens > 1:
             job.spawn(self._stream_tokens(job))
+        self.kick()
+
+    def _recompute(self, job: Job, why: str) -> None:
+        """The prefill node's KV cannot be read: prefill the prompt here, then decode (the first token
+        already went out from the prefill node, so the stream resumes after it)."""
+        req, page = job.req, self.cfg.page_size
+        if req.input_tokens == 0:
+            self.jobs.pop(req.rid, None)
+            self.metrics.requests.labels("decode", "error").inc()
+            job.finish({"type": "error", "message": f"{why}; no prompt to recompute it from"})
+            self.kick()
+            return
+        log.warning("%s: recomputing %s here", why, job.request_id)
+        gpu = self.ledger.gpu_prefix(job.hashes)
+        local = self.ledger.local_prefix(job.hashes)
+        req.first_token_at = -1.0
+        job.tokens_sent = 1
+        req.cached_tokens = min(local * page, req.input_tokens - 1)
+        req.restore_tokens = max(0, (local - gpu) * page)
+        self.metrics.handover_recomputed.inc()
+        self.metrics.recomputed_tokens.inc(req.input_tokens - req.cached_tokens)
+        job.state = JobState.QUEUED
+        self.node.submit(req, self.now())
         self.kick()
 
     async def _stream_tokens(self, job: Job) -> None:

@@ -4,7 +4,9 @@
   while it waits, and its prefill starts with the KV present (the fetched bytes are checked against
   their block hashes, or the fetch fails);
 - a peer killed before the read: the request recomputes, counted, without hanging;
-- P->D: the decode node READs the prefill node's KV under the transfer id, then decodes.
+- P->D: the decode node READs the prefill node's KV under the transfer id, then decodes;
+- a prefill node killed in the middle of a hand-over: the decode node prefills the prompt itself,
+  counted, and the stream goes on after the first token (nothing lost, nothing repeated).
 """
 
 from __future__ import annotations
@@ -118,11 +120,46 @@ async def test_prefill_to_decode_hand_over_reads_the_kv_through_nixl(tmp_path: P
             assert "".join(e["text"] for e in events[:-1]) == "t1 t2 t3 "
             assert (await state(http, b.url))["host_blocks"] == 12
             await wait_until(lambda: _no_leases(http, a.url), 10, "the transfer's lease to be released")
-            # the transfer id is spent: a second decode of it fails with a clear error
+            # the transfer id is spent: a second decode of it cannot read the KV and prefills it here
             events = await generate(http, b.url, gen_body("r2", prompt, phase="decode", kv_source=kv))
-            assert events[-1]["type"] == "error" and "unknown lease or transfer" in events[-1]["message"]
+            assert [e["type"] for e in events] == ["started", "token", "token", "token", "done"], events
+            assert events[0]["cached_tokens"] == 48  # the 12 blocks of the first hand-over are here
+            assert await metric(http, b.url, "agentpool_engine_handover_recomputed_total") == 1
             async with http.get(a.url + "/metrics") as r:
                 assert "agentpool_engine_unknown_transfers_total 1.0" in await r.text()
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+async def test_a_prefill_node_killed_mid_hand_over_is_recomputed_on_the_decode_node(tmp_path: Path) -> None:
+    a = await start_engine(tmp_path, engine_config("pk", role="prefill"))
+    b = await start_engine(tmp_path, engine_config("dk", role="decode"))
+    try:
+        async with aiohttp.ClientSession() as http:
+            prompt = list(range(3000, 3000 + 4 * 20))  # 20 blocks
+            events = await generate(http, a.url, gen_body("k1", prompt, phase="prefill", max_tokens=5))
+            assert [e["type"] for e in events] == ["started", "prefilled"] and events[1]["text"] == "t0 "
+            kv = {"node_id": "pk", "url": a.url, "transfer_id": events[1]["transfer_id"]}
+            # the prefill node dies with the KV pinned for the decode node, before the READ
+            a.kill()
+            await a.proc.wait()
+            events = await asyncio.wait_for(
+                generate(http, b.url, gen_body("k1", prompt, phase="decode", max_tokens=5, kv_source=kv)), 30
+            )
+            types = [e["type"] for e in events]
+            assert types == ["started", "token", "token", "token", "token", "done"], events
+            assert events[0]["cached_tokens"] == 0
+            # the decode continues after the prefill node's first token: t1..t4, none twice
+            assert "".join(e.get("text", "") for e in events) == "t1 t2 t3 t4 "
+            assert events[-1]["usage"] == {"prompt_tokens": 80, "completion_tokens": 5}
+            assert await metric(http, b.url, 'agentpool_engine_fetch_failures_total{kind="handover"}') == 1
+            assert await metric(http, b.url, "agentpool_engine_handover_recomputed_total") == 1
+            assert await metric(http, b.url, "agentpool_engine_fetch_recomputed_tokens_total") == 80
+            sb = await state(http, b.url)
+            assert sb["host_blocks"] == 20 and sb["jobs"] == 0 and sb["running"] == 0
+        assert await b.stop() == 0
+        assert "Traceback" not in b.text(), b.text()
     finally:
         await a.stop()
         await b.stop()

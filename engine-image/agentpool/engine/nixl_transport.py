@@ -2,7 +2,18 @@
 
 Each engine registers its pool buffer with one NIXL agent and publishes :class:`PoolInfo` (agent
 name, metadata, buffer address, block size). A reader adds the peer's metadata once and READs
-``(local slot, remote slot)`` pairs; contiguous runs on both sides become one descriptor.
+``(local slot, remote slot)`` pairs.
+
+Descriptors are prepared once, not per transfer: one strided descriptor list over every local slot
+at start, one over every slot of a peer's pool when the peer is first seen (``prepXferDlist`` with an
+``(address, length, device, stride, count)`` row); a READ names slots by index (``makeXferReq``) and
+NIXL merges runs contiguous on both sides into one descriptor.
+
+The agent is built on NIXL's binding (``nixlBind``) rather than its ``nixl_agent`` wrapper because the
+wrapper fixes the progress thread's delay at 0: the thread then polls UCX without pause and an idle
+engine burns ~25% of a core. With a delay the thread sleeps in ``poll()`` on the UCX workers' event
+descriptors and wakes on traffic, or after the delay at the latest (``progress_delay_us``). This
+node's own READs do not wait for that thread: polling a transfer's state progresses UCX.
 
 NIXL calls are blocking C calls: every one of them runs on one dedicated thread (the agent is used
 from that thread only), and the event loop awaits it. A transfer that does not finish within its
@@ -29,6 +40,7 @@ from agentpool.engine.errors import FetchError
 
 log = logging.getLogger(__name__)
 _SPIN_S = 0.05  # a transfer polled without sleeping for this long (most finish well within it)
+PROGRESS_DELAY_US = 100_000  # the progress thread's longest sleep when UCX reports no event
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,40 +76,37 @@ class PoolInfo:
             raise FetchError(f"bad pool info from peer: {e}") from None
 
 
-def descriptor_runs(
-    pairs: Sequence[tuple[int, int]], local_base: int, remote_base: int, block_bytes: int
-) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
-    """Nx3 ``(address, length, device)`` arrays for the local and remote side; runs of slots
-    contiguous on both sides merge into one descriptor."""
-    local: list[tuple[int, int, int]] = []
-    remote: list[tuple[int, int, int]] = []
-    run_l = run_r = -2
-    run_n = 0
-    for ls, rs in pairs:
-        if run_n and ls == run_l + run_n and rs == run_r + run_n:
-            run_n += 1
-            continue
-        if run_n:
-            local.append((local_base + run_l * block_bytes, run_n * block_bytes, 0))
-            remote.append((remote_base + run_r * block_bytes, run_n * block_bytes, 0))
-        run_l, run_r, run_n = ls, rs, 1
-    if run_n:
-        local.append((local_base + run_l * block_bytes, run_n * block_bytes, 0))
-        remote.append((remote_base + run_r * block_bytes, run_n * block_bytes, 0))
-    return np.array(local, dtype=np.uint64).reshape(-1, 3), np.array(remote, dtype=np.uint64).reshape(-1, 3)
+@dataclass(frozen=True, slots=True)
+class _Remote:
+    """A peer added to the agent: the name NIXL gave it and its prepared slot list."""
+
+    name: str
+    dlist: int
 
 
 class NixlTransport:
     """One NIXL agent over one registered host buffer; reads from peers' buffers."""
 
-    def __init__(self, name_prefix: str, buffer: npt.NDArray[np.uint8], block_bytes: int) -> None:
+    def __init__(
+        self,
+        name_prefix: str,
+        buffer: npt.NDArray[np.uint8],
+        block_bytes: int,
+        progress_delay_us: int = PROGRESS_DELAY_US,
+    ) -> None:
+        if progress_delay_us < 0:
+            raise ValueError("progress_delay_us must be non-negative")
         self.name = f"{name_prefix}-{os.getpid()}-{secrets.token_hex(3)}"
         self.buffer = buffer
         self.block_bytes = block_bytes
+        self.progress_delay_us = progress_delay_us
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nixl")
+        self._bind: Any = None  # the nixlBind module (an optional dependency, imported at start)
         self._agent: Any = None
+        self._backend = 0
+        self._local = 0  # prepared list of every local slot
         self._metadata = b""
-        self._remotes: dict[str, str] = {}  # peer agent name -> name NIXL gave it
+        self._remotes: dict[str, _Remote] = {}  # peer agent name -> its entry
         self._errors: tuple[type[BaseException], ...] = (RuntimeError,)  # NIXL's binding errors
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -105,18 +114,40 @@ class NixlTransport:
         await asyncio.get_running_loop().run_in_executor(self._executor, self._start)
 
     def _start(self) -> None:
-        from nixl._api import nixl_agent, nixl_agent_config, nixlBind  # the optional dependency
+        from nixl._api import nixlBind  # the optional dependency
 
         found = [v for k, v in vars(nixlBind).items() if k.endswith("Error") and isinstance(v, type)]
         self._errors = (*found, RuntimeError)
-
-        agent = nixl_agent(self.name, nixl_agent_config(backends=["UCX"]))
-        if "UCX" not in agent.backends:
-            raise RuntimeError("NIXL has no UCX backend: cannot serve the host KV pool")
+        cfg = nixlBind.nixlAgentConfig()
+        cfg.useProgThread = True
+        cfg.useListenThread = False
+        cfg.syncMode = nixlBind.NIXL_THREAD_SYNC_NONE  # the agent is used from one thread
+        cfg.pthrDelay = self.progress_delay_us
+        cfg.captureTelemetry = False
+        agent = nixlBind.nixlAgent(self.name, cfg)
+        if "UCX" not in agent.getAvailPlugins():
+            raise RuntimeError("NIXL has no UCX plugin: cannot serve the host KV pool")
+        self._backend = agent.createBackend("UCX", {})
         buf = self.buffer
-        agent.register_memory([(int(buf.ctypes.data), int(buf.nbytes), 0, "")], "DRAM")
+        regions = np.array([[buf.ctypes.data, buf.nbytes, 0]], dtype=np.uint64)
+        agent.registerMem(nixlBind.nixlRegDList(nixlBind.DRAM_SEG, regions), [self._backend])
+        self._local = agent.prepXferDlist(
+            nixlBind.NIXL_INIT_AGENT,
+            nixlBind.DRAM_SEG,
+            self._slot_rows(int(buf.ctypes.data), self._slots()),
+            [self._backend],
+        )
+        self._bind = nixlBind
         self._agent = agent
-        self._metadata = agent.get_agent_metadata()
+        self._metadata = agent.getLocalMD()
+
+    def _slots(self) -> int:
+        return self.buffer.nbytes // self.block_bytes
+
+    def _slot_rows(self, base: int, slots: int) -> npt.NDArray[np.uint64]:
+        """One strided descriptor row: ``slots`` blocks of ``block_bytes`` from ``base``."""
+        bb = self.block_bytes
+        return np.array([[base, bb, 0, bb, slots]], dtype=np.uint64)
 
     async def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -124,61 +155,75 @@ class NixlTransport:
     def info(self) -> PoolInfo:
         if self._agent is None:
             raise RuntimeError("the NIXL transport is not started")
-        slots = self.buffer.nbytes // self.block_bytes
-        return PoolInfo(self.name, self._metadata, int(self.buffer.ctypes.data), self.block_bytes, slots)
+        return PoolInfo(
+            self.name, self._metadata, int(self.buffer.ctypes.data), self.block_bytes, self._slots()
+        )
 
     # -- reads ----------------------------------------------------------------------------------
     async def read(self, peer: PoolInfo, pairs: Sequence[tuple[int, int]], timeout_s: float) -> int:
         """READ ``(local slot, remote slot)`` pairs from ``peer``; returns the bytes moved."""
         if peer.block_bytes != self.block_bytes:
             raise FetchError(f"peer block size {peer.block_bytes} != local {self.block_bytes}")
-        if any(not 0 <= rs < peer.slots for _, rs in pairs):
-            raise FetchError("peer named a slot outside its pool")
         if not pairs:
             return 0
-        local, remote = descriptor_runs(pairs, int(self.buffer.ctypes.data), peer.base, self.block_bytes)
+        idx = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+        if idx[:, 1].min() < 0 or idx[:, 1].max() >= peer.slots:
+            raise FetchError("peer named a slot outside its pool")
+        if idx[:, 0].min() < 0 or idx[:, 0].max() >= self._slots():
+            raise ValueError("a local slot outside this pool")
+        local = np.ascontiguousarray(idx[:, 0], dtype=np.int32)
+        remote = np.ascontiguousarray(idx[:, 1], dtype=np.int32)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self._read, peer, local, remote, timeout_s)
 
-    def _remote(self, peer: PoolInfo) -> str:
-        name = self._remotes.get(peer.agent)
-        if name is None:
-            name = self._agent.add_remote_agent(peer.metadata)
+    def _remote(self, peer: PoolInfo) -> _Remote:
+        entry = self._remotes.get(peer.agent)
+        if entry is None:
+            bind, agent = self._bind, self._agent
+            name = agent.loadRemoteMD(peer.metadata)
             if isinstance(name, bytes):
                 name = name.decode()
-            self._remotes[peer.agent] = name
-        return name
+            try:
+                dlist = agent.prepXferDlist(
+                    name, bind.DRAM_SEG, self._slot_rows(peer.base, peer.slots), [self._backend]
+                )
+            except self._errors:
+                agent.invalidateRemoteMD(name)
+                raise
+            entry = self._remotes[peer.agent] = _Remote(name, dlist)
+        return entry
 
     def _forget(self, peer: PoolInfo) -> None:
-        name = self._remotes.pop(peer.agent, None)
-        if name is not None:
+        entry = self._remotes.pop(peer.agent, None)
+        if entry is not None:
             try:
-                self._agent.remove_remote_agent(name)
+                self._agent.releasedDlistH(entry.dlist)
+                self._agent.invalidateRemoteMD(entry.name)
             except self._errors as e:  # the peer is gone anyway
-                log.debug("remove_remote_agent(%s): %s", name, e)
+                log.debug("forgetting %s: %s", entry.name, e)
 
     def _read(
-        self, peer: PoolInfo, local: npt.NDArray[np.uint64], remote: npt.NDArray[np.uint64], timeout_s: float
+        self, peer: PoolInfo, local: npt.NDArray[np.int32], remote: npt.NDArray[np.int32], timeout_s: float
     ) -> int:
-        agent = self._agent
+        bind, agent = self._bind, self._agent
         deadline = time.monotonic() + timeout_s
         handle = None
         try:
-            remote_name = self._remote(peer)
-            handle = agent.initialize_xfer(
-                "READ", agent.get_xfer_descs(local, "DRAM"), agent.get_xfer_descs(remote, "DRAM"), remote_name
+            entry = self._remote(peer)
+            handle = agent.makeXferReq(
+                bind.NIXL_READ, self._local, local, entry.dlist, remote, "", [self._backend]
             )
-            state = agent.transfer(handle)
+            status = agent.postXferReq(handle)
             spin_until = time.monotonic() + _SPIN_S
-            while state == "PROC":
+            while status == bind.NIXL_IN_PROG:
                 now = time.monotonic()
                 if now > deadline:
                     raise FetchError(f"NIXL read from {peer.agent} timed out after {timeout_s:.3g} s")
                 # poll, yielding the CPU (sched_yield) for the first _SPIN_S, then sleeping 0.5 ms
                 time.sleep(0 if now < spin_until else 0.0005)
-                state = agent.check_xfer_state(handle)
-            if state != "DONE":
-                raise FetchError(f"NIXL read from {peer.agent} failed: {state}")
+                status = agent.getXferStatus(handle)
+            if status != bind.NIXL_SUCCESS:
+                raise FetchError(f"NIXL read from {peer.agent} failed: {status}")
         except FetchError:
             self._forget(peer)
             raise
@@ -188,7 +233,7 @@ class NixlTransport:
         finally:
             if handle is not None:
                 try:
-                    agent.release_xfer_handle(handle)
+                    agent.releaseXferReq(handle)
                 except self._errors as e:  # a handle of a dead peer may refuse release
-                    log.debug("release_xfer_handle: %s", e)
-        return int(local[:, 1].sum())
+                    log.debug("releaseXferReq: %s", e)
+        return len(local) * self.block_bytes

@@ -76,6 +76,32 @@ async def test_b_reads_a_blocks_and_bytes_match(peer, local) -> None:  # type: i
     assert all(pool.matches(h) for h in hashes)
 
 
+async def test_reads_of_scattered_slots_land_in_the_slots_named(peer, local) -> None:  # type: ignore[no-untyped-def]
+    _, url, hashes = peer
+    pool, fetcher = local
+    async with aiohttp.ClientSession() as s, s.post(url + LEASE_PATH, json={"block_hashes": hashes}) as r:
+        lease = await r.json()
+    info = PoolInfo.from_json(lease["pool"])
+    remote = lease["slots"]
+    # runs contiguous on one side only, reversed, a gap, a single block: each block where it was asked
+    pairs = [
+        (10, remote[0]),
+        (11, remote[2]),
+        (12, remote[1]),
+        (30, remote[7]),
+        (29, remote[8]),
+        (40, remote[39]),
+    ]
+    moved = await fetcher.transport.read(info, pairs, 3.0)
+    assert moved == len(pairs) * BLOCK_BYTES
+    by_slot = {s: h for s, h in zip(remote, lease["block_hashes"], strict=True)}
+    for local_slot, remote_slot in pairs:
+        assert block_matches(pool.slot_view(local_slot), by_slot[remote_slot])
+    assert not pool.slot_view(13).any()  # nothing written beside them
+    with pytest.raises(FetchError, match="outside"):
+        await fetcher.transport.read(info, [(0, info.slots)], 3.0)
+
+
 async def test_wrong_bytes_from_a_peer_are_refused() -> None:
     proc, url, hashes = start_peer(8, "--garbage")
     try:

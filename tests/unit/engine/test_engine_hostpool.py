@@ -7,7 +7,6 @@ import pytest
 from agentpool.engine.blockdata import block_bytes_for, block_matches, fill_block
 from agentpool.engine.errors import PoolFullError
 from agentpool.engine.hostpool import HostPool
-from agentpool.engine.nixl_transport import descriptor_runs
 from agentpool.kv import ROOT_HASH, Tier
 
 
@@ -66,12 +65,6 @@ def test_commit_keeps_an_existing_copy_and_frees_the_new_slot() -> None:
         fill_block(pool.slot_view(s), h)
     assert pool.commit([(1, ROOT_HASH, res.slots[0]), (2, 1, res.slots[1])], now=1.0) == [2]
     assert pool.free_slots == 2 and pool.matches(2)
-
-
-def test_descriptor_runs_merge_slots_contiguous_on_both_sides() -> None:
-    local, remote = descriptor_runs([(0, 5), (1, 6), (2, 7), (4, 8), (5, 3)], 1000, 5000, 10)
-    assert local.tolist() == [[1000, 30, 0], [1040, 10, 0], [1050, 10, 0]]
-    assert remote.tolist() == [[5050, 30, 0], [5080, 10, 0], [5030, 10, 0]]
 
 
 def test_first_mismatch_finds_the_first_wrong_block_at_any_stride() -> None:

@@ -127,7 +127,9 @@ class Dispatcher:
         routing: Routing,
         clock: Callable[[], float] = time.monotonic,
         work_log: WorkLog | None = None,
+        router_id: str | None = None,
     ) -> None:
+        self.router_id = router_id  # sent with every dispatch: engines number reports per router
         self.nodes = nodes
         self.engines = engines
         self.directory = directory
@@ -271,6 +273,7 @@ class Dispatcher:
             cached_tokens=decision.cached_tokens,
             fetch_tokens=decision.fetch_tokens,
             kv_source=kv,
+            router_id=self.router_id,
         )
 
     async def _events(

@@ -55,7 +55,7 @@ from agentpool.router.openai_api import (
 from agentpool.router.service import RouterService
 from agentpool.router.tokenizer import Encoded, TokenizerError
 from agentpool.router.work_log import mount as mount_work_log
-from agentpool.wire.engine import LoadReport, Usage
+from agentpool.wire.engine import LoadReport, ReportAck, Usage
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
@@ -424,7 +424,7 @@ async def report(request: web.Request) -> web.Response:
             "invalid_request_error",
             "unknown_node",
         )
-    return web.json_response({"ok": True})
+    return web.json_response(ReportAck(router_id=service.router_id).model_dump())
 
 
 async def deregister(request: web.Request) -> web.Response:

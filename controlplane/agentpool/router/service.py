@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 import uuid
 from collections.abc import Sequence
@@ -65,7 +66,10 @@ class RouterService:
         self.routing = Routing(config, create_policy(config.policy, config.knobs), config.policy_context())
         self.nodes.configure(config.nodes, config.node_model)
         self.metrics.registry.register(QueueDepthCollector(lambda: self.nodes.snapshot(time.monotonic())))
-        self.dispatcher = Dispatcher(self.nodes, self.engines, directory, self.metrics, self.routing)
+        self.router_id = secrets.token_hex(8)  # this process's dispatch numbering (wire.engine)
+        self.dispatcher = Dispatcher(
+            self.nodes, self.engines, directory, self.metrics, self.routing, router_id=self.router_id
+        )
         self._reload_task: asyncio.Task[None] | None = None
         self.discovery = Discovery(self.nodes, lambda: self.routing.config, self.metrics)
 

@@ -16,6 +16,10 @@ Load reports: engines ``POST {router}/agentpool/v1/report`` a :class:`LoadReport
 they serve (``role``) and, while the planner's annotation asks for another one, ``desired_role``.
 A report covers the requests the router dispatched to the node up to ``last_dispatch_seq`` (the
 router numbers its dispatches per node), so requests sent later count as "sent but not reported".
+Each router numbers its own dispatches: a dispatch carries the router's ``router_id`` (random per
+router process), the router's answer to a report (:class:`ReportAck`) names it too, and the engine
+sends each router the last sequence number of that router's dispatches (-1 before it knows which
+router a report target is).
 A report also carries ``t_acc``, the output tokens the node's decode accepted per request and
 iteration since its last report (about 1.7 with MTP speculative decoding; absent: no decode
 iteration ran, the router keeps the last value, 1 at first), and ``iterations``, the iteration
@@ -59,6 +63,8 @@ class GenerateRequest(BaseModel):
     cached_tokens: int = Field(0, ge=0)
     fetch_tokens: int = Field(0, ge=0)
     kv_source: KvSource | None = None
+    router_id: str | None = Field(None, min_length=1, max_length=64)
+    """The router that numbered ``dispatch_seq`` (its :attr:`ReportAck.router_id`)."""
 
 
 class Usage(BaseModel):
@@ -85,6 +91,7 @@ def encode_generate(r: GenerateRequest) -> bytes:
             "cached_tokens": r.cached_tokens,
             "fetch_tokens": r.fetch_tokens,
             "kv_source": kv,
+            "router_id": r.router_id,
         }
     )
 
@@ -124,3 +131,11 @@ class LoadReport(BaseModel):
     accepting: bool = True
     t_acc: float | None = Field(None, gt=0, le=64, allow_inf_nan=False)
     iterations: list[WireIteration] = Field(default_factory=list, max_length=MAX_ITERATIONS_PER_REPORT)
+
+
+class ReportAck(BaseModel):
+    """The router's answer to an accepted load report."""
+
+    model_config = ConfigDict(extra="ignore")
+    ok: bool = True
+    router_id: str | None = Field(None, min_length=1, max_length=64)

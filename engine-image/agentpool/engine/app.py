@@ -18,7 +18,7 @@ from agentpool.engine.kv_peers import KvExporter, PeerFetcher
 from agentpool.engine.kvstate import KvLedger, NoSink
 from agentpool.engine.metrics import EngineMetrics
 from agentpool.engine.nixl_transport import NixlTransport
-from agentpool.engine.reports import Reporter, ReportTarget
+from agentpool.engine.reports import DispatchSeqs, Reporter, ReportTarget
 from agentpool.engine.roles import KubeRoleWatch, RoleFileWatch, Switcher
 from agentpool.engine.server import build_app
 from agentpool.engine.simbackend import SimBackend
@@ -40,6 +40,7 @@ class EngineApp:
             )
         self.cfg = cfg
         self.metrics = EngineMetrics()
+        self.dispatch_seqs = DispatchSeqs()
         self.pool = HostPool(cfg.host_slots, cfg.block_bytes)
         self.transport = NixlTransport(cfg.node_id, self.pool.buffer, cfg.block_bytes)
         self.exporter = KvExporter(self.pool, self.transport, on_unknown=self.metrics.unknown_transfers.inc)
@@ -91,7 +92,7 @@ class EngineApp:
             ReportTarget(r.url, read_optional_secret(r.token_file, "report token")) for r in cfg.routers
         ]
         self.reporter = Reporter(
-            targets, self._session, self.build_report, self.metrics, cfg.report_interval_s
+            targets, self._session, self.build_report, self.metrics, self.dispatch_seqs, cfg.report_interval_s
         )
         self.switcher = Switcher(self.backend, self.metrics, self.reporter.kick, self._switched)
         for r in Role:
@@ -175,7 +176,7 @@ class EngineApp:
             role=RouterRole(load.role.value),
             url=self.advertised_url,
             desired_role=None if self.switcher.pending is None else RouterRole(self.switcher.pending.value),
-            last_dispatch_seq=b.last_dispatch_seq,
+            last_dispatch_seq=-1,  # per router: the reporter sets each router's own
             remaining_batch_s=b.wall(load.remaining_batch_s),
             queue=[
                 QueuedItem(request_id=b.request_id_of(q.rid), t_uc=q.uncached_tokens, t_c=q.cached_tokens)

@@ -49,6 +49,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     except BadRequestError:
         engine.metrics.bad_requests.labels("invalid").inc()
         raise
+    engine.dispatch_seqs.saw(g.router_id, g.dispatch_seq)
     resp = web.StreamResponse(headers={"content-type": "application/x-ndjson"})
     await resp.prepare(request)
     if job is None:

@@ -88,7 +88,6 @@ class SimBackend:
         self.metrics = metrics
         self.directory = directory
         self.jobs: dict[int, Job] = {}
-        self.last_dispatch_seq = -1
         self.iterations: deque[WireIteration] = deque(maxlen=MAX_ITERATIONS_PER_REPORT)
         self.decoded_since_report = False
         self._iter_seq = 0
@@ -226,7 +225,6 @@ class SimBackend:
         if g.phase == "decode" and g.kv_source is None:
             raise BadRequestError("a decode request needs kv_source")
         out = self._max_tokens(g.body)
-        self.last_dispatch_seq = max(self.last_dispatch_seq, g.dispatch_seq)
         if self.draining or g.phase not in _ACCEPTS[self.node.role]:
             return None
         if g.phase != "decode" and len(self.node.queue) >= self.cfg.max_queue:

@@ -10,6 +10,10 @@ starts) with its Redis round trips (the server's ``agentpool_directory_store_wri
 write is one pipelined MULTI/EXEC, and the count includes every write the server made meanwhile,
 sweeper included). The in-process core doing
 the same work is the baseline. Target: <= 2 Redis round trips per routed request.
+
+Resolves are measured both as unary calls and on the ``Route`` stream the router uses
+(``agentpool.directory.session.DirectorySession``), interleaved, with an empty unary RPC (Health) as
+the transport floor.
 """
 
 from __future__ import annotations
@@ -25,13 +29,14 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import redis.asyncio as aioredis
 
 from agentpool.directory.client import DirectoryClient, NodePublisher, resync_batch, stored_event
+from agentpool.directory.session import DirectorySession
 from agentpool.kv import Directory, HeldBlock, Phase, Tier
 from agentpool.kv.hashing import ROOT_HASH
 from agentpool.v1 import directory_pb2 as pb
@@ -147,23 +152,29 @@ async def run(a: argparse.Namespace) -> None:
                 f"({core_rate / grpc_rate:.1f}x)"
             )
 
+            session = DirectorySession(client)
             buckets0 = await resolve_buckets(http, metrics_url)
-            lat, base, floor = [], [], []
-            for _ in range(a.resolves):  # interleaved: the three see the same machine load
+            lat, streamed, base, floor = [], [], [], []
+            for _ in range(a.resolves):  # interleaved: the four see the same machine load
                 t0 = time.perf_counter()
                 res = await client.resolve(prompt)
                 lat.append((time.perf_counter() - t0) * 1e3)
+                t0 = time.perf_counter()
+                answer = await session.resolve(prompt)
+                streamed.append((time.perf_counter() - t0) * 1e3)
                 t0 = time.perf_counter()
                 core.resolve(prompt, None, 3.0)
                 base.append((time.perf_counter() - t0) * 1e3)
                 t0 = time.perf_counter()
                 await client.health()
                 floor.append((time.perf_counter() - t0) * 1e3)
-            assert len(res.nodes) == a.nodes
+            assert len(res.nodes) == a.nodes and len(answer.nodes) == a.nodes
             print(
-                f"Resolve via gRPC ({a.prompt} blocks, {a.nodes} nodes): p50 {pct(lat, 50):.2f} ms, "
-                f"p99 {pct(lat, 99):.2f} ms (target p99 <= 2 ms: {verdict(pct(lat, 99) <= 2)}); "
-                f"in-process core p50 {pct(base, 50):.2f} ms, p99 {pct(base, 99):.2f} ms; an empty RPC "
+                f"Resolve ({a.prompt} blocks, {a.nodes} nodes) on the Route stream: p50 "
+                f"{pct(streamed, 50):.2f} ms, p99 {pct(streamed, 99):.2f} ms (target p99 <= 2 ms: "
+                f"{verdict(pct(streamed, 99) <= 2)}); unary: p50 {pct(lat, 50):.2f} ms, "
+                f"p99 {pct(lat, 99):.2f} ms; "
+                f"in-process core p50 {pct(base, 50):.2f} ms, p99 {pct(base, 99):.2f} ms; an empty unary RPC "
                 f"(Health, the transport floor) p50 {pct(floor, 50):.2f} ms, p99 {pct(floor, 99):.2f} ms"
             )
             buckets = await resolve_buckets(http, metrics_url)
@@ -173,14 +184,19 @@ async def run(a: argparse.Namespace) -> None:
                 f"  the server's own handling of those Resolves (its histogram, no transport): "
                 f"{share['0.001']:.1%} within 1 ms, {share['0.002']:.1%} within 2 ms"
             )
-            with_branch = []
+            with_branch, with_branch_unary = [], []
             for i in range(a.resolves // 2):
                 t0 = time.perf_counter()
-                await client.resolve(prompt, f"agent-{i % 16}", omit_paths=True)  # as the router asks
+                await session.resolve(prompt, f"agent-{i % 16}")  # as the router asks
                 with_branch.append((time.perf_counter() - t0) * 1e3)
+                t0 = time.perf_counter()
+                await client.resolve(prompt, f"agent-{i % 16}", omit_paths=True)
+                with_branch_unary.append((time.perf_counter() - t0) * 1e3)
             print(
-                f"Resolve via gRPC with a branch (as the router asks): p50 {pct(with_branch, 50):.2f} ms, "
-                f"p99 {pct(with_branch, 99):.2f} ms"
+                "Resolve with a branch (as the router asks) on the Route stream: "
+                f"p50 {pct(with_branch, 50):.2f} ms, "
+                f"p99 {pct(with_branch, 99):.2f} ms; unary p50 {pct(with_branch_unary, 50):.2f} ms, "
+                f"p99 {pct(with_branch_unary, 99):.2f} ms"
             )
 
             writes0 = await store_writes(http, metrics_url)
@@ -202,8 +218,28 @@ async def run(a: argparse.Namespace) -> None:
                 f"p50 {pct(routed, 50):.2f} ms, p99 {pct(routed, 99):.2f} ms; "
                 f"Redis round trips per routed request {writes / a.routed:.2f} (target <= 2)"
             )
+            prefill_stream = []
+            writes0 = await store_writes(http, metrics_url)
+            for i in range(a.routed):  # the router's way: the Places are sent, not waited for
+                branch = f"agent-s{i % 16}"
+                t0 = time.perf_counter()
+                path = prompt[: a.prompt // 2 + i]
+                answer = await session.resolve(path, branch)
+                local = {n.node: n.local_blocks for n in answer.nodes}
+                best = max(prefill, key=lambda n: local.get(n, -1))
+                session.place(branch, best, path)
+                session.place(branch, decode[i % len(decode)], path)
+                prefill_stream.append((time.perf_counter() - t0) * 1e3)
+            await session.place_and_wait("agent-s0", decode[0])  # after every Place before it
+            writes = await store_writes(http, metrics_url) - writes0 - 1
+            print(
+                f"routed disaggregated request on the Route stream (Resolve + 2 Places not waited for): "
+                f"p50 {pct(prefill_stream, 50):.2f} ms, p99 {pct(prefill_stream, 99):.2f} ms; "
+                f"Redis round trips per routed request {writes / a.routed:.2f}"
+            )
             if a.bulk_blocks:
-                await resolve_under_bulk_work(client, addr, token, prompt, a)
+                await resolve_under_bulk_work(client, session, addr, token, prompt, a)
+            await session.close()
             await stream.close()
     finally:
         proc.terminate()
@@ -217,27 +253,33 @@ async def run(a: argparse.Namespace) -> None:
 
 
 async def resolves_until(
-    client: DirectoryClient, prompt: list[int], done: asyncio.Future[Any]
-) -> list[float]:
-    """Resolve ``prompt`` back to back until ``done``; the latencies in ms."""
-    lat = []
-    while not done.done():
+    client: DirectoryClient, session: DirectorySession, prompt: list[int], done: Callable[[], bool]
+) -> tuple[list[float], list[float]]:
+    """Resolve ``prompt`` back to back until ``done``, alternately unary and on the Route stream; the
+    latencies in ms of each."""
+    unary, streamed = [], []
+    while not done():
         t0 = time.perf_counter()
         await client.resolve(prompt)
-        lat.append((time.perf_counter() - t0) * 1e3)
-    return lat
+        unary.append((time.perf_counter() - t0) * 1e3)
+        t0 = time.perf_counter()
+        await session.resolve(prompt)
+        streamed.append((time.perf_counter() - t0) * 1e3)
+    return unary, streamed
 
 
 async def resolve_under_bulk_work(
-    client: DirectoryClient, addr: str, token: str, prompt: list[int], a: argparse.Namespace
+    client: DirectoryClient,
+    session: DirectorySession,
+    addr: str,
+    token: str,
+    prompt: list[int],
+    a: argparse.Namespace,
 ) -> None:
     """Resolve p99 while another engine resyncs ``bulk_blocks`` blocks and then while it is purged,
     against Resolve p99 with the directory idle, measured here too (target: under 10 ms during both)."""
-    idle: list[float] = []
-    for _ in range(a.resolves):
-        t0 = time.perf_counter()
-        await client.resolve(prompt)
-        idle.append((time.perf_counter() - t0) * 1e3)
+    rounds = iter(range(a.resolves))
+    idle = await resolves_until(client, session, prompt, lambda: next(rounds, None) is None)
     rng = random.Random(1)
     big = [rng.getrandbits(64) | 1 for _ in range(a.bulk_blocks)]
     held = [HeldBlock(h, big[i - 1] if i else ROOT_HASH, Tier.HOST) for i, h in enumerate(big)]
@@ -252,25 +294,28 @@ async def resolve_under_bulk_work(
         stream = engine.open_events()
         t0 = time.perf_counter()
         send = asyncio.ensure_future(stream.send(batch))
-        during_resync = await resolves_until(client, prompt, send)
+        during_resync = await resolves_until(client, session, prompt, send.done)
         ack = send.result()
         resync_s = time.perf_counter() - t0
         assert not ack.resync_requested, ack
         assert (await client.health()).blocks >= a.bulk_blocks
         t0 = time.perf_counter()
         drop = asyncio.ensure_future(engine.drop_node("bulk-engine"))
-        during_purge = await resolves_until(client, prompt, drop)
+        during_purge = await resolves_until(client, session, prompt, drop.done)
         drop.result()
         purge_s = time.perf_counter() - t0
         await stream.close()
-    base = pct(idle, 99)
-    for what, lat, took in (("resync", during_resync, resync_s), ("purge", during_purge, purge_s)):
-        p99 = pct(lat, 99) if len(lat) >= 2 else float("nan")
-        print(
-            f"Resolve p99 during the {a.bulk_blocks:,}-block {what} ({took:.1f} s, {len(lat)} Resolves): "
-            f"{p99:.2f} ms (max {max(lat, default=0):.1f} ms); idle p99 {base:.2f} ms ({p99 / base:.1f}x); "
-            f"target < 10 ms: {verdict(p99 < 10)}"
-        )
+    for what, lats, took in (("resync", during_resync, resync_s), ("purge", during_purge, purge_s)):
+        for how, lat, base in (
+            ("unary", lats[0], pct(idle[0], 99)),
+            ("Route stream", lats[1], pct(idle[1], 99)),
+        ):
+            p99 = pct(lat, 99) if len(lat) >= 2 else float("nan")
+            print(
+                f"Resolve p99 ({how}) during the {a.bulk_blocks:,}-block {what} ({took:.1f} s, {len(lat)} "
+                f"Resolves): {p99:.2f} ms (max {max(lat, default=0):.1f} ms); idle p99 {base:.2f} ms "
+                f"({p99 / base:.1f}x); target < 10 ms: {verdict(p99 < 10)}"
+            )
 
 
 def main() -> None:

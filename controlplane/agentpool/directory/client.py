@@ -11,13 +11,13 @@ Errors come back as :class:`DirectoryRpcError` carrying the gRPC status code and
 from __future__ import annotations
 
 import asyncio
-import struct
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
 import grpc
 
+from agentpool.directory import framing
 from agentpool.directory.auth import bearer_metadata, channel_credentials
 from agentpool.directory.convert import phase_from_pb, phase_to_pb, tier_to_pb
 from agentpool.kv import HeldBlock, Phase, Tier
@@ -125,27 +125,9 @@ _PHASES: dict[int, Phase] = {v: phase_from_pb(v) for v in (pb.PHASE_PREFILL, pb.
 
 
 def encode_resolve_request(block_hashes: Sequence[int], branch: str, omit_paths: bool = False) -> bytes:
-    """The encoded ``ResolveRequest``: its packed ``block_hashes`` (field 1: tag, length, the hashes as
-    little-endian u64) written with one ``struct.pack`` (4x faster than filling the repeated field of
-    a message), the other fields by protobuf; encodings concatenate (the fields merge)."""
-    rest: bytes = pb.ResolveRequest(branch=branch, omit_paths=omit_paths).SerializeToString()
-    n = len(block_hashes)
-    if not n:
-        return rest
-    try:
-        packed = struct.pack(f"<{n}Q", *block_hashes)
-    except struct.error as e:
-        raise ValueError(f"block hashes must be unsigned 64-bit integers: {e}") from None
-    return b"\x0a" + _varint(8 * n) + packed + rest
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+    """The encoded ``ResolveRequest``: its packed ``block_hashes`` written with one ``struct.pack`` (4x
+    faster than filling the repeated field of a message), the other fields by protobuf."""
+    return framing.resolve_request(block_hashes, branch, omit_paths)
 
 
 def stored_event(parent: int, hashes: Sequence[int], tier: Tier) -> pb.KvEvent:

@@ -9,6 +9,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError, Message
 
+from agentpool.directory.route import serve_route
 from agentpool.directory.service import DirectoryService
 from agentpool.v1 import directory_pb2 as pb
 
@@ -70,6 +71,10 @@ def directory_handler(service: DirectoryService) -> grpc.GenericRpcHandler[Any, 
         async for ack in service.PublishEvents(batches(), context):
             yield ack
 
+    async def route(raw_batches: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        await serve_route(service, raw_batches, context)
+
+    handlers["Route"] = grpc.stream_stream_rpc_method_handler(route)  # bytes both ways (see route.py)
     handlers["WatchCounts"] = grpc.unary_stream_rpc_method_handler(watch, response_serializer=_serialize)
     handlers["PublishEvents"] = grpc.stream_stream_rpc_method_handler(publish, response_serializer=_serialize)
     return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)

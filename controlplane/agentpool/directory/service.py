@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -35,8 +35,9 @@ from agentpool.directory.convert import (
 from agentpool.directory.ingest import EventIngest, ServiceLimits, check_node_cap
 from agentpool.directory.metrics import DirectoryMetrics
 from agentpool.directory.steps import run_steps
-from agentpool.directory.store import BranchStore, RowTracker, StoreUnavailableError, snapshot
-from agentpool.kv import Changes, CountChanges, Directory
+from agentpool.directory.store import BranchStore, RowTracker, Snapshot, StoreUnavailableError, snapshot
+from agentpool.directory.watch import CountWatchers
+from agentpool.kv import Changes, Directory
 from agentpool.v1 import directory_pb2 as pb
 from agentpool.v1 import directory_pb2_grpc as pb_grpc
 
@@ -62,14 +63,28 @@ if TYPE_CHECKING:
     Ctx = grpc.aio.ServicerContext[Any, Any]
 
 
-class _Watcher:
-    def __init__(self, size: int) -> None:
-        self.queue: asyncio.Queue[dict[int, int]] = asyncio.Queue(size)
-        self.overflow = False
-        self.wake = asyncio.Event()
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A store write encoded when its changes were made, not yet persisted."""
+
+    changes: Changes
+    snap: Snapshot
+    epoch: int
 
 
-class _Abort(Exception):
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """A Place applied to the core; its write (``pending``) still to persist."""
+
+    branch: str
+    node: str
+    is_new: bool
+    bumped: bool
+    known: bool
+    pending: Pending
+
+
+class Abort(Exception):
     def __init__(self, code: grpc.StatusCode, reason: str) -> None:
         super().__init__(reason)
         self.code = code
@@ -103,7 +118,7 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         self._epoch = 0  # bumped by a failed write: snapshots diffed before it are rewritten whole
         self._encoder = ResolveEncoder(directory.page_size)
         self.ingest = EventIngest(directory, self.limits, self.metrics, wall_clock, monotonic)
-        self._watchers: dict[str, set[_Watcher]] = {}
+        self.watchers = CountWatchers(directory, self.metrics)
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
 
@@ -156,10 +171,7 @@ class DirectoryService(pb_grpc.DirectoryServicer):
             self.ingest.keep_only(phases)
             self._reload_needed = False
         log.info("directory agent state reloaded from the store: %d branches", len(self.dir.branches))
-        for watchers in self._watchers.values():
-            for w in watchers:
-                w.overflow = True  # send a fresh snapshot
-                w.wake.set()
+        self.watchers.resnapshot()
         self._update_gauges()
 
     async def _sweeper(self) -> None:
@@ -182,7 +194,15 @@ class DirectoryService(pb_grpc.DirectoryServicer):
     # -- persistence and publication ---------------------------------------------------------
     async def _commit(self, changes: Changes, strict: bool = True) -> None:
         """Persist ``changes`` in call order, then publish count changes. ``strict``: raise UNAVAILABLE."""
-        snap, epoch = self._rows.snapshot(self.dir, changes), self._epoch
+        await self.write(self.encode(changes), strict)
+
+    def encode(self, changes: Changes) -> Pending:
+        """The store write of ``changes``, encoded now (the rows as the core holds them at this point)."""
+        return Pending(changes, self._rows.snapshot(self.dir, changes), self._epoch)
+
+    async def write(self, pending: Pending, strict: bool = True) -> None:
+        """Persist an encoded write; writes land in the order they were started (one FIFO lock)."""
+        changes, snap, epoch = pending.changes, pending.snap, pending.epoch
         async with self._write_lock:
             if epoch != self._epoch:  # diffed against a write that failed: write the rows whole
                 snap = snapshot(self.dir, changes)
@@ -198,29 +218,14 @@ class DirectoryService(pb_grpc.DirectoryServicer):
                 self.metrics.store_up.set(0)
                 log.error("directory store write failed: %s", e)
                 if strict:
-                    raise _Abort(grpc.StatusCode.UNAVAILABLE, f"store unavailable: {e}") from e
+                    raise Abort(grpc.StatusCode.UNAVAILABLE, f"store unavailable: {e}") from e
                 return
-        self._publish(changes.counts)
+        self.watchers.publish(changes.counts)
         self._update_gauges()
 
     def _require_store(self) -> None:
         if not self.store_ok:
-            raise _Abort(grpc.StatusCode.UNAVAILABLE, "store (Redis) unavailable; retry later")
-
-    def _publish(self, counts: CountChanges) -> None:
-        """Send the changed blocks' counts as the core holds them now (the current value is never stale,
-        whatever order the writes finish in)."""
-        for node, blocks in counts.items():
-            watchers = self._watchers.get(node)
-            if not blocks or not watchers or not self.dir.has_node(node):
-                continue
-            current = {b: self.dir.counts.count(node, b) for b in blocks}
-            for w in watchers:
-                try:
-                    w.queue.put_nowait(current)
-                except asyncio.QueueFull:
-                    w.overflow = True
-                w.wake.set()
+            raise Abort(grpc.StatusCode.UNAVAILABLE, "store (Redis) unavailable; retry later")
 
     def _update_gauges(self) -> None:
         self.metrics.nodes.set(len(self.dir.phases()))
@@ -238,7 +243,7 @@ class DirectoryService(pb_grpc.DirectoryServicer):
             code, reason = grpc.StatusCode.INVALID_ARGUMENT, str(e)
         except QuotaExceededError as e:
             code, reason = grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)
-        except _Abort as e:
+        except Abort as e:
             code, reason = e.code, e.reason
         finally:
             self.metrics.observe(method, code.name, time.perf_counter() - t0)
@@ -248,7 +253,7 @@ class DirectoryService(pb_grpc.DirectoryServicer):
     def _known_node(self, name: str) -> str:
         node = node_name(name)
         if not self.dir.has_node(node):
-            raise _Abort(grpc.StatusCode.NOT_FOUND, f"unknown node {node!r}: it has not registered (resync)")
+            raise Abort(grpc.StatusCode.NOT_FOUND, f"unknown node {node!r}: it has not registered (resync)")
         return node
 
     def _check_branch_cap(self, branch: str) -> None:
@@ -261,7 +266,7 @@ class DirectoryService(pb_grpc.DirectoryServicer):
     def _known_branch(self, name: str) -> str:
         branch = branch_id(name)
         if branch not in self.dir.branches:
-            raise _Abort(
+            raise Abort(
                 grpc.StatusCode.NOT_FOUND, f"unknown branch {branch!r}: Resolve a request of it first"
             )
         return branch
@@ -271,7 +276,10 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         return await self._run("Resolve", context, self._resolve(request))
 
     async def _resolve(self, request: pb.ResolveRequest) -> bytes:
-        """The encoded ``ResolveResponse`` (see :class:`ResolveEncoder`)."""
+        return self.resolve_now(request)
+
+    def resolve_now(self, request: pb.ResolveRequest) -> bytes:
+        """The encoded ``ResolveResponse`` (see :class:`ResolveEncoder`); reads only, never waits."""
         hashes = block_list(request.block_hashes, self.limits.max_blocks_per_request)
         branch = branch_id(request.branch) if request.branch else None
         res = self.dir.lookup(hashes, branch)  # read-only: the request's Place applies E.1
@@ -295,6 +303,13 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         return await self._run("Place", context, self._place(request))
 
     async def _place(self, request: pb.PlaceRequest) -> pb.PlaceResponse:
+        placed = self.place_now(request)
+        await self.write(placed.pending)
+        return self.place_response(placed)
+
+    def place_now(self, request: pb.PlaceRequest) -> Placed:
+        """Apply a Place to the core at once (later Resolves see it) and encode its store write; the
+        caller persists it (:meth:`write`) before it tells anyone the Place succeeded."""
         if request.block_hashes:
             branch = branch_id(request.branch)
             hashes = block_list(request.block_hashes, self.limits.max_blocks_per_request)
@@ -313,16 +328,20 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         known = self.dir.has_node(node)
         if known:
             changes.merge(self.dir.place(branch, node, now))
-        await self._commit(changes)
-        state = self.dir.branches.get(branch)
+        return Placed(branch, node, is_new, bumped, known, self.encode(changes))
+
+    def place_response(self, placed: Placed) -> pb.PlaceResponse:
+        """The answer to a Place (the branch as it is now: after its write)."""
+        state = self.dir.branches.get(placed.branch)
+        node = placed.node
         return pb.PlaceResponse(
             version=state.version,
             counted_blocks=len(state.counted.get(node, ())),
             counted_nodes=sorted(state.counted),
             move_pending=node in state.pending,
-            is_new=is_new,
-            version_bumped=bumped,
-            node_known=known,
+            is_new=placed.is_new,
+            version_bumped=placed.bumped,
+            node_known=placed.known,
         )
 
     async def EndBranch(self, request: pb.EndBranchRequest, context: Ctx) -> pb.EndBranchResponse:
@@ -455,51 +474,12 @@ class DirectoryService(pb_grpc.DirectoryServicer):
     ) -> AsyncIterator[pb.CountUpdate]:
         try:
             node = self._known_node(request.node)
-        except (InvalidRequestError, _Abort) as e:
-            code = e.code if isinstance(e, _Abort) else grpc.StatusCode.INVALID_ARGUMENT
+        except (InvalidRequestError, Abort) as e:
+            code = e.code if isinstance(e, Abort) else grpc.StatusCode.INVALID_ARGUMENT
             await context.abort(code, str(e))
             return
-        w = _Watcher(self.limits.watch_queue)
-        self._watchers.setdefault(node, set()).add(w)
-        self.metrics.watchers.inc()
-        try:
-            for part in self._count_snapshot(node):
-                yield part
-            while True:
-                await w.wake.wait()
-                w.wake.clear()
-                if w.overflow:
-                    w.overflow = False
-                    while not w.queue.empty():
-                        w.queue.get_nowait()
-                    for part in self._count_snapshot(node):
-                        yield part
-                    continue
-                merged: dict[int, int] = {}
-                while not w.queue.empty():
-                    merged.update(w.queue.get_nowait())
-                if merged:
-                    yield pb.CountUpdate(
-                        node=node,
-                        snapshot=False,
-                        counts=[pb.BlockCount(block_hash=h, count=c) for h, c in merged.items()],
-                    )
-        finally:
-            self._watchers[node].discard(w)
-            self.metrics.watchers.dec()
-
-    def _count_snapshot(self, node: str) -> Iterator[pb.CountUpdate]:
-        """The node's positive counts as of now, in parts of ``snapshot_part`` blocks: the first marked
-        ``snapshot`` (replace), the others not (add). Each part is built when the stream asks for it,
-        so a million counted blocks do not hold the loop; changes meanwhile are queued and follow."""
-        view = self.dir.counts.counts_view(node)
-        blocks, counts = list(view), list(view.values())  # plain ints: nothing for the GC to walk
-        step = self.limits.snapshot_part
-        for i in range(0, max(len(blocks), 1), step):
-            part = zip(blocks[i : i + step], counts[i : i + step], strict=True)
-            yield pb.CountUpdate(
-                node=node, snapshot=i == 0, counts=[pb.BlockCount(block_hash=h, count=c) for h, c in part]
-            )
+        async for update in self.watchers.stream(node, self.limits.watch_queue, self.limits.snapshot_part):
+            yield update
 
 
 def _settled(task: asyncio.Future[Any]) -> None:

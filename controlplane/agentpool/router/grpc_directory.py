@@ -1,14 +1,24 @@
-"""A :class:`DirectoryView` over the directory service's asyncio gRPC client."""
+"""A :class:`DirectoryView` over the directory service's asyncio gRPC client.
+
+Resolves and Places travel on one ``Route`` stream (:class:`agentpool.directory.session.DirectorySession`):
+a Resolve is one message each way, a Place one message out that the request does not wait for (the
+directory applies the stream's operations in order, so the next Resolve sees it; a failed Place is
+logged and counted in ``place_errors``). EndBranch and Health are unary calls.
+"""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import grpc
 
 from agentpool.directory.client import DirectoryClient, DirectoryRpcError
+from agentpool.directory.session import DirectorySession
 from agentpool.router.directory_view import DirectoryError, Resolved
 from agentpool.router.policy import CachedPrefix
+
+log = logging.getLogger(__name__)
 
 
 class GrpcDirectoryView:
@@ -35,27 +45,32 @@ class GrpcDirectoryView:
                 client_key=client_key,
             )
         )
+        self.session = DirectorySession(self.client, self._place_failed)
+        self.place_errors = 0  # Places the directory refused or that the stream lost
+
+    def _place_failed(self, e: DirectoryRpcError) -> None:
+        self.place_errors += 1
+        log.warning("directory Place failed (the request was served; its branch is not counted): %s", e)
 
     async def close(self) -> None:
+        await self.session.close()
         await self.client.close()
 
     async def resolve(self, hashes: Sequence[int], branch: str | None, parent_branch: str | None) -> Resolved:
         try:
-            r = await self.client.resolve(hashes, branch, omit_paths=True)
+            r = await self.session.resolve(hashes, branch)
         except DirectoryRpcError as e:
             raise DirectoryError(str(e)) from e
         prefixes = {
-            node: CachedPrefix(gpu=p.gpu_tokens, total=p.local_tokens)
-            for node, p in r.nodes.items()
+            p.node: CachedPrefix(gpu=p.gpu_tokens, total=p.local_tokens)
+            for p in r.nodes
             if p.local_tokens > 0
         }
-        return Resolved(prefixes, r.branch.version if r.branch is not None else None, hashes)
+        return Resolved(prefixes, r.branch.version if r.HasField("branch") else None, hashes)
 
     async def place(self, branch: str, node: str, hashes: Sequence[int]) -> None:
-        try:
-            await self.client.place(branch, node, hashes)
-        except DirectoryRpcError as e:
-            raise DirectoryError(str(e)) from e
+        """Sent on the Route stream, not waited for (see the module's doc)."""
+        self.session.place(branch, node, hashes)
 
     async def end_branch(self, branch: str) -> bool:
         try:

@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x61gentpool/v1/directory.proto\x12\x0c\x61gentpool.v1\"[\n\x0c\x42locksStored\x12\x13\n\x0bparent_hash\x18\x01 \x01(\x06\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x06\x12 \n\x04tier\x18\x03 \x01(\x0e\x32\x12.agentpool.v1.Tier\"G\n\rBlocksRemoved\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x06\x12 \n\x04tier\x18\x02 \x01(\x0e\x32\x12.agentpool.v1.Tier\"o\n\x07KvEvent\x12,\n\x06stored\x18\x01 \x01(\x0b\x32\x1a.agentpool.v1.BlocksStoredH\x00\x12.\n\x07removed\x18\x02 \x01(\x0b\x32\x1b.agentpool.v1.BlocksRemovedH\x00\x42\x06\n\x04kind\"W\n\tHeldBlock\x12\x12\n\nblock_hash\x18\x01 \x01(\x06\x12\x13\n\x0bparent_hash\x18\x02 \x01(\x06\x12!\n\x05tiers\x18\x03 \x01(\x0e\x32\x12.agentpool.v1.Tier\"m\n\x06Resync\x12\'\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x17.agentpool.v1.HeldBlock\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x06\x12\x15\n\rparent_hashes\x18\x03 \x03(\x06\x12\r\n\x05tiers\x18\x04 \x01(\x0c\"\xad\x01\n\x0cKvEventBatch\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12%\n\x06\x65vents\x18\x03 \x03(\x0b\x32\x15.agentpool.v1.KvEvent\x12$\n\x06resync\x18\x04 \x01(\x0b\x32\x14.agentpool.v1.Resync\x12\"\n\x05phase\x18\x05 \x01(\x0e\x32\x13.agentpool.v1.Phase\x12\x11\n\theartbeat\x18\x06 \x01(\x08\"Q\n\nPublishAck\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x18\n\x10resync_requested\x18\x03 \x01(\x08\x12\x0e\n\x06reason\x18\x04 \x01(\t\"J\n\x0eResolveRequest\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x06\x12\x0e\n\x06\x62ranch\x18\x02 \x01(\t\x12\x12\n\nomit_paths\x18\x03 \x01(\x08\"\xbc\x01\n\nNodePrefix\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\"\n\x05phase\x18\x02 \x01(\x0e\x32\x13.agentpool.v1.Phase\x12\x12\n\ngpu_blocks\x18\x03 \x01(\r\x12\x13\n\x0bhost_blocks\x18\x04 \x01(\r\x12\x14\n\x0clocal_blocks\x18\x05 \x01(\r\x12\x12\n\ngpu_tokens\x18\x06 \x01(\x04\x12\x13\n\x0bhost_tokens\x18\x07 \x01(\x04\x12\x14\n\x0clocal_tokens\x18\x08 \x01(\x04\"\x95\x01\n\nBranchInfo\x12\x0e\n\x06\x62ranch\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\r\x12\x0e\n\x06is_new\x18\x03 \x01(\x08\x12\x16\n\x0eversion_bumped\x18\x04 \x01(\x08\x12\x15\n\rprevious_path\x18\x05 \x03(\x06\x12\x10\n\x08new_path\x18\x06 \x03(\x06\x12\x15\n\rcounted_nodes\x18\x07 \x03(\t\"w\n\x0fResolveResponse\x12\'\n\x05nodes\x18\x01 \x03(\x0b\x32\x18.agentpool.v1.NodePrefix\x12(\n\x06\x62ranch\x18\x02 \x01(\x0b\x32\x18.agentpool.v1.BranchInfo\x12\x11\n\tpage_size\x18\x03 \x01(\r\"B\n\x0cPlaceRequest\x12\x0e\n\x06\x62ranch\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x03 \x03(\x06\"\xa1\x01\n\rPlaceResponse\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x16\n\x0e\x63ounted_blocks\x18\x02 \x01(\r\x12\x15\n\rcounted_nodes\x18\x03 \x03(\t\x12\x14\n\x0cmove_pending\x18\x04 \x01(\x08\x12\x0e\n\x06is_new\x18\x05 \x01(\x08\x12\x16\n\x0eversion_bumped\x18\x06 \x01(\x08\x12\x12\n\nnode_known\x18\x07 \x01(\x08\"\"\n\x10\x45ndBranchRequest\x12\x0e\n\x06\x62ranch\x18\x01 \x01(\t\"+\n\x11\x45ndBranchResponse\x12\x16\n\x0ereleased_nodes\x18\x01 \x01(\r\"F\n\x12SwitchPhaseRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\"\n\x05phase\x18\x02 \x01(\x0e\x32\x13.agentpool.v1.Phase\"]\n\x13SwitchPhaseResponse\x12+\n\x0eprevious_phase\x18\x01 \x01(\x0e\x32\x13.agentpool.v1.Phase\x12\x19\n\x11released_branches\x18\x02 \x01(\r\"\x1f\n\x0f\x44ropNodeRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\"D\n\x10\x44ropNodeResponse\x12\x19\n\x11released_branches\x18\x01 \x01(\r\x12\x15\n\rpurged_blocks\x18\x02 \x01(\x04\"3\n\x14\x45victionOrderRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\r\"G\n\rEvictionEntry\x12\x12\n\nblock_hash\x18\x01 \x01(\x06\x12\r\n\x05\x63ount\x18\x02 \x01(\r\x12\x13\n\x0blast_access\x18\x03 \x01(\x01\"D\n\x15\x45victionOrderResponse\x12+\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x1b.agentpool.v1.EvictionEntry\"\"\n\x12WatchCountsRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\"/\n\nBlockCount\x12\x12\n\nblock_hash\x18\x01 \x01(\x06\x12\r\n\x05\x63ount\x18\x02 \x01(\r\"W\n\x0b\x43ountUpdate\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x10\n\x08snapshot\x18\x02 \x01(\x08\x12(\n\x06\x63ounts\x18\x03 \x03(\x0b\x32\x18.agentpool.v1.BlockCount\"\x0f\n\rHealthRequest\"d\n\x0eHealthResponse\x12\x0f\n\x07serving\x18\x01 \x01(\x08\x12\x10\n\x08store_ok\x18\x02 \x01(\x08\x12\r\n\x05nodes\x18\x03 \x01(\r\x12\x10\n\x08\x62ranches\x18\x04 \x01(\r\x12\x0e\n\x06\x62locks\x18\x05 \x01(\x04*P\n\x04Tier\x12\x14\n\x10TIER_UNSPECIFIED\x10\x00\x12\x0c\n\x08TIER_GPU\x10\x01\x12\r\n\tTIER_HOST\x10\x02\x12\x15\n\x11TIER_GPU_AND_HOST\x10\x03*S\n\x05Phase\x12\x15\n\x11PHASE_UNSPECIFIED\x10\x00\x12\x11\n\rPHASE_PREFILL\x10\x01\x12\x10\n\x0cPHASE_DECODE\x10\x02\x12\x0e\n\nPHASE_BOTH\x10\x03\x32\xba\x05\n\tDirectory\x12I\n\rPublishEvents\x12\x1a.agentpool.v1.KvEventBatch\x1a\x18.agentpool.v1.PublishAck(\x01\x30\x01\x12\x46\n\x07Resolve\x12\x1c.agentpool.v1.ResolveRequest\x1a\x1d.agentpool.v1.ResolveResponse\x12@\n\x05Place\x12\x1a.agentpool.v1.PlaceRequest\x1a\x1b.agentpool.v1.PlaceResponse\x12L\n\tEndBranch\x12\x1e.agentpool.v1.EndBranchRequest\x1a\x1f.agentpool.v1.EndBranchResponse\x12R\n\x0bSwitchPhase\x12 .agentpool.v1.SwitchPhaseRequest\x1a!.agentpool.v1.SwitchPhaseResponse\x12I\n\x08\x44ropNode\x12\x1d.agentpool.v1.DropNodeRequest\x1a\x1e.agentpool.v1.DropNodeResponse\x12X\n\rEvictionOrder\x12\".agentpool.v1.EvictionOrderRequest\x1a#.agentpool.v1.EvictionOrderResponse\x12L\n\x0bWatchCounts\x12 .agentpool.v1.WatchCountsRequest\x1a\x19.agentpool.v1.CountUpdate0\x01\x12\x43\n\x06Health\x12\x1b.agentpool.v1.HealthRequest\x1a\x1c.agentpool.v1.HealthResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x61gentpool/v1/directory.proto\x12\x0c\x61gentpool.v1\"[\n\x0c\x42locksStored\x12\x13\n\x0bparent_hash\x18\x01 \x01(\x06\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x06\x12 \n\x04tier\x18\x03 \x01(\x0e\x32\x12.agentpool.v1.Tier\"G\n\rBlocksRemoved\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x06\x12 \n\x04tier\x18\x02 \x01(\x0e\x32\x12.agentpool.v1.Tier\"o\n\x07KvEvent\x12,\n\x06stored\x18\x01 \x01(\x0b\x32\x1a.agentpool.v1.BlocksStoredH\x00\x12.\n\x07removed\x18\x02 \x01(\x0b\x32\x1b.agentpool.v1.BlocksRemovedH\x00\x42\x06\n\x04kind\"W\n\tHeldBlock\x12\x12\n\nblock_hash\x18\x01 \x01(\x06\x12\x13\n\x0bparent_hash\x18\x02 \x01(\x06\x12!\n\x05tiers\x18\x03 \x01(\x0e\x32\x12.agentpool.v1.Tier\"m\n\x06Resync\x12\'\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x17.agentpool.v1.HeldBlock\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x06\x12\x15\n\rparent_hashes\x18\x03 \x03(\x06\x12\r\n\x05tiers\x18\x04 \x01(\x0c\"\xad\x01\n\x0cKvEventBatch\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12%\n\x06\x65vents\x18\x03 \x03(\x0b\x32\x15.agentpool.v1.KvEvent\x12$\n\x06resync\x18\x04 \x01(\x0b\x32\x14.agentpool.v1.Resync\x12\"\n\x05phase\x18\x05 \x01(\x0e\x32\x13.agentpool.v1.Phase\x12\x11\n\theartbeat\x18\x06 \x01(\x08\"Q\n\nPublishAck\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x18\n\x10resync_requested\x18\x03 \x01(\x08\x12\x0e\n\x06reason\x18\x04 \x01(\t\"J\n\x0eResolveRequest\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x06\x12\x0e\n\x06\x62ranch\x18\x02 \x01(\t\x12\x12\n\nomit_paths\x18\x03 \x01(\x08\"\xbc\x01\n\nNodePrefix\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\"\n\x05phase\x18\x02 \x01(\x0e\x32\x13.agentpool.v1.Phase\x12\x12\n\ngpu_blocks\x18\x03 \x01(\r\x12\x13\n\x0bhost_blocks\x18\x04 \x01(\r\x12\x14\n\x0clocal_blocks\x18\x05 \x01(\r\x12\x12\n\ngpu_tokens\x18\x06 \x01(\x04\x12\x13\n\x0bhost_tokens\x18\x07 \x01(\x04\x12\x14\n\x0clocal_tokens\x18\x08 \x01(\x04\"\x95\x01\n\nBranchInfo\x12\x0e\n\x06\x62ranch\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\r\x12\x0e\n\x06is_new\x18\x03 \x01(\x08\x12\x16\n\x0eversion_bumped\x18\x04 \x01(\x08\x12\x15\n\rprevious_path\x18\x05 \x03(\x06\x12\x10\n\x08new_path\x18\x06 \x03(\x06\x12\x15\n\rcounted_nodes\x18\x07 \x03(\t\"w\n\x0fResolveResponse\x12\'\n\x05nodes\x18\x01 \x03(\x0b\x32\x18.agentpool.v1.NodePrefix\x12(\n\x06\x62ranch\x18\x02 \x01(\x0b\x32\x18.agentpool.v1.BranchInfo\x12\x11\n\tpage_size\x18\x03 \x01(\r\"B\n\x0cPlaceRequest\x12\x0e\n\x06\x62ranch\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x03 \x03(\x06\"\xa1\x01\n\rPlaceResponse\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x16\n\x0e\x63ounted_blocks\x18\x02 \x01(\r\x12\x15\n\rcounted_nodes\x18\x03 \x03(\t\x12\x14\n\x0cmove_pending\x18\x04 \x01(\x08\x12\x0e\n\x06is_new\x18\x05 \x01(\x08\x12\x16\n\x0eversion_bumped\x18\x06 \x01(\x08\x12\x12\n\nnode_known\x18\x07 \x01(\x08\"\x88\x01\n\x07RouteOp\x12\n\n\x02id\x18\x01 \x01(\x04\x12/\n\x07resolve\x18\x02 \x01(\x0b\x32\x1c.agentpool.v1.ResolveRequestH\x00\x12+\n\x05place\x18\x03 \x01(\x0b\x32\x1a.agentpool.v1.PlaceRequestH\x00\x12\r\n\x05quiet\x18\x04 \x01(\x08\x42\x04\n\x02op\"0\n\nRouteBatch\x12\"\n\x03ops\x18\x01 \x03(\x0b\x32\x15.agentpool.v1.RouteOp\"*\n\nRouteError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\r\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\xad\x01\n\nRouteReply\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x30\n\x07resolve\x18\x02 \x01(\x0b\x32\x1d.agentpool.v1.ResolveResponseH\x00\x12,\n\x05place\x18\x03 \x01(\x0b\x32\x1b.agentpool.v1.PlaceResponseH\x00\x12)\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x18.agentpool.v1.RouteErrorH\x00\x42\x08\n\x06result\"9\n\x0cRouteReplies\x12)\n\x07replies\x18\x01 \x03(\x0b\x32\x18.agentpool.v1.RouteReply\"\"\n\x10\x45ndBranchRequest\x12\x0e\n\x06\x62ranch\x18\x01 \x01(\t\"+\n\x11\x45ndBranchResponse\x12\x16\n\x0ereleased_nodes\x18\x01 \x01(\r\"F\n\x12SwitchPhaseRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\"\n\x05phase\x18\x02 \x01(\x0e\x32\x13.agentpool.v1.Phase\"]\n\x13SwitchPhaseResponse\x12+\n\x0eprevious_phase\x18\x01 \x01(\x0e\x32\x13.agentpool.v1.Phase\x12\x19\n\x11released_branches\x18\x02 \x01(\r\"\x1f\n\x0f\x44ropNodeRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\"D\n\x10\x44ropNodeResponse\x12\x19\n\x11released_branches\x18\x01 \x01(\r\x12\x15\n\rpurged_blocks\x18\x02 \x01(\x04\"3\n\x14\x45victionOrderRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\r\"G\n\rEvictionEntry\x12\x12\n\nblock_hash\x18\x01 \x01(\x06\x12\r\n\x05\x63ount\x18\x02 \x01(\r\x12\x13\n\x0blast_access\x18\x03 \x01(\x01\"D\n\x15\x45victionOrderResponse\x12+\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x1b.agentpool.v1.EvictionEntry\"\"\n\x12WatchCountsRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\"/\n\nBlockCount\x12\x12\n\nblock_hash\x18\x01 \x01(\x06\x12\r\n\x05\x63ount\x18\x02 \x01(\r\"W\n\x0b\x43ountUpdate\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x10\n\x08snapshot\x18\x02 \x01(\x08\x12(\n\x06\x63ounts\x18\x03 \x03(\x0b\x32\x18.agentpool.v1.BlockCount\"\x0f\n\rHealthRequest\"d\n\x0eHealthResponse\x12\x0f\n\x07serving\x18\x01 \x01(\x08\x12\x10\n\x08store_ok\x18\x02 \x01(\x08\x12\r\n\x05nodes\x18\x03 \x01(\r\x12\x10\n\x08\x62ranches\x18\x04 \x01(\r\x12\x0e\n\x06\x62locks\x18\x05 \x01(\x04*P\n\x04Tier\x12\x14\n\x10TIER_UNSPECIFIED\x10\x00\x12\x0c\n\x08TIER_GPU\x10\x01\x12\r\n\tTIER_HOST\x10\x02\x12\x15\n\x11TIER_GPU_AND_HOST\x10\x03*S\n\x05Phase\x12\x15\n\x11PHASE_UNSPECIFIED\x10\x00\x12\x11\n\rPHASE_PREFILL\x10\x01\x12\x10\n\x0cPHASE_DECODE\x10\x02\x12\x0e\n\nPHASE_BOTH\x10\x03\x32\xfd\x05\n\tDirectory\x12I\n\rPublishEvents\x12\x1a.agentpool.v1.KvEventBatch\x1a\x18.agentpool.v1.PublishAck(\x01\x30\x01\x12\x46\n\x07Resolve\x12\x1c.agentpool.v1.ResolveRequest\x1a\x1d.agentpool.v1.ResolveResponse\x12@\n\x05Place\x12\x1a.agentpool.v1.PlaceRequest\x1a\x1b.agentpool.v1.PlaceResponse\x12\x41\n\x05Route\x12\x18.agentpool.v1.RouteBatch\x1a\x1a.agentpool.v1.RouteReplies(\x01\x30\x01\x12L\n\tEndBranch\x12\x1e.agentpool.v1.EndBranchRequest\x1a\x1f.agentpool.v1.EndBranchResponse\x12R\n\x0bSwitchPhase\x12 .agentpool.v1.SwitchPhaseRequest\x1a!.agentpool.v1.SwitchPhaseResponse\x12I\n\x08\x44ropNode\x12\x1d.agentpool.v1.DropNodeRequest\x1a\x1e.agentpool.v1.DropNodeResponse\x12X\n\rEvictionOrder\x12\".agentpool.v1.EvictionOrderRequest\x1a#.agentpool.v1.EvictionOrderResponse\x12L\n\x0bWatchCounts\x12 .agentpool.v1.WatchCountsRequest\x1a\x19.agentpool.v1.CountUpdate0\x01\x12\x43\n\x06Health\x12\x1b.agentpool.v1.HealthRequest\x1a\x1c.agentpool.v1.HealthResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agentpool.v1.directory_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TIER']._serialized_start=2396
-  _globals['_TIER']._serialized_end=2476
-  _globals['_PHASE']._serialized_start=2478
-  _globals['_PHASE']._serialized_end=2561
+  _globals['_TIER']._serialized_start=2864
+  _globals['_TIER']._serialized_end=2944
+  _globals['_PHASE']._serialized_start=2946
+  _globals['_PHASE']._serialized_end=3029
   _globals['_BLOCKSSTORED']._serialized_start=46
   _globals['_BLOCKSSTORED']._serialized_end=137
   _globals['_BLOCKSREMOVED']._serialized_start=139
@@ -61,34 +61,44 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PLACEREQUEST']._serialized_end=1390
   _globals['_PLACERESPONSE']._serialized_start=1393
   _globals['_PLACERESPONSE']._serialized_end=1554
-  _globals['_ENDBRANCHREQUEST']._serialized_start=1556
-  _globals['_ENDBRANCHREQUEST']._serialized_end=1590
-  _globals['_ENDBRANCHRESPONSE']._serialized_start=1592
-  _globals['_ENDBRANCHRESPONSE']._serialized_end=1635
-  _globals['_SWITCHPHASEREQUEST']._serialized_start=1637
-  _globals['_SWITCHPHASEREQUEST']._serialized_end=1707
-  _globals['_SWITCHPHASERESPONSE']._serialized_start=1709
-  _globals['_SWITCHPHASERESPONSE']._serialized_end=1802
-  _globals['_DROPNODEREQUEST']._serialized_start=1804
-  _globals['_DROPNODEREQUEST']._serialized_end=1835
-  _globals['_DROPNODERESPONSE']._serialized_start=1837
-  _globals['_DROPNODERESPONSE']._serialized_end=1905
-  _globals['_EVICTIONORDERREQUEST']._serialized_start=1907
-  _globals['_EVICTIONORDERREQUEST']._serialized_end=1958
-  _globals['_EVICTIONENTRY']._serialized_start=1960
-  _globals['_EVICTIONENTRY']._serialized_end=2031
-  _globals['_EVICTIONORDERRESPONSE']._serialized_start=2033
-  _globals['_EVICTIONORDERRESPONSE']._serialized_end=2101
-  _globals['_WATCHCOUNTSREQUEST']._serialized_start=2103
-  _globals['_WATCHCOUNTSREQUEST']._serialized_end=2137
-  _globals['_BLOCKCOUNT']._serialized_start=2139
-  _globals['_BLOCKCOUNT']._serialized_end=2186
-  _globals['_COUNTUPDATE']._serialized_start=2188
-  _globals['_COUNTUPDATE']._serialized_end=2275
-  _globals['_HEALTHREQUEST']._serialized_start=2277
-  _globals['_HEALTHREQUEST']._serialized_end=2292
-  _globals['_HEALTHRESPONSE']._serialized_start=2294
-  _globals['_HEALTHRESPONSE']._serialized_end=2394
-  _globals['_DIRECTORY']._serialized_start=2564
-  _globals['_DIRECTORY']._serialized_end=3262
+  _globals['_ROUTEOP']._serialized_start=1557
+  _globals['_ROUTEOP']._serialized_end=1693
+  _globals['_ROUTEBATCH']._serialized_start=1695
+  _globals['_ROUTEBATCH']._serialized_end=1743
+  _globals['_ROUTEERROR']._serialized_start=1745
+  _globals['_ROUTEERROR']._serialized_end=1787
+  _globals['_ROUTEREPLY']._serialized_start=1790
+  _globals['_ROUTEREPLY']._serialized_end=1963
+  _globals['_ROUTEREPLIES']._serialized_start=1965
+  _globals['_ROUTEREPLIES']._serialized_end=2022
+  _globals['_ENDBRANCHREQUEST']._serialized_start=2024
+  _globals['_ENDBRANCHREQUEST']._serialized_end=2058
+  _globals['_ENDBRANCHRESPONSE']._serialized_start=2060
+  _globals['_ENDBRANCHRESPONSE']._serialized_end=2103
+  _globals['_SWITCHPHASEREQUEST']._serialized_start=2105
+  _globals['_SWITCHPHASEREQUEST']._serialized_end=2175
+  _globals['_SWITCHPHASERESPONSE']._serialized_start=2177
+  _globals['_SWITCHPHASERESPONSE']._serialized_end=2270
+  _globals['_DROPNODEREQUEST']._serialized_start=2272
+  _globals['_DROPNODEREQUEST']._serialized_end=2303
+  _globals['_DROPNODERESPONSE']._serialized_start=2305
+  _globals['_DROPNODERESPONSE']._serialized_end=2373
+  _globals['_EVICTIONORDERREQUEST']._serialized_start=2375
+  _globals['_EVICTIONORDERREQUEST']._serialized_end=2426
+  _globals['_EVICTIONENTRY']._serialized_start=2428
+  _globals['_EVICTIONENTRY']._serialized_end=2499
+  _globals['_EVICTIONORDERRESPONSE']._serialized_start=2501
+  _globals['_EVICTIONORDERRESPONSE']._serialized_end=2569
+  _globals['_WATCHCOUNTSREQUEST']._serialized_start=2571
+  _globals['_WATCHCOUNTSREQUEST']._serialized_end=2605
+  _globals['_BLOCKCOUNT']._serialized_start=2607
+  _globals['_BLOCKCOUNT']._serialized_end=2654
+  _globals['_COUNTUPDATE']._serialized_start=2656
+  _globals['_COUNTUPDATE']._serialized_end=2743
+  _globals['_HEALTHREQUEST']._serialized_start=2745
+  _globals['_HEALTHREQUEST']._serialized_end=2760
+  _globals['_HEALTHRESPONSE']._serialized_start=2762
+  _globals['_HEALTHRESPONSE']._serialized_end=2862
+  _globals['_DIRECTORY']._serialized_start=3032
+  _globals['_DIRECTORY']._serialized_end=3797
 # @@protoc_insertion_point(module_scope)

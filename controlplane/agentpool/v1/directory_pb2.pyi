@@ -191,6 +191,50 @@ class PlaceResponse(_message.Message):
     node_known: bool
     def __init__(self, version: _Optional[int] = ..., counted_blocks: _Optional[int] = ..., counted_nodes: _Optional[_Iterable[str]] = ..., move_pending: _Optional[bool] = ..., is_new: _Optional[bool] = ..., version_bumped: _Optional[bool] = ..., node_known: _Optional[bool] = ...) -> None: ...
 
+class RouteOp(_message.Message):
+    __slots__ = ("id", "resolve", "place", "quiet")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    RESOLVE_FIELD_NUMBER: _ClassVar[int]
+    PLACE_FIELD_NUMBER: _ClassVar[int]
+    QUIET_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    resolve: ResolveRequest
+    place: PlaceRequest
+    quiet: bool
+    def __init__(self, id: _Optional[int] = ..., resolve: _Optional[_Union[ResolveRequest, _Mapping]] = ..., place: _Optional[_Union[PlaceRequest, _Mapping]] = ..., quiet: _Optional[bool] = ...) -> None: ...
+
+class RouteBatch(_message.Message):
+    __slots__ = ("ops",)
+    OPS_FIELD_NUMBER: _ClassVar[int]
+    ops: _containers.RepeatedCompositeFieldContainer[RouteOp]
+    def __init__(self, ops: _Optional[_Iterable[_Union[RouteOp, _Mapping]]] = ...) -> None: ...
+
+class RouteError(_message.Message):
+    __slots__ = ("code", "reason")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    reason: str
+    def __init__(self, code: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class RouteReply(_message.Message):
+    __slots__ = ("id", "resolve", "place", "error")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    RESOLVE_FIELD_NUMBER: _ClassVar[int]
+    PLACE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    resolve: ResolveResponse
+    place: PlaceResponse
+    error: RouteError
+    def __init__(self, id: _Optional[int] = ..., resolve: _Optional[_Union[ResolveResponse, _Mapping]] = ..., place: _Optional[_Union[PlaceResponse, _Mapping]] = ..., error: _Optional[_Union[RouteError, _Mapping]] = ...) -> None: ...
+
+class RouteReplies(_message.Message):
+    __slots__ = ("replies",)
+    REPLIES_FIELD_NUMBER: _ClassVar[int]
+    replies: _containers.RepeatedCompositeFieldContainer[RouteReply]
+    def __init__(self, replies: _Optional[_Iterable[_Union[RouteReply, _Mapping]]] = ...) -> None: ...
+
 class EndBranchRequest(_message.Message):
     __slots__ = ("branch",)
     BRANCH_FIELD_NUMBER: _ClassVar[int]

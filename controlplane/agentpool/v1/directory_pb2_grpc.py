@@ -49,6 +49,11 @@ class DirectoryStub:
                 request_serializer=agentpool_dot_v1_dot_directory__pb2.PlaceRequest.SerializeToString,
                 response_deserializer=agentpool_dot_v1_dot_directory__pb2.PlaceResponse.FromString,
                 _registered_method=True)
+        self.Route = channel.stream_stream(
+                '/agentpool.v1.Directory/Route',
+                request_serializer=agentpool_dot_v1_dot_directory__pb2.RouteBatch.SerializeToString,
+                response_deserializer=agentpool_dot_v1_dot_directory__pb2.RouteReplies.FromString,
+                _registered_method=True)
         self.EndBranch = channel.unary_unary(
                 '/agentpool.v1.Directory/EndBranch',
                 request_serializer=agentpool_dot_v1_dot_directory__pb2.EndBranchRequest.SerializeToString,
@@ -106,6 +111,17 @@ class DirectoryServicer:
         Algorithm E.1 for the branch (version, path, release of dropped history), then E.2 lines 9-12
         (count the path on the node, when the node has registered), in one store write. A request no
         node took changes nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Route(self, request_iterator, context):
+        """The router's session: Resolves and Places as operations on one long-lived stream (no call set-up
+        per request; several operations travel in one message when they queue up). Operations of one
+        stream are applied in the order sent, so a Place is seen by every later Resolve. Each Resolve gets
+        a reply; a `quiet` Place gets one only when it failed (the router does not wait for it). A bad
+        operation gets an error reply and the stream goes on.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -169,6 +185,11 @@ def add_DirectoryServicer_to_server(servicer, server):
                     servicer.Place,
                     request_deserializer=agentpool_dot_v1_dot_directory__pb2.PlaceRequest.FromString,
                     response_serializer=agentpool_dot_v1_dot_directory__pb2.PlaceResponse.SerializeToString,
+            ),
+            'Route': grpc.stream_stream_rpc_method_handler(
+                    servicer.Route,
+                    request_deserializer=agentpool_dot_v1_dot_directory__pb2.RouteBatch.FromString,
+                    response_serializer=agentpool_dot_v1_dot_directory__pb2.RouteReplies.SerializeToString,
             ),
             'EndBranch': grpc.unary_unary_rpc_method_handler(
                     servicer.EndBranch,
@@ -282,6 +303,33 @@ class Directory:
             '/agentpool.v1.Directory/Place',
             agentpool_dot_v1_dot_directory__pb2.PlaceRequest.SerializeToString,
             agentpool_dot_v1_dot_directory__pb2.PlaceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Route(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/agentpool.v1.Directory/Route',
+            agentpool_dot_v1_dot_directory__pb2.RouteBatch.SerializeToString,
+            agentpool_dot_v1_dot_directory__pb2.RouteReplies.FromString,
             options,
             channel_credentials,
             insecure,

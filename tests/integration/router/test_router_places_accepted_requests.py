@@ -3,8 +3,9 @@ places the branch (E.1 then E.2 in the directory) only once an engine took the r
 
 from __future__ import annotations
 
+import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 import pytest
@@ -54,6 +55,8 @@ async def test_a_refused_request_leaves_the_branch_as_it_was(directory: Director
                     return resp.status
 
             assert await ask(first) == 200
+            # the router sends its Place on its Route stream without waiting for it: it lands shortly
+            await eventually(lambda: "agent-1" in directory.service.dir.branches)
             counts = await snapshot(d, "a")
             assert (await d.health()).branches == 1 and counts
 
@@ -66,11 +69,18 @@ async def test_a_refused_request_leaves_the_branch_as_it_was(directory: Director
 
             a.draining = False
             assert await ask(rewrite) == 200
-            assert directory.service.dir.branches.get("agent-1").version == 2
+            await eventually(lambda: directory.service.dir.branches.get("agent-1").version == 2)
             assert await snapshot(d, "a") != counts
     finally:
         await router.stop()
         await a.kill()
+
+
+async def eventually(check: Callable[[], bool], within_s: float = 2.0) -> None:
+    deadline = asyncio.get_running_loop().time() + within_s
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "the router's Place did not arrive"
+        await asyncio.sleep(0.01)
 
 
 async def snapshot(d: DirectoryClient, node: str) -> dict[int, int]:

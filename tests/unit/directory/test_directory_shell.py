@@ -16,7 +16,7 @@ from agentpool.directory.convert import (
     node_name,
     tier_from_pb,
 )
-from agentpool.directory.service import DirectoryService, ServiceTimers, _Abort
+from agentpool.directory.service import Abort, DirectoryService, ServiceTimers
 from agentpool.directory.store import (
     MemoryBranchStore,
     RowTracker,
@@ -118,10 +118,10 @@ async def test_failed_write_answers_unavailable_and_reloads_what_the_store_kept(
         await svc._commit(res.changes)
         store.down = True
         res = svc.dir.resolve([9], "a", 2.0)  # compaction, applied in memory, not persisted
-        with pytest.raises(_Abort) as err:
+        with pytest.raises(Abort) as err:
             await svc._commit(res.changes)
         assert err.value.code is grpc.StatusCode.UNAVAILABLE and not svc.store_ok
-        with pytest.raises(_Abort):
+        with pytest.raises(Abort):
             svc._require_store()
         store.down = False
         for _ in range(200):
@@ -185,7 +185,7 @@ async def test_place_without_hashes_needs_a_known_branch() -> None:
     await svc.start()
     try:
         await svc._commit(svc.dir.register_node("p1", Phase.PREFILL))
-        with pytest.raises(_Abort) as err:
+        with pytest.raises(Abort) as err:
             await svc._place(pb.PlaceRequest(branch="a", node="p1"))
         assert err.value.code is grpc.StatusCode.NOT_FOUND
         placed = await svc._place(pb.PlaceRequest(branch="a", node="zz", block_hashes=[1]))
@@ -222,7 +222,7 @@ async def test_a_failed_write_makes_queued_diffs_whole_rows() -> None:
         await svc._commit(svc.dir.register_node("p1", Phase.PREFILL))
         await svc._commit(svc.dir.resolve([1, 2], "a", 1.0).changes)
         store.down = True
-        with pytest.raises(_Abort):
+        with pytest.raises(Abort):
             await svc._commit(svc.dir.place("a", "p1", 2.0))
         store.down = False
         store.rows.clear()  # what a patch would now land on: nothing of the row

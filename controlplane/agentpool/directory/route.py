@@ -1,0 +1,158 @@
+"""The server side of ``Route``: a router's Resolves and Places on one long-lived stream.
+
+Each ``RouteBatch`` is applied in order and at once: a Resolve reads the core, a Place changes it
+(:meth:`DirectoryService.place_now`), so a later operation of the stream sees every earlier Place. A
+Place's store write then runs in order with every other write (:meth:`DirectoryService.write`); its
+reply (or, for a ``quiet`` Place, only its error) follows once the write is done. Replies ready at the
+same time go out in one ``RouteReplies`` message. A malformed message ends the stream with
+INVALID_ARGUMENT; a bad operation gets an error reply and the stream goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from agentpool.directory import framing
+from agentpool.directory.convert import InvalidRequestError, QuotaExceededError
+from agentpool.directory.service import Abort, DirectoryService, Placed
+from agentpool.v1 import directory_pb2 as pb
+
+if TYPE_CHECKING:
+    Ctx = grpc.aio.ServicerContext[Any, Any]
+
+log = logging.getLogger(__name__)
+
+_OK = grpc.StatusCode.OK.name
+
+
+def _status(e: Exception) -> grpc.StatusCode:
+    if isinstance(e, Abort):
+        return e.code
+    if isinstance(e, QuotaExceededError):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
+    return grpc.StatusCode.INVALID_ARGUMENT
+
+
+class RouteSession:
+    """One ``Route`` stream: applies the batches it reads, queues the replies for the writer."""
+
+    def __init__(self, service: DirectoryService) -> None:
+        self.service = service
+        self._replies: list[bytes] = []
+        self._wake = asyncio.Event()
+        self._writes: set[asyncio.Task[None]] = set()
+        self._reading = True
+        self._failure: Exception | None = None
+
+    # -- reading and applying ----------------------------------------------------------------
+    async def read(self, batches: AsyncIterator[bytes]) -> None:
+        """Apply every batch the client sends until it is done (or sends a malformed one)."""
+        try:
+            async for raw in batches:
+                try:
+                    batch = pb.RouteBatch.FromString(raw)
+                except DecodeError as e:
+                    raise InvalidRequestError(f"malformed RouteBatch: {e}") from None
+                self.apply(batch)
+        except InvalidRequestError as e:
+            self._failure = e
+        finally:
+            self._reading = False
+            self._wake.set()
+
+    def apply(self, batch: pb.RouteBatch) -> None:
+        """Apply ``batch``'s operations in order; replies are queued (Places' after their writes)."""
+        for op in batch.ops:
+            kind = op.WhichOneof("op")
+            if kind == "resolve":
+                self._resolve(op.id, op.resolve)
+            elif kind == "place":
+                self._place(op.id, op.place, op.quiet)
+            else:
+                self._reply(
+                    framing.error_reply(op.id, grpc.StatusCode.INVALID_ARGUMENT.value[0], "empty operation")
+                )
+
+    def _resolve(self, op_id: int, request: pb.ResolveRequest) -> None:
+        t0 = time.perf_counter()
+        code = _OK
+        try:
+            self._reply(framing.resolve_reply(op_id, self.service.resolve_now(request)))
+        except (InvalidRequestError, QuotaExceededError, Abort) as e:
+            status = _status(e)
+            code = status.name
+            self._reply(framing.error_reply(op_id, status.value[0], str(e)))
+        self.service.metrics.observe("Resolve", code, time.perf_counter() - t0)
+
+    def _place(self, op_id: int, request: pb.PlaceRequest, quiet: bool) -> None:
+        t0 = time.perf_counter()
+        try:
+            placed = self.service.place_now(request)
+        except (InvalidRequestError, QuotaExceededError, Abort) as e:
+            status = _status(e)
+            self.service.metrics.observe("Place", status.name, time.perf_counter() - t0)
+            self._reply(framing.error_reply(op_id, status.value[0], str(e)))
+            return
+        # started now (write order = apply order); the write lock keeps them in that order
+        task = asyncio.create_task(self._persist(op_id, placed, quiet, t0))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    async def _persist(self, op_id: int, placed: Placed, quiet: bool, t0: float) -> None:
+        try:
+            await self.service.write(placed.pending)
+        except Abort as e:
+            self.service.metrics.observe("Place", e.code.name, time.perf_counter() - t0)
+            self._reply(framing.error_reply(op_id, e.code.value[0], e.reason))
+            return
+        self.service.metrics.observe("Place", _OK, time.perf_counter() - t0)
+        if not quiet:
+            self._reply(framing.place_reply(op_id, self.service.place_response(placed)))
+
+    def _reply(self, encoded: bytes) -> None:
+        self._replies.append(encoded)
+        self._wake.set()
+
+    # -- writing -----------------------------------------------------------------------------
+    async def next_replies(self) -> bytes | None:
+        """The replies ready now as one encoded ``RouteReplies``; None once the client is done and
+        every write has finished (raises what ended the reading)."""
+        while not self._replies:
+            if self._failure is not None:  # malformed input: the call ends with it
+                raise self._failure
+            if not self._reading and not self._writes:
+                return None
+            self._wake.clear()
+            if not self._reading and self._writes:
+                await asyncio.wait(set(self._writes))
+                continue
+            await self._wake.wait()
+        replies, self._replies = self._replies, []
+        return b"".join(replies)
+
+    async def close(self) -> None:
+        """Let the started writes finish (the client may be gone; the core and the store stay in step)."""
+        if self._writes:
+            await asyncio.gather(*self._writes, return_exceptions=True)
+
+
+async def serve_route(service: DirectoryService, batches: AsyncIterator[bytes], context: Ctx) -> None:
+    """The ``Route`` handler: reads in a task of its own, writes replies as they are ready."""
+    session = RouteSession(service)
+    reader = asyncio.create_task(session.read(batches))
+    try:
+        while (replies := await session.next_replies()) is not None:
+            await context.write(replies)
+        await reader  # done: raises what it did not expect (the call ends UNKNOWN)
+    except InvalidRequestError as e:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+    finally:
+        reader.cancel()
+        await session.close()

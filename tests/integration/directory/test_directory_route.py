@@ -1,0 +1,185 @@
+"""The router's ``Route`` stream over real gRPC, state in the real Redis: operations apply in order,
+quiet Places answer only when they fail, bad operations do not end the stream, a restart is survived."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from conftest import config_for
+
+from agentpool.directory import framing
+from agentpool.directory.client import DirectoryClient, DirectoryRpcError, NodePublisher
+from agentpool.directory.server import DirectoryConfig, DirectoryServer
+from agentpool.directory.session import DirectorySession
+from agentpool.kv import Phase, Tier
+from agentpool.kv.hashing import ROOT_HASH, block_hashes
+from agentpool.v1 import directory_pb2 as pb
+
+pytestmark = pytest.mark.integration
+
+CHAIN = block_hashes(list(range(4 * 6)), 4)  # 6 blocks, page 4
+
+
+async def test_resolve_and_place_on_the_stream_match_the_unary_calls(client: DirectoryClient) -> None:
+    events = client.open_events()
+    p1 = NodePublisher(events, "p1", Phase.PREFILL)
+    await p1.resync([])
+    await p1.stored(ROOT_HASH, CHAIN[:4], Tier.GPU)
+    session = DirectorySession(client)
+    try:
+        answer = await session.resolve(CHAIN, "b1", omit_paths=False)
+        unary = await client.resolve(CHAIN, "b1")
+        assert [(n.node, n.gpu_blocks, n.local_tokens) for n in answer.nodes] == [("p1", 4, 16)]
+        assert unary.nodes["p1"].gpu_blocks == 4 and unary.branch is not None
+        assert answer.branch.version == unary.branch.version == 1 and answer.branch.is_new
+        assert tuple(answer.branch.new_path) == tuple(CHAIN)
+        assert (await client.health()).branches == 0  # Resolve only looks
+
+        placed = await session.place_and_wait("b1", "p1", CHAIN[:3])
+        assert placed.is_new and placed.version == 1 and placed.counted_nodes == ["p1"]
+        assert placed.counted_blocks == 3
+        rewritten = [*CHAIN[:2], 99, 98]
+        answer = await session.resolve(rewritten, "b1")
+        assert answer.branch.version_bumped and not answer.branch.new_path  # omit_paths by default
+    finally:
+        await session.close()
+        await events.close()
+
+
+async def test_a_quiet_place_is_seen_by_the_next_resolve_on_the_stream(
+    client: DirectoryClient, server: DirectoryServer
+) -> None:
+    """The place is not waited for, yet the Resolve sent after it sees it: one stream, one order."""
+    errors: list[DirectoryRpcError] = []
+    session = DirectorySession(client, errors.append)
+    try:
+        await client.switch_phase("p1", Phase.BOTH)
+        # each Resolve extends the path just placed: had the Place not been applied first, the first
+        # would create the branch and the third would bump it
+        for version, path in ((1, CHAIN[:2]), (1, CHAIN[:4]), (2, [CHAIN[0], 7])):
+            session.place("agent", "p1", path)
+            answer = await session.resolve([*path, 5], "agent")
+            assert answer.branch.version == version
+            assert not answer.branch.is_new and not answer.branch.version_bumped
+        assert server.service.dir.branches.get("agent").version == 2
+        assert errors == []
+        session.place("bad branch id with spaces", "p1", CHAIN)  # refused: reported, stream goes on
+        assert (await session.resolve(CHAIN, None)).page_size == 4
+        for _ in range(50):
+            if errors:
+                break
+            await asyncio.sleep(0.01)
+        assert [e.code for e in errors] == [grpc.StatusCode.INVALID_ARGUMENT]
+    finally:
+        await session.close()
+
+
+async def test_bad_operations_get_error_replies_and_the_stream_goes_on(client: DirectoryClient) -> None:
+    session = DirectorySession(client)
+    try:
+        with pytest.raises(DirectoryRpcError) as err:
+            await session.resolve([0, 1], None)  # hash 0 is the root, not a block
+        assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and "root hash" in err.value.reason
+        with pytest.raises(DirectoryRpcError) as err:
+            await session.place_and_wait("never-seen", "p1")  # no hashes: the branch must exist
+        assert err.value.code == grpc.StatusCode.NOT_FOUND
+        assert (await session.resolve(CHAIN, "x")).branch.is_new
+    finally:
+        await session.close()
+
+
+async def test_a_malformed_batch_ends_the_stream_with_invalid_argument(server: DirectoryServer) -> None:
+    async with DirectoryClient(server.address) as c:
+        call = c.channel.stream_stream("/agentpool.v1.Directory/Route")()
+        await call.write(b"\xff\xff\xff")
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await call.read()
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "malformed RouteBatch" in (err.value.details() or "")
+
+
+async def test_operations_queued_together_travel_in_one_message(client: DirectoryClient) -> None:
+    session = DirectorySession(client)
+    try:
+        answers = await asyncio.gather(*(session.resolve(CHAIN[: 1 + i % 6], f"a{i}") for i in range(40)))
+        assert all(a.branch.is_new and a.page_size == 4 for a in answers)
+    finally:
+        await session.close()
+
+
+def test_hand_written_encodings_parse_as_the_generated_messages() -> None:
+    batch = pb.RouteBatch.FromString(
+        framing.route_op(7, resolve=framing.resolve_request(CHAIN, "b", omit_paths=True))
+        + framing.route_op(300, place=framing.place_request("b", "n", CHAIN[:2]), quiet=True)
+        + framing.route_op(1 << 40, place=framing.place_request("b", "n", []))
+    )
+    first, second, third = batch.ops
+    assert first.id == 7 and list(first.resolve.block_hashes) == CHAIN and first.resolve.omit_paths
+    assert second.id == 300 and second.quiet and list(second.place.block_hashes) == CHAIN[:2]
+    assert third.id == 1 << 40 and third.WhichOneof("op") == "place" and not third.quiet
+    replies = pb.RouteReplies.FromString(
+        framing.resolve_reply(1, pb.ResolveResponse(page_size=4).SerializeToString())
+        + framing.place_reply(2, pb.PlaceResponse(version=3))
+        + framing.error_reply(3, grpc.StatusCode.NOT_FOUND.value[0], "gone")
+    )
+    assert [r.WhichOneof("result") for r in replies.replies] == ["resolve", "place", "error"]
+    assert replies.replies[0].resolve.page_size == 4 and replies.replies[1].place.version == 3
+    assert replies.replies[2].error.reason == "gone"
+    with pytest.raises(ValueError):
+        framing.route_op(1)
+    with pytest.raises(ValueError):
+        framing.resolve_request([-1], "")
+
+
+async def test_the_stream_reopens_after_a_directory_restart(namespace: str) -> None:
+    cfg: DirectoryConfig = config_for(namespace)
+    first = DirectoryServer(cfg)
+    await first.start()
+    port = first.port
+    errors: list[DirectoryRpcError] = []
+    async with DirectoryClient(first.address, timeout_s=2) as c:
+        session = DirectorySession(c, errors.append)
+        try:
+            await c.switch_phase("p1", Phase.BOTH)
+            session.place("agent", "p1", CHAIN[:3])
+            assert (await session.resolve(CHAIN, "agent")).branch.version == 1
+            await first.stop(grace=None)
+            with pytest.raises(DirectoryRpcError):
+                await session.resolve(CHAIN, "agent")
+            second = DirectoryServer(config_for(namespace, port=port))
+            await second.start()
+            try:
+                for _ in range(100):  # the channel reconnects; the next operation opens a new stream
+                    try:
+                        answer = await session.resolve(CHAIN, "agent")
+                        break
+                    except DirectoryRpcError:
+                        await asyncio.sleep(0.05)
+                else:
+                    raise AssertionError("no answer from the restarted directory")
+                assert not answer.branch.is_new  # the Place reached Redis before the restart
+                assert errors == []
+            finally:
+                await second.stop()
+        finally:
+            await session.close()
+
+
+async def test_a_wrong_token_fails_the_resolve_with_unauthenticated(namespace: str) -> None:
+    srv = DirectoryServer(config_for(namespace, auth_token="route-test-token-0123456789"))
+    await srv.start()
+    try:
+        async with DirectoryClient(srv.address, token="not-the-token-0123456789") as c:
+            session = DirectorySession(c)
+            with pytest.raises(DirectoryRpcError) as err:
+                await session.resolve(CHAIN, None)
+            assert err.value.code == grpc.StatusCode.UNAUTHENTICATED
+            await session.close()
+        async with DirectoryClient(srv.address, token="route-test-token-0123456789") as c:
+            session = DirectorySession(c)
+            assert (await session.resolve(CHAIN, None)).page_size == 4
+            await session.close()
+    finally:
+        await srv.stop()

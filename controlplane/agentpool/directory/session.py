@@ -115,8 +115,9 @@ class DirectorySession:
                 grpc.StatusCode.DEADLINE_EXCEEDED, "no reply from the directory"
             ) from None
         finally:
-            if self._waiting.pop(op_id, None) is not None and time.monotonic() - sent >= self.stale_s:
-                self._reset(f"a reply took over {self.stale_s:g} s")
+            given_up = self._waiting.pop(op_id, future)
+            if not given_up.done() and time.monotonic() - sent >= self.stale_s:  # caller gave up
+                self._reset(f"no reply for {self.stale_s:g} s")
         if reply.WhichOneof("result") == "error":
             raise _error(reply.error)
         return reply

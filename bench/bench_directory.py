@@ -37,7 +37,7 @@ import redis.asyncio as aioredis
 
 from agentpool.directory.client import DirectoryClient, NodePublisher, resync_batch, stored_event
 from agentpool.directory.session import DirectorySession
-from agentpool.kv import Directory, HeldBlock, Phase, Tier
+from agentpool.kv import Directory, HeldBlock, Role, Tier
 from agentpool.kv.hashing import ROOT_HASH
 from agentpool.v1 import directory_pb2 as pb
 
@@ -120,7 +120,7 @@ async def run(a: argparse.Namespace) -> None:
                     HeldBlock(h, prompt[j - 1] if j else ROOT_HASH, Tier.GPU | Tier.HOST)
                     for j, h in enumerate(prompt[:depth])
                 ]
-                pub = NodePublisher(stream, node, Phase.PREFILL if i % 2 == 0 else Phase.DECODE)
+                pub = NodePublisher(stream, node, Role.PREFILL if i % 2 == 0 else Role.DECODE)
                 await pub.resync(held)
                 core.register_node(node, pub.phase)
                 core.resync_node(node, held, 1.0)
@@ -283,7 +283,7 @@ async def resolve_under_bulk_work(
     rng = random.Random(1)
     big = [rng.getrandbits(64) | 1 for _ in range(a.bulk_blocks)]
     held = [HeldBlock(h, big[i - 1] if i else ROOT_HASH, Tier.HOST) for i, h in enumerate(big)]
-    batch = resync_batch("bulk-engine", 1, Phase.PREFILL, held)
+    batch = resync_batch("bulk-engine", 1, Role.PREFILL, held)
     print(
         f"bulk work: a resync of {a.bulk_blocks:,} blocks ({batch.ByteSize() / 2**20:.1f} MiB), then a purge"
     )

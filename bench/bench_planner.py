@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from agentpool.kv import Role
 from agentpool.models import (
     DecodeIterationRecord,
     DecodeModel,
@@ -49,7 +50,7 @@ from agentpool.models import (
 )
 from agentpool.models.fitting import fit_decode, fit_nodes, fit_prefill
 from agentpool.models.synthetic import SyntheticWorkload, decode_records, noisy, prefill_records
-from agentpool.planner.core import Outcome, PlannerInput, PlannerNode, PlannerPolicy, Role, plan
+from agentpool.planner.core import Outcome, PlannerInput, PlannerNode, PlannerPolicy, plan
 from agentpool.sim.metrics import Metrics
 from agentpool.sim.node import SimIteration
 from agentpool.sim.planners import attach

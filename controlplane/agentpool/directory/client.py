@@ -20,7 +20,7 @@ import grpc
 from agentpool.directory import framing
 from agentpool.directory.auth import bearer_metadata, channel_credentials
 from agentpool.directory.convert import phase_from_pb, phase_to_pb, tier_to_pb
-from agentpool.kv import HeldBlock, Phase, Tier
+from agentpool.kv import HeldBlock, Role, Tier
 from agentpool.v1 import directory_pb2 as pb
 from agentpool.v1 import directory_pb2_grpc as pb_grpc
 
@@ -47,7 +47,7 @@ class NodePrefix(NamedTuple):
     """One node's cached prefix of a resolved prompt (a named tuple: 64 of them per Resolve)."""
 
     node: str
-    phase: Phase | None
+    phase: Role | None
     gpu_blocks: int
     host_blocks: int
     local_blocks: int
@@ -117,11 +117,11 @@ class Health:
     blocks: int
 
 
-def _phase_or_none(value: int) -> Phase | None:
+def _phase_or_none(value: int) -> Role | None:
     return None if value == pb.PHASE_UNSPECIFIED else phase_from_pb(value)
 
 
-_PHASES: dict[int, Phase] = {v: phase_from_pb(v) for v in (pb.PHASE_PREFILL, pb.PHASE_DECODE, pb.PHASE_BOTH)}
+_PHASES: dict[int, Role] = {v: phase_from_pb(v) for v in (pb.PHASE_PREFILL, pb.PHASE_DECODE, pb.PHASE_BOTH)}
 
 
 def encode_resolve_request(block_hashes: Sequence[int], branch: str, omit_paths: bool = False) -> bytes:
@@ -138,7 +138,7 @@ def removed_event(hashes: Sequence[int], tier: Tier) -> pb.KvEvent:
     return pb.KvEvent(removed=pb.BlocksRemoved(block_hashes=hashes, tier=tier_to_pb(tier)))
 
 
-def resync_batch(node: str, seq: int, phase: Phase, blocks: Iterable[HeldBlock]) -> pb.KvEventBatch:
+def resync_batch(node: str, seq: int, phase: Role, blocks: Iterable[HeldBlock]) -> pb.KvEventBatch:
     """A resync in the packed wire form (17 bytes a block; parents before children)."""
     held = list(blocks)
     return pb.KvEventBatch(
@@ -226,7 +226,7 @@ def _stream_error(e: grpc.aio.AioRpcError) -> DirectoryRpcError:
 class NodePublisher:
     """Publishes one engine's events with consecutive sequence numbers over an :class:`EventStream`."""
 
-    def __init__(self, stream: EventStream, node: str, phase: Phase) -> None:
+    def __init__(self, stream: EventStream, node: str, phase: Role) -> None:
         self.stream = stream
         self.node = node
         self.phase = phase
@@ -357,7 +357,7 @@ class DirectoryClient:
         r = await self._call(self.stub.EndBranch, pb.EndBranchRequest(branch=branch))
         return int(r.released_nodes)
 
-    async def switch_phase(self, node: str, phase: Phase) -> Phase | None:
+    async def switch_phase(self, node: str, phase: Role) -> Role | None:
         """Returns the previous phase (None: the node was not registered)."""
         r = await self._call(
             self.stub.SwitchPhase, pb.SwitchPhaseRequest(node=node, phase=phase_to_pb(phase))

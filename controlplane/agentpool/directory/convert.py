@@ -10,18 +10,18 @@ from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from operator import eq
 
-from agentpool.kv import EvictionCandidate, Phase, PrefixMatch, Tier, check_branch_id
+from agentpool.kv import EvictionCandidate, PrefixMatch, Role, Tier, check_branch_id
 from agentpool.kv.branches import InvalidBranchIdError
 from agentpool.v1 import directory_pb2 as pb
 
 NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$")
 
-_PHASE_TO_PB: dict[Phase, pb.Phase] = {
-    Phase.PREFILL: pb.PHASE_PREFILL,
-    Phase.DECODE: pb.PHASE_DECODE,
-    Phase.BOTH: pb.PHASE_BOTH,
+_PHASE_TO_PB: dict[Role, pb.Phase] = {
+    Role.PREFILL: pb.PHASE_PREFILL,
+    Role.DECODE: pb.PHASE_DECODE,
+    Role.BOTH: pb.PHASE_BOTH,
 }
-_PHASE_FROM_PB: dict[int, Phase] = {v: k for k, v in _PHASE_TO_PB.items()}
+_PHASE_FROM_PB: dict[int, Role] = {v: k for k, v in _PHASE_TO_PB.items()}
 _TIER_FROM_PB: dict[int, Tier] = {
     pb.TIER_GPU: Tier.GPU,
     pb.TIER_HOST: Tier.HOST,
@@ -55,14 +55,14 @@ def branch_id(value: str) -> str:
         raise InvalidRequestError(str(e)) from None
 
 
-def phase_from_pb(value: int) -> Phase:
+def phase_from_pb(value: int) -> Role:
     try:
         return _PHASE_FROM_PB[value]
     except KeyError:
         raise InvalidRequestError(f"phase {value} is not PREFILL, DECODE or BOTH") from None
 
 
-def phase_to_pb(phase: Phase) -> pb.Phase:
+def phase_to_pb(phase: Role) -> pb.Phase:
     return _PHASE_TO_PB[phase]
 
 
@@ -183,7 +183,7 @@ def _explain(start: int, hashes: list[int], parents: list[int], tiers: list[int]
     raise AssertionError("no bad block in the chunk")
 
 
-def node_prefix(node: str, phase: Phase | None, m: PrefixMatch, page_size: int) -> pb.NodePrefix:
+def node_prefix(node: str, phase: Role | None, m: PrefixMatch, page_size: int) -> pb.NodePrefix:
     return pb.NodePrefix(
         node=node,
         phase=pb.PHASE_UNSPECIFIED if phase is None else phase_to_pb(phase),
@@ -204,12 +204,12 @@ class ResolveEncoder:
 
     def __init__(self, page_size: int, cache_size: int = 1 << 16) -> None:
         self.page_size = page_size
-        self._cache: dict[tuple[str, Phase | None, PrefixMatch], bytes] = {}
+        self._cache: dict[tuple[str, Role | None, PrefixMatch], bytes] = {}
         self._cache_size = cache_size
         self._page = pb.ResolveResponse(page_size=page_size).SerializeToString()
 
     def encode(
-        self, prefixes: Mapping[str, PrefixMatch], phases: Mapping[str, Phase], branch: pb.BranchInfo | None
+        self, prefixes: Mapping[str, PrefixMatch], phases: Mapping[str, Role], branch: pb.BranchInfo | None
     ) -> bytes:
         cache = self._cache
         parts = []

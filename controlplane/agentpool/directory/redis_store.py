@@ -28,7 +28,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from agentpool.directory.store import Snapshot, StoreUnavailableError, decode_branch, is_complete
-from agentpool.kv import BranchState, Phase
+from agentpool.kv import BranchState, Role
 
 _REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
 
@@ -69,7 +69,7 @@ class RedisBranchStore:
     def nodes_key(self) -> str:
         return f"{self.namespace}:nodes"
 
-    async def load(self) -> tuple[dict[str, Phase], list[BranchState]]:
+    async def load(self) -> tuple[dict[str, Role], list[BranchState]]:
         try:
             raw_phases = cast(dict[bytes, bytes], await self.client.hgetall(self.nodes_key))
             prefix = f"{self.namespace}:branch:{{"
@@ -86,7 +86,7 @@ class RedisBranchStore:
                         states.append(decode_branch(k.decode()[len(prefix) : -1], row))
         except _REDIS_DOWN as e:
             raise StoreUnavailableError(f"redis: {e}") from e
-        return {n.decode(): Phase(p.decode()) for n, p in raw_phases.items()}, states
+        return {n.decode(): Role(p.decode()) for n, p in raw_phases.items()}, states
 
     async def save(self, snap: Snapshot) -> None:
         if not (snap.branches or snap.ended or snap.phases or snap.patches):

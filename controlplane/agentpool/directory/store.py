@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from agentpool.kv import BranchState, Changes, Directory, PendingMove, Phase
+from agentpool.kv import BranchState, Changes, Directory, PendingMove, Role
 
 Row = dict[bytes, bytes]
 
@@ -160,7 +160,7 @@ def _remember(state: BranchState) -> _Written:
 
 
 class BranchStore(Protocol):
-    async def load(self) -> tuple[dict[str, Phase], list[BranchState]]:
+    async def load(self) -> tuple[dict[str, Role], list[BranchState]]:
         """Every persisted node phase and branch row."""
         ...
 
@@ -181,8 +181,8 @@ class MemoryBranchStore:
         self.phases: dict[str, str] = {}
         self.writes = 0
 
-    async def load(self) -> tuple[dict[str, Phase], list[BranchState]]:
-        phases = {n: Phase(p) for n, p in self.phases.items()}
+    async def load(self) -> tuple[dict[str, Role], list[BranchState]]:
+        phases = {n: Role(p) for n, p in self.phases.items()}
         return phases, [decode_branch(b, row) for b, row in self.rows.items() if is_complete(row)]
 
     async def save(self, snap: Snapshot) -> None:

@@ -18,7 +18,7 @@ from agentpool.kv.eviction import EvictionCandidate, eviction_hashes_counted, ev
 from agentpool.kv.hashing import DEFAULT_PAGE_SIZE
 from agentpool.kv.index import PrefixIndex
 from agentpool.kv.steps import drain
-from agentpool.kv.types import HeldBlock, Phase, PrefixMatch, Tier, UnknownNodeError, split_blocks
+from agentpool.kv.types import HeldBlock, PrefixMatch, Role, Tier, UnknownNodeError, split_blocks
 
 
 @dataclass
@@ -61,11 +61,11 @@ class Directory:
         self.index = PrefixIndex()
         self.branches = BranchTable()
         self.counts = BranchCounts()
-        self._phases: dict[str, Phase] = {}
+        self._phases: dict[str, Role] = {}
         self._pending_hint: dict[str, set[str]] = {}  # node -> branches that may wait for a move there
 
     # -- persisted agent state ------------------------------------------------------------
-    def load_agent_state(self, phases: Mapping[str, Phase], branches: Iterable[BranchState]) -> None:
+    def load_agent_state(self, phases: Mapping[str, Role], branches: Iterable[BranchState]) -> None:
         """Replace node phases, branch table and counts with persisted ones (after a restart, or after a
         store outage). The index keeps the placements of the nodes in ``phases`` and drops the others."""
         self.branches = BranchTable()
@@ -84,10 +84,10 @@ class Directory:
                 self._pending_hint.setdefault(node, set()).add(state.branch_id)
 
     # -- nodes -------------------------------------------------------------------------------
-    def phases(self) -> dict[str, Phase]:
+    def phases(self) -> dict[str, Role]:
         return dict(self._phases)
 
-    def phase(self, node: str) -> Phase:
+    def phase(self, node: str) -> Role:
         try:
             return self._phases[node]
         except KeyError:
@@ -96,7 +96,7 @@ class Directory:
     def has_node(self, node: str) -> bool:
         return node in self._phases
 
-    def register_node(self, node: str, phase: Phase) -> Changes:
+    def register_node(self, node: str, phase: Role) -> Changes:
         """Add ``node`` in ``phase``; an already registered node switches phase instead."""
         if node in self._phases:
             return self.switch_phase(node, phase)
@@ -104,12 +104,12 @@ class Directory:
         self.index.add_node(node)
         return Changes(nodes={node})
 
-    def switch_phase(self, node: str, phase: Phase) -> Changes:
+    def switch_phase(self, node: str, phase: Role) -> Changes:
         """D -> P releases every branch's counts on ``node``; every other switch keeps them."""
         old = self.phase(node)
         changes = Changes(nodes={node} if old != phase else set())
         self._phases[node] = phase
-        if old is Phase.DECODE and phase is Phase.PREFILL:
+        if old is Role.DECODE and phase is Role.PREFILL:
             for beta in sorted(self._branches_counting_on(node)):
                 self.counts.release(self.branches.get(beta), node, changes.counts)
                 changes.branches.add(beta)

@@ -17,8 +17,13 @@ class Tier(enum.IntFlag):
 ALL_TIERS = Tier.GPU | Tier.HOST
 
 
-class Phase(enum.Enum):
-    """Phase a node serves. ``BOTH`` is a colocated node; all ``BOTH`` nodes form one phase group."""
+class Role(enum.StrEnum):
+    """The phase a node serves: ``prefill`` or ``decode`` in disaggregated pools, ``both`` when colocated.
+
+    The one role vocabulary of agentpool (node cores, routing policy, planner, wire formats, the
+    directory's phase groups: all ``BOTH`` nodes form one group). It lives here, in the lowest pure
+    layer, so every core may import it; the values are the strings on every wire and in every file.
+    """
 
     PREFILL = "prefill"
     DECODE = "decode"

@@ -7,13 +7,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from agentpool.kv import Role as Role  # the one role type, re-exported with the node's vocabulary
 from agentpool.models import PrefillBatchItem
-
-
-class Role(enum.StrEnum):
-    PREFILL = "prefill"
-    DECODE = "decode"
-    BOTH = "both"
 
 
 class NodeStatus(enum.StrEnum):

@@ -28,7 +28,7 @@ from typing import Protocol
 from kubernetes.client.exceptions import ApiException
 
 from agentpool.directory.client import DirectoryRpcError
-from agentpool.kv import Phase
+from agentpool.kv import Role
 from agentpool.models import (
     IterationRecord,
     MoeShape,
@@ -47,7 +47,6 @@ from agentpool.planner.core import (
     Outcome,
     PlannerInput,
     PlannerNode,
-    Role,
     initial_roles,
     plan,
 )
@@ -71,7 +70,7 @@ class PhaseSink(Protocol):
     """Told when an engine serves a new phase: the KV directory (``SwitchPhase``: a D->P switch
     resets the node's branch counts, Algorithm E.2 line 14). ``DirectoryClient`` is one."""
 
-    async def switch_phase(self, node: str, phase: Phase) -> Phase | None: ...
+    async def switch_phase(self, node: str, phase: Role) -> Role | None: ...
 
 
 class ModelSink(Protocol):
@@ -134,7 +133,7 @@ class PlannerController:
         self.models_out = models_out
         self._switch_poll_s = switch_poll_s
         # (engine, phase) told to the directory, in order (the last 1000)
-        self.announced: deque[tuple[str, Phase]] = deque(maxlen=1000)
+        self.announced: deque[tuple[str, Role]] = deque(maxlen=1000)
         self.fits_failed = 0
         self.fits: dict[str, NodeFit] = {}
         self.last: Evaluation | None = None
@@ -423,7 +422,7 @@ class PlannerController:
             pending.unannounced.clear()
             return
         for name, value in sorted(pending.unannounced.items()):
-            role = Phase(value)
+            role = Role(value)
             try:
                 previous = await self.directory.switch_phase(name, role)
             except DirectoryRpcError as exc:

@@ -35,15 +35,9 @@ from enum import StrEnum
 import numpy as np
 import numpy.typing as npt
 
+from agentpool.kv import Role
 from agentpool.models import NodeModel, WorkSlice
 from agentpool.planner.throughput import FloatArray, NodeArrays, SliceArrays, split_throughput
-
-
-class Role(StrEnum):
-    """The phase a node serves once disaggregation has started."""
-
-    PREFILL = "prefill"
-    DECODE = "decode"
 
 
 class Outcome(StrEnum):
@@ -62,9 +56,13 @@ class PlannerNode:
 
     name: str
     model: NodeModel
-    role: Role
+    role: Role  # PREFILL or DECODE: the planner runs once disaggregation has started
     draining: bool = False
     pinned: bool = False
+
+    def __post_init__(self) -> None:
+        if self.role is Role.BOTH:
+            raise ValueError(f"node {self.name!r} serves both phases: the planner places prefill or decode")
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,7 +215,10 @@ def plan(inp: PlannerInput, policy: PlannerPolicy) -> Decision:
             excluded_slices=excluded,
         )
 
-    by_role = {r: sorted((n for n in inp.nodes if n.role is r), key=lambda n: n.name) for r in Role}
+    by_role = {
+        r: sorted((n for n in inp.nodes if n.role is r), key=lambda n: n.name)
+        for r in (Role.PREFILL, Role.DECODE)
+    }
     cur_p, cur_d = by_role[Role.PREFILL], by_role[Role.DECODE]
     s = SliceArrays.of(kept)
     p_arrays, d_arrays = NodeArrays.of([n.model for n in cur_p]), NodeArrays.of([n.model for n in cur_d])
@@ -373,7 +374,6 @@ __all__ = [
     "PlannerInput",
     "PlannerNode",
     "PlannerPolicy",
-    "Role",
     "initial_roles",
     "plan",
     "split_throughput",

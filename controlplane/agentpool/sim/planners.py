@@ -68,7 +68,6 @@ from agentpool.planner.core import (
     plan,
     split_throughput,
 )
-from agentpool.planner.core import Role as PlannerRole
 from agentpool.sim.dynamo import DynamoLoadPlanner, DynamoSettings
 from agentpool.sim.fiterror import fit_error
 from agentpool.sim.simulator import Simulator
@@ -146,7 +145,7 @@ def _planner_nodes(sim: Simulator) -> tuple[PlannerNode, ...]:
         PlannerNode(
             n.name,
             sim.models[n.index],
-            PlannerRole.PREFILL if n.role is Role.PREFILL else PlannerRole.DECODE,
+            n.role,
             draining=sim.switching and n.status is not NodeStatus.SERVING,
         )
         for n in sim.nodes

@@ -23,10 +23,7 @@ from agentpool.router.policy import (
     RequestView,
     bind_decode,
 )
-from agentpool.router.policy import Role as PolicyRole
 from agentpool.sim.systems import FetchMode
-
-_ROLE = {Role.PREFILL: PolicyRole.PREFILL, Role.DECODE: PolicyRole.DECODE, Role.BOTH: PolicyRole.BOTH}
 
 
 @dataclass(slots=True)
@@ -131,7 +128,7 @@ def _node_state(
     # every viewed node is serving: accepting, not draining; reports are always fresh (age 0)
     return NodeState(
         node.name,
-        _ROLE[node.role],
+        node.role,
         model,
         remaining_s,
         queue,

@@ -23,7 +23,7 @@ from typing import cast
 
 import numpy as np
 
-from agentpool.kv import ROOT_HASH, Directory, Phase, Tier
+from agentpool.kv import ROOT_HASH, Directory, Tier
 from agentpool.kv.eviction import eviction_hashes_counted
 from agentpool.models import NodeModel, OccupancySample, PrefillBatchItem, RequestWorkRecord, Work
 from agentpool.node import IterationHook, Node, NodeStatus, Request, Role
@@ -45,7 +45,6 @@ from agentpool.sim.routing import (
 from agentpool.sim.systems import Eviction, FetchMode, Pool, SwitchMode, SystemConfig
 
 _ISSUE, _WAKE, _JOIN, _SWITCH_DONE, _TICK, _CALL, _NET = range(7)
-_PHASE = {Role.PREFILL: Phase.PREFILL, Role.DECODE: Phase.DECODE, Role.BOTH: Phase.BOTH}
 _UNLIMITED_BLOCKS = 1 << 40
 __all__ = ["DECODE_BINDINGS", "TRUTHS", "Issue", "SimConfig", "Simulator", "WindowLog"]
 
@@ -137,7 +136,7 @@ class Simulator:
                 shared_kv_block_tokens=block if cfg.shared_gpu_memory and not unlimited else None,
             )
             self.nodes.append(node)
-            self.directory.register_node(node.name, _PHASE[role])
+            self.directory.register_node(node.name, role)
         base_model = NodeModel(
             preset.prefill_model(), preset.decode_model(), t_bar=float(preset.chunk_tokens)
         )
@@ -495,7 +494,7 @@ class Simulator:
         node = self.nodes[index]
         sw = self._switches.pop(index)
         node.finish_switch(sw.to)
-        self.directory.switch_phase(node.name, _PHASE[sw.to])
+        self.directory.switch_phase(node.name, sw.to)
         self.metrics.switch(node.name, sw.decided_at, sw.drained_at, self.now, self.system.switch)
         self.metrics.record_split(self.now, self.split())
         if sw.to is Role.DECODE:

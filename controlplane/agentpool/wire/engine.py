@@ -38,7 +38,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentpool.router.policy import Role
+from agentpool.kv import Role
 from agentpool.wire.iterations import MAX_ITERATIONS_PER_REPORT, WireIteration
 
 Phase = Literal["both", "prefill", "decode"]

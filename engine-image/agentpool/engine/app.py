@@ -22,9 +22,8 @@ from agentpool.engine.reports import DispatchSeqs, Reporter, ReportTarget
 from agentpool.engine.roles import KubeRoleWatch, RoleFileWatch, Switcher
 from agentpool.engine.server import build_app
 from agentpool.engine.simbackend import SimBackend
-from agentpool.kv import Phase, Tier
-from agentpool.node import GpuCache, Role
-from agentpool.router.policy import Role as RouterRole
+from agentpool.kv import Role, Tier
+from agentpool.node import GpuCache
 from agentpool.secret_file import read_optional_secret
 from agentpool.wire.engine import LoadReport, QueuedItem
 
@@ -81,7 +80,7 @@ class EngineApp:
             self.link = DirectoryLink(
                 cfg.node_id,
                 self.directory,
-                lambda: Phase(self.backend.role.value),
+                lambda: self.backend.role,
                 self.ledger.held_blocks,
                 self.pool.set_counts,
                 heartbeat_s=cfg.directory.heartbeat_s,
@@ -154,7 +153,7 @@ class EngineApp:
 
     async def _switched(self, role: Role) -> None:
         if self.link is not None:
-            await self.link.switch_phase(Phase(role.value))
+            await self.link.switch_phase(role)
 
     async def _gauges(self) -> None:
         while True:
@@ -173,9 +172,9 @@ class EngineApp:
         load = b.load()
         return LoadReport(
             node_id=self.cfg.node_id,
-            role=RouterRole(load.role.value),
+            role=load.role,
             url=self.advertised_url,
-            desired_role=None if self.switcher.pending is None else RouterRole(self.switcher.pending.value),
+            desired_role=self.switcher.pending,
             last_dispatch_seq=-1,  # per router: the reporter sets each router's own
             remaining_batch_s=b.wall(load.remaining_batch_s),
             queue=[

@@ -25,7 +25,7 @@ from agentpool.directory.client import (
     removed_event,
     stored_event,
 )
-from agentpool.kv import HeldBlock, Phase, Tier
+from agentpool.kv import HeldBlock, Role, Tier
 from agentpool.v1 import directory_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ class DirectoryLink:
         self,
         node: str,
         client: DirectoryClient,
-        phase: Callable[[], Phase],
+        phase: Callable[[], Role],
         held: Callable[[], list[HeldBlock]],
         on_counts: Callable[[dict[int, int], bool], None],
         *,
@@ -158,7 +158,7 @@ class DirectoryLink:
                 log.debug("count watch of %s: %s", self.node, e)
             await asyncio.sleep(self.reconnect_s)
 
-    async def switch_phase(self, phase: Phase) -> None:
+    async def switch_phase(self, phase: Role) -> None:
         """Tell the directory the node serves ``phase`` now (D->P resets its counts)."""
         try:
             await self.client.switch_phase(self.node, phase)

@@ -4,12 +4,12 @@ and answers resync requests with its full list (what a real engine agent does)."
 from __future__ import annotations
 
 from agentpool.directory.client import Ack, DirectoryClient, EventStream, NodePublisher
-from agentpool.kv import HeldBlock, Phase, Tier
+from agentpool.kv import HeldBlock, Role, Tier
 from agentpool.kv.hashing import ROOT_HASH
 
 
 class EngineDouble:
-    def __init__(self, node: str, phase: Phase) -> None:
+    def __init__(self, node: str, phase: Role) -> None:
         self.node = node
         self.phase = phase
         self.blocks: dict[int, HeldBlock] = {}

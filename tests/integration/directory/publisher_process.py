@@ -9,7 +9,7 @@ import sys
 
 from agentpool.directory.client import DirectoryClient
 from agentpool.engine.directory_link import DirectoryLink
-from agentpool.kv import ROOT_HASH, HeldBlock, Phase, Tier
+from agentpool.kv import ROOT_HASH, HeldBlock, Role, Tier
 
 
 async def main(address: str, token: str, node: str, n: int) -> None:
@@ -18,7 +18,7 @@ async def main(address: str, token: str, node: str, n: int) -> None:
         HeldBlock(h, hashes[i - 1] if i else ROOT_HASH, Tier.GPU | Tier.HOST) for i, h in enumerate(hashes)
     ]
     async with DirectoryClient(address, token=token) as client:
-        link = DirectoryLink(node, client, lambda: Phase.PREFILL, lambda: held, lambda c, s: None)
+        link = DirectoryLink(node, client, lambda: Role.PREFILL, lambda: held, lambda c, s: None)
         task = asyncio.create_task(link.run())
         for _ in range(3000):  # the first resync acknowledged (30 s at most)
             if link.resyncs:

@@ -17,7 +17,7 @@ from directory_processes import TOKEN, PrivateRedis, eventually, start_directory
 
 from agentpool.directory.client import DirectoryClient, DirectoryRpcError
 from agentpool.directory.server import DirectoryServer
-from agentpool.kv import Phase
+from agentpool.kv import Role
 from agentpool.kv.hashing import block_hashes
 
 pytestmark = pytest.mark.integration
@@ -53,7 +53,7 @@ async def build_agent_state(client: DirectoryClient, p1: EngineDouble, d1: Engin
 
 async def test_directory_process_restart_keeps_branches_and_counts(namespace: str) -> None:
     proc, addr = await start_directory_process(namespace)
-    p1, d1 = EngineDouble("p1", Phase.PREFILL), EngineDouble("d1", Phase.DECODE)
+    p1, d1 = EngineDouble("p1", Role.PREFILL), EngineDouble("d1", Role.DECODE)
     try:
         async with DirectoryClient(addr, token=TOKEN) as client:
             for e in (p1, d1):
@@ -101,7 +101,7 @@ async def test_redis_restart_reports_unhealthy_reconnects_and_keeps_state(
 ) -> None:
     srv = DirectoryServer(config_for("agentpool-test:redis-restart", redis_url=private_redis.url))
     await srv.start()
-    p1, d1 = EngineDouble("p1", Phase.PREFILL), EngineDouble("d1", Phase.DECODE)
+    p1, d1 = EngineDouble("p1", Role.PREFILL), EngineDouble("d1", Role.DECODE)
     try:
         async with DirectoryClient(srv.address) as client:
             for e in (p1, d1):
@@ -138,7 +138,7 @@ async def test_redis_restart_reports_unhealthy_reconnects_and_keeps_state(
 async def test_silent_node_is_purged_and_its_counts_released(namespace: str) -> None:
     srv = DirectoryServer(config_for(namespace, node_timeout_s=0.6))
     await srv.start()
-    p1, p2 = EngineDouble("p1", Phase.PREFILL), EngineDouble("p2", Phase.PREFILL)
+    p1, p2 = EngineDouble("p1", Role.PREFILL), EngineDouble("p2", Role.PREFILL)
     try:
         async with DirectoryClient(srv.address) as client:
             chain = block_hashes(list(range(16)), 4)
@@ -171,7 +171,7 @@ async def test_idle_branches_expire(namespace: str) -> None:
     await srv.start()
     try:
         async with DirectoryClient(srv.address) as client:
-            await client.switch_phase("p1", Phase.PREFILL)
+            await client.switch_phase("p1", Role.PREFILL)
             await client.place("idle", "p1", [1, 2])
             assert await count_snapshot(client, "p1") == {1: 1, 2: 1}
 

@@ -11,7 +11,7 @@ from conftest import config_for
 
 from agentpool.directory.client import DirectoryClient, DirectoryRpcError, NodePublisher, stored_event
 from agentpool.directory.server import DirectoryServer
-from agentpool.kv import ROOT_HASH, HeldBlock, Phase, Tier
+from agentpool.kv import ROOT_HASH, HeldBlock, Role, Tier
 from agentpool.v1 import directory_pb2 as pb
 
 pytestmark = pytest.mark.integration
@@ -38,11 +38,11 @@ async def test_bad_resync_orders_get_invalid_argument(
     client: DirectoryClient, blocks: list[HeldBlock], reason: str
 ) -> None:
     with pytest.raises(DirectoryRpcError) as err:
-        await NodePublisher(client.open_events(), "p1", Phase.PREFILL).resync(blocks)
+        await NodePublisher(client.open_events(), "p1", Role.PREFILL).resync(blocks)
     assert err.value.code is grpc.StatusCode.INVALID_ARGUMENT
     assert reason in err.value.reason
     assert (await client.health()).blocks == 0  # nothing of it applied
-    ack = await NodePublisher(client.open_events(), "p1", Phase.PREFILL).resync(chain(3))
+    ack = await NodePublisher(client.open_events(), "p1", Role.PREFILL).resync(chain(3))
     assert not ack.resync_requested and (await client.health()).blocks == 3
 
 
@@ -53,7 +53,7 @@ async def test_bad_resync_orders_get_invalid_argument(
 async def test_stored_chains_with_a_cycle_get_invalid_argument(
     client: DirectoryClient, parent: int, hashes: list[int], reason: str
 ) -> None:
-    pub = NodePublisher(client.open_events(), "p1", Phase.PREFILL)
+    pub = NodePublisher(client.open_events(), "p1", Role.PREFILL)
     await pub.resync([])
     with pytest.raises(DirectoryRpcError) as err:
         await pub.events([stored_event(parent, hashes, Tier.GPU)])
@@ -66,10 +66,10 @@ async def test_one_engine_cannot_store_more_than_its_cap(namespace: str) -> None
     try:
         async with DirectoryClient(srv.address) as c:
             with pytest.raises(DirectoryRpcError) as err:
-                await NodePublisher(c.open_events(), "p1", Phase.PREFILL).resync(chain(11))
+                await NodePublisher(c.open_events(), "p1", Role.PREFILL).resync(chain(11))
             assert err.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
             assert "more than the cap of 10 per node" in err.value.reason
-            pub = NodePublisher(c.open_events(), "p1", Phase.PREFILL)
+            pub = NodePublisher(c.open_events(), "p1", Role.PREFILL)
             await pub.resync(chain(8))
             ack = await pub.stored(8, [9, 10], Tier.GPU)  # exactly the cap
             assert not ack.resync_requested
@@ -80,7 +80,7 @@ async def test_one_engine_cannot_store_more_than_its_cap(namespace: str) -> None
             assert err.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
             assert "would hold 11 blocks" in err.value.reason
             assert (await c.health()).blocks == 10
-            other = NodePublisher(c.open_events(), "p2", Phase.PREFILL)  # the cap is per node
+            other = NodePublisher(c.open_events(), "p2", Role.PREFILL)  # the cap is per node
             assert not (await other.resync(chain(10, start=100))).resync_requested
     finally:
         await srv.stop()
@@ -91,7 +91,7 @@ async def test_branch_cap(namespace: str) -> None:
     await srv.start()
     try:
         async with DirectoryClient(srv.address) as c:
-            await c.switch_phase("p1", Phase.PREFILL)
+            await c.switch_phase("p1", Role.PREFILL)
             await c.place("a", "p1", [1])
             await c.place("b", "p1", [1])
             with pytest.raises(DirectoryRpcError) as err:
@@ -108,19 +108,19 @@ async def test_node_cap(namespace: str) -> None:
     await srv.start()
     try:
         async with DirectoryClient(srv.address) as c:
-            await c.switch_phase("p1", Phase.PREFILL)
+            await c.switch_phase("p1", Role.PREFILL)
             assert not (
-                await NodePublisher(c.open_events(), "p2", Phase.PREFILL).resync(chain(2))
+                await NodePublisher(c.open_events(), "p2", Role.PREFILL).resync(chain(2))
             ).resync_requested
             with pytest.raises(DirectoryRpcError) as err:
-                await NodePublisher(c.open_events(), "p3", Phase.PREFILL).resync(chain(2))
+                await NodePublisher(c.open_events(), "p3", Role.PREFILL).resync(chain(2))
             assert err.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED and "2 nodes" in err.value.reason
             with pytest.raises(DirectoryRpcError) as err:
-                await c.switch_phase("p3", Phase.DECODE)
+                await c.switch_phase("p3", Role.DECODE)
             assert err.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert await c.switch_phase("p1", Phase.DECODE) is Phase.PREFILL  # known nodes go on
+            assert await c.switch_phase("p1", Role.DECODE) is Role.PREFILL  # known nodes go on
             await c.drop_node("p2")
-            await c.switch_phase("p3", Phase.DECODE)  # room again
+            await c.switch_phase("p3", Role.DECODE)  # room again
     finally:
         await srv.stop()
 
@@ -139,7 +139,7 @@ async def test_a_resync_whose_stream_goes_away_is_applied_whole(server: Director
     held = chain(n, start=10)
     async with DirectoryClient(server.address) as c:
         stream = c.open_events()
-        send = asyncio.ensure_future(NodePublisher(stream, "big", Phase.PREFILL).resync(held))
+        send = asyncio.ensure_future(NodePublisher(stream, "big", Role.PREFILL).resync(held))
 
         async def busy() -> bool:
             return bool(server.service.ingest._busy)
@@ -174,7 +174,7 @@ async def test_a_big_count_snapshot_comes_in_parts(namespace: str) -> None:
     await srv.start()
     try:
         async with DirectoryClient(srv.address) as c:
-            await c.switch_phase("p1", Phase.PREFILL)
+            await c.switch_phase("p1", Role.PREFILL)
             path = [h.block_hash for h in chain(250, start=5)]
             await c.place("a", "p1", path)
             await c.place("b", "p1", path[:10])

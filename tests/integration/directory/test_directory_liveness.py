@@ -30,7 +30,7 @@ from agentpool.directory.client import (
 )
 from agentpool.directory.service import DEFAULT_NODE_TIMEOUT_S
 from agentpool.engine.directory_link import DirectoryLink
-from agentpool.kv import ROOT_HASH, HeldBlock, Phase, Tier
+from agentpool.kv import ROOT_HASH, HeldBlock, Role, Tier
 
 pytestmark = pytest.mark.integration
 
@@ -91,11 +91,11 @@ async def test_a_publisher_survives_the_directory_dying_and_resyncs_when_it_is_b
     directory, address = await start_directory_process(namespace, port=port)
     try:
         async with DirectoryClient(address, token=TOKEN) as client:
-            bare = NodePublisher(client.open_events(), "raw", Phase.PREFILL)
+            bare = NodePublisher(client.open_events(), "raw", Role.PREFILL)
             assert not (await bare.resync(chain(2, start=1000))).resync_requested
             held = chain(50)
             link = DirectoryLink(
-                "e1", client, lambda: Phase.PREFILL, lambda: held, lambda c, s: None,
+                "e1", client, lambda: Role.PREFILL, lambda: held, lambda c, s: None,
                 heartbeat_s=0.2, reconnect_s=0.1,
             )  # fmt: skip
             task = asyncio.create_task(link.run())
@@ -146,7 +146,7 @@ async def test_redis_with_aof_everysec_restarted_loses_no_branch_counts(namespac
     try:
         async with DirectoryClient(address, token=TOKEN) as client:
             for node in ("p1", "p2"):
-                await client.switch_phase(node, Phase.PREFILL)
+                await client.switch_phase(node, Role.PREFILL)
             idle = [h.block_hash for h in chain(8)]
             for i in range(20):  # idle branches: placed once, never ended
                 await client.place(f"agent-{i}", f"p{1 + i % 2}", idle[: 2 + i % 6])

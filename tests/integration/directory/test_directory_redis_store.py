@@ -16,7 +16,7 @@ from process_helpers import delete_namespace
 
 from agentpool.directory.redis_store import RedisBranchStore
 from agentpool.directory.store import snapshot
-from agentpool.kv import Directory, Phase
+from agentpool.kv import Directory, Role
 
 pytestmark = pytest.mark.integration
 
@@ -51,7 +51,7 @@ async def test_key_layout_hash_tags_and_ttl() -> None:
     client = aioredis.Redis.from_url(REDIS_URL)
     store = RedisBranchStore(client, namespace, idle_ttl_s=30)
     d = Directory(page_size=1)
-    await store.save(snapshot(d, d.register_node("p1", Phase.PREFILL)))
+    await store.save(snapshot(d, d.register_node("p1", Role.PREFILL)))
     res = d.resolve([11, 12], "agent/7", 1.0)
     await store.save(snapshot(d, res.changes))
     await store.save(snapshot(d, d.place("agent/7", "p1", 1.0)))
@@ -62,7 +62,7 @@ async def test_key_layout_hash_tags_and_ttl() -> None:
     row = await client.hgetall(key)
     assert set(row) == {b"v", b"p", b"s", b"c:p1"}
     phases, rows = await store.load()
-    assert phases == {"p1": Phase.PREFILL} and [r.branch_id for r in rows] == ["agent/7"]
+    assert phases == {"p1": Role.PREFILL} and [r.branch_id for r in rows] == ["agent/7"]
     await store.save(snapshot(d, d.end_branch("agent/7")))
     assert await client.exists(key) == 0
     await client.aclose()

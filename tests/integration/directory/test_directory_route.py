@@ -13,7 +13,7 @@ from agentpool.directory import framing
 from agentpool.directory.client import DirectoryClient, DirectoryRpcError, NodePublisher
 from agentpool.directory.server import DirectoryConfig, DirectoryServer
 from agentpool.directory.session import DirectorySession
-from agentpool.kv import Phase, Tier
+from agentpool.kv import Role, Tier
 from agentpool.kv.hashing import ROOT_HASH, block_hashes
 from agentpool.v1 import directory_pb2 as pb
 
@@ -24,7 +24,7 @@ CHAIN = block_hashes(list(range(4 * 6)), 4)  # 6 blocks, page 4
 
 async def test_resolve_and_place_on_the_stream_match_the_unary_calls(client: DirectoryClient) -> None:
     events = client.open_events()
-    p1 = NodePublisher(events, "p1", Phase.PREFILL)
+    p1 = NodePublisher(events, "p1", Role.PREFILL)
     await p1.resync([])
     await p1.stored(ROOT_HASH, CHAIN[:4], Tier.GPU)
     session = DirectorySession(client)
@@ -55,7 +55,7 @@ async def test_a_quiet_place_is_seen_by_the_next_resolve_on_the_stream(
     errors: list[DirectoryRpcError] = []
     session = DirectorySession(client, errors.append)
     try:
-        await client.switch_phase("p1", Phase.BOTH)
+        await client.switch_phase("p1", Role.BOTH)
         # each Resolve extends the path just placed: had the Place not been applied first, the first
         # would create the branch and the third would bump it
         for version, path in ((1, CHAIN[:2]), (1, CHAIN[:4]), (2, [CHAIN[0], 7])):
@@ -142,7 +142,7 @@ async def test_the_stream_reopens_after_a_directory_restart(namespace: str) -> N
     async with DirectoryClient(first.address, timeout_s=2) as c:
         session = DirectorySession(c, errors.append)
         try:
-            await c.switch_phase("p1", Phase.BOTH)
+            await c.switch_phase("p1", Role.BOTH)
             session.place("agent", "p1", CHAIN[:3])
             assert (await session.resolve(CHAIN, "agent")).branch.version == 1
             await first.stop(grace=None)

@@ -22,7 +22,7 @@ import agentpool.directory.auth as auth_module
 from agentpool.directory.client import DirectoryClient, DirectoryRpcError, NodePublisher
 from agentpool.directory.ingest import resync_block_limit
 from agentpool.directory.server import DirectoryConfig, DirectoryServer
-from agentpool.kv import ROOT_HASH, HeldBlock, Phase, Tier
+from agentpool.kv import ROOT_HASH, HeldBlock, Role, Tier
 from agentpool.v1 import directory_pb2 as pb
 
 pytestmark = pytest.mark.integration
@@ -48,7 +48,7 @@ async def test_token_auth_rejects_missing_and_wrong_tokens(namespace: str) -> No
                 assert err.value.code is grpc.StatusCode.UNAUTHENTICATED
         async with DirectoryClient(srv.address, token="s3cret") as c:
             assert (await c.health()).serving
-            assert await c.switch_phase("p1", Phase.PREFILL) is None
+            assert await c.switch_phase("p1", Role.PREFILL) is None
     finally:
         await srv.stop()
 
@@ -86,7 +86,7 @@ async def test_tls_and_metrics(namespace: str, tmp_path: Path) -> None:
     await srv.start()
     try:
         async with DirectoryClient(srv.address, root_certificates=cert.read_bytes()) as c:
-            await c.switch_phase("p1", Phase.PREFILL)
+            await c.switch_phase("p1", Role.PREFILL)
             await c.resolve([5, 6], "a")
             await c.place("a", "p1", [5, 6])
         async with DirectoryClient(srv.address, timeout_s=1.0) as plain:  # plaintext to a TLS port fails
@@ -138,10 +138,10 @@ async def test_resync_limit_follows_the_max_message_size(namespace: str) -> None
         async with DirectoryClient(srv.address) as c:
             stream = c.open_events()
             with pytest.raises(DirectoryRpcError) as err:
-                await NodePublisher(stream, "n1", Phase.PREFILL).resync(held)
+                await NodePublisher(stream, "n1", Role.PREFILL).resync(held)
             assert err.value.code is grpc.StatusCode.INVALID_ARGUMENT
             assert f"resync has {limit + 1} blocks, more than the limit {limit}" in err.value.reason
-            ack = await NodePublisher(c.open_events(), "n1", Phase.PREFILL).resync(held[:limit])
+            ack = await NodePublisher(c.open_events(), "n1", Role.PREFILL).resync(held[:limit])
             assert not ack.resync_requested
             assert (await c.health()).blocks == limit
     finally:
@@ -321,7 +321,7 @@ async def test_redis_password_from_a_file_or_the_environment(tmp_path: Path) -> 
             line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
             assert line.startswith("directory listening on "), line
             async with DirectoryClient(line.split()[-1], token=TOKEN) as c:
-                await c.switch_phase("p1", Phase.PREFILL)
+                await c.switch_phase("p1", Role.PREFILL)
                 assert (await c.health()).store_ok
             r = aioredis.Redis(port=port, password="pw-0123456789")
             assert await r.hget("agentpool:dir:nodes", "p1") == b"prefill"

@@ -9,7 +9,7 @@ import pytest
 
 from agentpool.directory.client import DirectoryClient, DirectoryRpcError, NodePublisher
 from agentpool.directory.server import DirectoryServer
-from agentpool.kv import HeldBlock, Phase, Tier
+from agentpool.kv import HeldBlock, Role, Tier
 from agentpool.kv.hashing import ROOT_HASH, block_hashes
 from agentpool.v1 import directory_pb2 as pb
 
@@ -21,8 +21,8 @@ GH = Tier.GPU | Tier.HOST
 async def test_figure4_c_through_the_service(client: DirectoryClient) -> None:
     chain = block_hashes(list(range(4 * 3)), 4)  # 3 blocks, page 4
     s = client.open_events()
-    p1 = NodePublisher(s, "p1", Phase.PREFILL)
-    p2 = NodePublisher(s, "p2", Phase.PREFILL)
+    p1 = NodePublisher(s, "p1", Role.PREFILL)
+    p2 = NodePublisher(s, "p2", Role.PREFILL)
     assert not (await p1.resync([])).resync_requested
     assert not (await p2.resync([])).resync_requested
     res = await client.resolve(chain[:2], branch="b1")
@@ -36,7 +36,7 @@ async def test_figure4_c_through_the_service(client: DirectoryClient) -> None:
     assert res.branch is not None and res.branch.previous_path == tuple(chain[:2])
     assert res.branch.new_path == tuple(chain) and not res.branch.version_bumped
     assert res.nodes["p1"].local_blocks == 2 and res.nodes["p1"].gpu_tokens == 8
-    assert res.nodes["p1"].phase is Phase.PREFILL
+    assert res.nodes["p1"].phase is Role.PREFILL
     placed = await client.place("b1", "p2", chain)
     assert placed.move_pending and not placed.version_bumped and placed.counted_nodes == ("p1", "p2")
     await p2.stored(ROOT_HASH, chain, Tier.GPU)
@@ -51,7 +51,7 @@ async def test_figure4_c_through_the_service(client: DirectoryClient) -> None:
 async def test_sequence_gap_and_unknown_node_request_a_resync(client: DirectoryClient) -> None:
     chain = block_hashes(list(range(8)), 4)
     s = client.open_events()
-    pub = NodePublisher(s, "n1", Phase.DECODE)
+    pub = NodePublisher(s, "n1", Role.DECODE)
     ack = await pub.stored(ROOT_HASH, chain, Tier.GPU)  # never resynced: unknown
     assert ack.resync_requested and "unknown" in ack.reason
     assert not (await pub.resync([HeldBlock(chain[0], ROOT_HASH, Tier.HOST)])).resync_requested
@@ -93,7 +93,7 @@ async def test_count_stream_gets_snapshot_then_changes(
     server: DirectoryServer, client: DirectoryClient
 ) -> None:
     chain = block_hashes(list(range(8)), 4)
-    await client.switch_phase("w1", Phase.PREFILL)
+    await client.switch_phase("w1", Role.PREFILL)
     await client.place("a", "w1", chain)
     stream = client.watch_counts("w1")
     first = await anext(stream)
@@ -111,7 +111,7 @@ async def test_count_stream_gets_snapshot_then_changes(
 
 
 async def test_oversized_eviction_limit_and_bad_phase(client: DirectoryClient) -> None:
-    await client.switch_phase("n1", Phase.PREFILL)
+    await client.switch_phase("n1", Role.PREFILL)
     with pytest.raises(DirectoryRpcError) as err:
         await client.eviction_order("n1", limit=10**8)
     assert err.value.code is grpc.StatusCode.INVALID_ARGUMENT and "limit" in err.value.reason
@@ -147,7 +147,7 @@ async def test_a_request_no_node_took_changes_nothing(client: DirectoryClient) -
     """Resolve is read-only: a rewrite resolved but never placed (the engine answered 429/503) keeps
     the branch's version, path and counts; the Place of the retried request applies E.1 once."""
     chain = block_hashes(list(range(4 * 4)), 4)
-    await client.switch_phase("p1", Phase.PREFILL)
+    await client.switch_phase("p1", Role.PREFILL)
     await client.place("a", "p1", chain[:3])
     rewrite = [chain[0], 77, 78]
     for _ in range(3):  # three rejected attempts of a rewriting request

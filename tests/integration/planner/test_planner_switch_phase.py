@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from agentpool.directory.client import DirectoryClient
 from agentpool.directory.server import DirectoryConfig, DirectoryServer
-from agentpool.kv import Phase
+from agentpool.kv import Role
 from agentpool.kv.hashing import block_hashes
 from agentpool.models import (
     DecodeModel,
@@ -132,7 +132,7 @@ async def test_a_switch_resets_the_counts_of_engines_moved_to_prefill_once_they_
         controller.fit(0.0, 100.0)
         # Every decode engine holds one branch's counts in the directory.
         for name in PODS[1:]:
-            assert await directory.switch_phase(name, Phase.DECODE) is None  # registers it
+            assert await directory.switch_phase(name, Role.DECODE) is None  # registers it
             await directory.resolve(CHAIN, branch=f"agent-{name}")
             await directory.place(f"agent-{name}", name, CHAIN)
             assert await counts_on(directory, name) == {CHAIN[0]: 1, CHAIN[1]: 1}
@@ -152,7 +152,7 @@ async def test_a_switch_resets_the_counts_of_engines_moved_to_prefill_once_they_
         # The first moved engine serves prefill: it alone is announced, and its counts are reset.
         served.update(moved[0], "prefill", 2.0)
         assert not await controller.observe_switch(at=1220.0) or len(moved) == 1
-        assert list(controller.announced)[:1] == [(moved[0], Phase.PREFILL)]
+        assert list(controller.announced)[:1] == [(moved[0], Role.PREFILL)]
         assert await counts_on(directory, moved[0]) == {}
         for name in moved[1:]:
             served.update(name, "prefill", 3.0)

@@ -16,7 +16,7 @@ from router_harness import chat_body, router_config, start_router
 
 from agentpool.directory.client import DirectoryClient, DirectoryRpcError, NodePublisher
 from agentpool.directory.server import DirectoryConfig, DirectoryServer
-from agentpool.kv import ROOT_HASH, Phase, Tier, block_hashes
+from agentpool.kv import ROOT_HASH, Role, Tier, block_hashes
 from agentpool.router.__main__ import directory_view
 from agentpool.router.directory_view import DirectoryError
 from agentpool.router.grpc_directory import GrpcDirectoryView
@@ -59,7 +59,7 @@ async def test_headers_drive_branch_ends_and_prefixes_drive_routing(directory: D
     a, b = await StandIn("a", tokens=2).start(), await StandIn("b", tokens=2).start()
     client = DirectoryClient(directory.address)
     stream = client.open_events()
-    pub_a, pub_b = NodePublisher(stream, "a", Phase.BOTH), NodePublisher(stream, "b", Phase.BOTH)
+    pub_a, pub_b = NodePublisher(stream, "a", Role.BOTH), NodePublisher(stream, "b", Role.BOTH)
     await pub_a.resync([])
     await pub_b.resync([])
     text = " ".join(f"w{i}" for i in range(200))

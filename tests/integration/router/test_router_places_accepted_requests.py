@@ -15,7 +15,7 @@ from router_harness import chat_body, router_config, start_router
 
 from agentpool.directory.client import DirectoryClient
 from agentpool.directory.server import DirectoryConfig, DirectoryServer
-from agentpool.kv import Phase
+from agentpool.kv import Role
 from agentpool.router.grpc_directory import GrpcDirectoryView
 
 pytestmark = pytest.mark.integration
@@ -46,7 +46,7 @@ async def test_a_refused_request_leaves_the_branch_as_it_was(directory: Director
             DirectoryClient(directory.address, token=TOKEN) as d,
             aiohttp.ClientSession() as http,
         ):
-            await d.switch_phase("a", Phase.BOTH)
+            await d.switch_phase("a", Role.BOTH)
 
             async def ask(text: str) -> int:
                 url = f"{router.url}/v1/chat/completions"

@@ -25,7 +25,7 @@ from agentpool.directory.store import (
     decode_branch,
     encode_branch,
 )
-from agentpool.kv import BranchState, Directory, PendingMove, Phase, PrefixMatch, Tier
+from agentpool.kv import BranchState, Directory, PendingMove, Role, PrefixMatch, Tier
 from agentpool.v1 import directory_pb2 as pb
 
 
@@ -113,7 +113,7 @@ async def test_failed_write_answers_unavailable_and_reloads_what_the_store_kept(
     svc = DirectoryService(Directory(page_size=1), store, timers=ServiceTimers(store_check_interval_s=0.01))
     await svc.start()
     try:
-        await svc._commit(svc.dir.register_node("p1", Phase.PREFILL))
+        await svc._commit(svc.dir.register_node("p1", Role.PREFILL))
         res = svc.dir.resolve([1, 2], "a", 1.0)
         await svc._commit(res.changes)
         store.down = True
@@ -140,8 +140,8 @@ async def test_resolve_writes_nothing_each_place_is_one_write() -> None:
     svc = DirectoryService(Directory(page_size=1), store, timers=ServiceTimers(sweep_interval_s=3600))
     await svc.start()
     try:
-        await svc._commit(svc.dir.register_node("p1", Phase.PREFILL))
-        await svc._commit(svc.dir.register_node("d1", Phase.DECODE))
+        await svc._commit(svc.dir.register_node("p1", Role.PREFILL))
+        await svc._commit(svc.dir.register_node("d1", Role.DECODE))
         w0 = store.writes
         out = pb.ResolveResponse.FromString(
             await svc._resolve(pb.ResolveRequest(block_hashes=[1, 2], branch="a"))
@@ -165,7 +165,7 @@ async def test_a_rejected_request_leaves_the_branch_as_it_was() -> None:
     svc = DirectoryService(Directory(page_size=1), store, timers=ServiceTimers(sweep_interval_s=3600))
     await svc.start()
     try:
-        await svc._commit(svc.dir.register_node("p1", Phase.PREFILL))
+        await svc._commit(svc.dir.register_node("p1", Role.PREFILL))
         await svc._place(pb.PlaceRequest(branch="a", node="p1", block_hashes=[1, 2, 3]))
         for _ in range(2):
             raw = await svc._resolve(pb.ResolveRequest(block_hashes=[1, 9], branch="a"))  # compaction
@@ -184,7 +184,7 @@ async def test_place_without_hashes_needs_a_known_branch() -> None:
     svc = DirectoryService(Directory(page_size=1), MemoryBranchStore())
     await svc.start()
     try:
-        await svc._commit(svc.dir.register_node("p1", Phase.PREFILL))
+        await svc._commit(svc.dir.register_node("p1", Role.PREFILL))
         with pytest.raises(Abort) as err:
             await svc._place(pb.PlaceRequest(branch="a", node="p1"))
         assert err.value.code is grpc.StatusCode.NOT_FOUND
@@ -197,8 +197,8 @@ async def test_place_without_hashes_needs_a_known_branch() -> None:
 
 def test_row_tracker_writes_only_changed_fields() -> None:
     d = Directory(page_size=1)
-    d.register_node("p1", Phase.PREFILL)
-    d.register_node("d1", Phase.DECODE)
+    d.register_node("p1", Role.PREFILL)
+    d.register_node("d1", Role.DECODE)
     rows = RowTracker()
     first = d.resolve([1, 2, 3], "a", 1.0).changes
     first.merge(d.place("a", "p1", 1.0))
@@ -219,7 +219,7 @@ async def test_a_failed_write_makes_queued_diffs_whole_rows() -> None:
     svc = DirectoryService(Directory(page_size=1), store, timers=ServiceTimers(store_check_interval_s=3600))
     await svc.start()
     try:
-        await svc._commit(svc.dir.register_node("p1", Phase.PREFILL))
+        await svc._commit(svc.dir.register_node("p1", Role.PREFILL))
         await svc._commit(svc.dir.resolve([1, 2], "a", 1.0).changes)
         store.down = True
         with pytest.raises(Abort):
@@ -299,7 +299,7 @@ def test_the_hand_built_resolve_request_is_the_protobuf_encoding(hashes: list[in
 def test_resolve_answers_are_cached_entry_encodings_that_parse_as_one_message() -> None:
     enc = ResolveEncoder(page_size=4, cache_size=2)
     m1, m2 = PrefixMatch(1, 2, 2), PrefixMatch(0, 3, 3)
-    phases = {"a": Phase.PREFILL, "b": Phase.DECODE}
+    phases = {"a": Role.PREFILL, "b": Role.DECODE}
     info = pb.BranchInfo(branch="x", version=3)
     for _ in range(2):  # the second time from the cache (and once more after it was cleared)
         out = pb.ResolveResponse.FromString(enc.encode({"b": m2, "a": m1, "c": m1}, phases, info))

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 from hypothesis import strategies as st
 
-from agentpool.kv import Changes, Directory, Phase, Tier
+from agentpool.kv import Changes, Directory, Role, Tier
 from agentpool.kv.hashing import ROOT_HASH, block_hashes
 
-NODES = {"p1": Phase.PREFILL, "p2": Phase.PREFILL, "d1": Phase.DECODE, "d2": Phase.DECODE}
+NODES = {"p1": Role.PREFILL, "p2": Role.PREFILL, "d1": Role.DECODE, "d2": Role.DECODE}
 BRANCHES = ["b0", "b1", "b2", "b3"]
 
 
@@ -164,8 +164,8 @@ class Reference:
                 if block in b.counted.get(node, set()):
                     self.count(b, node, b.counted[node] - {block})
 
-    def switch(self, node: str, phase: Phase) -> None:
-        if self.phase[node] is Phase.DECODE and phase is Phase.PREFILL:
+    def switch(self, node: str, phase: Role) -> None:
+        if self.phase[node] is Role.DECODE and phase is Role.PREFILL:
             for b in self.branches.values():
                 self.count(b, node, set())
         self.phase[node] = phase
@@ -214,7 +214,7 @@ def drive(
                 persist(d.apply_stored(op.node, ROOT_HASH, path, tier, now))
                 ref.stored(op.node, path, tier)
         elif op.kind == "switch":
-            new = Phase.DECODE if ref.phase[op.node] is Phase.PREFILL else Phase.PREFILL
+            new = Role.DECODE if ref.phase[op.node] is Role.PREFILL else Role.PREFILL
             persist(d.switch_phase(op.node, new))
             ref.switch(op.node, new)
         elif op.kind == "evict" and ref.held(op.node):

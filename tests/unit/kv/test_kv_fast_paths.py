@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kv_reference import HeldTiers, model_remove, model_store
 
-from agentpool.kv import Directory, Phase, PrefixIndex, Tier
+from agentpool.kv import Directory, PrefixIndex, Role, Tier
 from agentpool.kv.eviction import eviction_hashes_counted, eviction_order, eviction_order_counted
 from agentpool.kv.hashing import ROOT_HASH
 from agentpool.kv.types import InvalidEventError
@@ -105,7 +105,7 @@ def test_host_store_fast_path_matches_a_model(history: list[tuple[str, str, int,
 
 def test_directory_eviction_order_uses_live_host_view() -> None:
     d = Directory(page_size=1)
-    d.register_node("p", Phase.PREFILL)
+    d.register_node("p", Role.PREFILL)
     d.apply_stored("p", ROOT_HASH, [1, 2, 3], Tier.HOST, 1.0)
     d.apply_stored("p", 3, [4, 5], Tier.GPU | Tier.HOST, 2.0)
     d.resolve([1, 2, 3, 4], "x", 3.0)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentpool.kv import Directory, HeldBlock, Phase, Tier
+from agentpool.kv import Directory, HeldBlock, Role, Tier
 
 # Blocks: S is the shared system prompt; A*, B* belong to branches 1 and 2; K is branch 1's compaction.
 S, A1, A2, B1, K = 0x51, 0xA1, 0xA2, 0xB1, 0x4B
@@ -15,7 +15,7 @@ def _serve(d: Directory, branch: str, path: list[int], node: str, now: float) ->
     d.apply_stored(node, 0, path, Tier.GPU | Tier.HOST, now)
 
 
-def _pool(*nodes: tuple[str, Phase]) -> Directory:
+def _pool(*nodes: tuple[str, Role]) -> Directory:
     d = Directory(page_size=4)
     for n, p in nodes:
         d.register_node(n, p)
@@ -27,7 +27,7 @@ def _r(d: Directory, node: str, *blocks: int) -> list[int]:
 
 
 def test_a_consecutive_request_counts_only_its_new_block() -> None:
-    d = _pool(("P1", Phase.PREFILL))
+    d = _pool(("P1", Role.PREFILL))
     _serve(d, "b1", [S, A1], "P1", 1.0)
     _serve(d, "b2", [S, B1], "P1", 2.0)
     assert _r(d, "P1", S, A1, B1) == [2, 1, 1]
@@ -37,7 +37,7 @@ def test_a_consecutive_request_counts_only_its_new_block() -> None:
 
 
 def test_b_compaction_bumps_the_version_and_drops_old_history() -> None:
-    d = _pool(("P1", Phase.PREFILL))
+    d = _pool(("P1", Role.PREFILL))
     _serve(d, "b1", [S, A1, A2], "P1", 1.0)
     _serve(d, "b2", [S, B1], "P1", 2.0)
     res = d.resolve([S, K], "b1", 3.0)  # context rewritten: S + summary K
@@ -49,7 +49,7 @@ def test_b_compaction_bumps_the_version_and_drops_old_history() -> None:
 
 
 def test_c_same_phase_move_releases_the_source_once_the_target_holds_the_version() -> None:
-    d = _pool(("P1", Phase.PREFILL), ("P2", Phase.PREFILL))
+    d = _pool(("P1", Role.PREFILL), ("P2", Role.PREFILL))
     _serve(d, "b1", [S, A1], "P1", 1.0)
     _serve(d, "b2", [S, B1], "P1", 2.0)
     d.resolve([S, A1, A2], "b1", 3.0)
@@ -66,7 +66,7 @@ def test_c_same_phase_move_releases_the_source_once_the_target_holds_the_version
 
 
 def test_d_cross_phase_transfers_keep_counts_on_both_nodes() -> None:
-    d = _pool(("P1", Phase.PREFILL), ("D1", Phase.DECODE))
+    d = _pool(("P1", Role.PREFILL), ("D1", Role.DECODE))
     _serve(d, "b1", [S, A1], "P1", 1.0)
     _serve(d, "b2", [S, B1], "P1", 2.0)
     d.place("b1", "D1", 2.5)  # decode binding: P2D transfer of S, A1
@@ -83,14 +83,14 @@ def test_d_cross_phase_transfers_keep_counts_on_both_nodes() -> None:
 
 
 def test_branch_end_and_phase_switches() -> None:
-    d = _pool(("P1", Phase.PREFILL), ("D1", Phase.DECODE))
+    d = _pool(("P1", Role.PREFILL), ("D1", Role.DECODE))
     _serve(d, "b1", [S, A1], "P1", 1.0)
     d.place("b1", "D1", 1.5)
     _serve(d, "b2", [S, B1], "P1", 2.0)
     d.place("b2", "D1", 2.5)
-    d.switch_phase("P1", Phase.DECODE)  # P -> D keeps the counts
+    d.switch_phase("P1", Role.DECODE)  # P -> D keeps the counts
     assert _r(d, "P1", S, A1, B1) == [2, 1, 1]
-    d.switch_phase("D1", Phase.PREFILL)  # D -> P resets them
+    d.switch_phase("D1", Role.PREFILL)  # D -> P resets them
     assert d.counts.counts("D1") == {}
     d.end_branch("b1")
     assert _r(d, "P1", S, A1, B1) == [1, 0, 1]
@@ -99,7 +99,7 @@ def test_branch_end_and_phase_switches() -> None:
 
 
 def test_eviction_zeroes_counts_and_order_puts_zero_counts_first() -> None:
-    d = _pool(("P1", Phase.PREFILL))
+    d = _pool(("P1", Role.PREFILL))
     _serve(d, "b1", [S, A1], "P1", 1.0)
     _serve(d, "b2", [S, B1], "P1", 2.0)
     d.resolve([S, K], "b1", 3.0)  # compaction: A1 drops to zero
@@ -117,7 +117,7 @@ def test_eviction_zeroes_counts_and_order_puts_zero_counts_first() -> None:
 def test_host_eviction_zeroes_counts_while_the_gpu_copy_stays() -> None:
     """E.2 line 20: freeing the host copy of b on n removes b from every C[beta, n] and sets R = 0; the
     rule is about the host copy, so a GPU copy of the block on the node does not keep the count."""
-    d = _pool(("P1", Phase.PREFILL))
+    d = _pool(("P1", Role.PREFILL))
     _serve(d, "b1", [S, A1], "P1", 1.0)
     _serve(d, "b2", [S, B1], "P1", 2.0)
     assert _r(d, "P1", S, A1, B1) == [2, 1, 1]

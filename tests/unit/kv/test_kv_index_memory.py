@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import tracemalloc
 
-from agentpool.kv import ROOT_HASH, Directory, HeldBlock, Phase, Tier
+from agentpool.kv import ROOT_HASH, Directory, HeldBlock, Role, Tier
 
 
 def _chain(n: int, start: int) -> list[HeldBlock]:
@@ -15,10 +15,10 @@ def _chain(n: int, start: int) -> list[HeldBlock]:
 
 def test_memory_is_returned_after_a_node_purge_and_a_shrinking_resync() -> None:
     d = Directory()
-    d.register_node("small", Phase.PREFILL)
+    d.register_node("small", Role.PREFILL)
     d.resync_node("small", _chain(500, 1 << 40), 0.0)
     big = _chain(200_000, 1)
-    d.register_node("big", Phase.PREFILL)
+    d.register_node("big", Role.PREFILL)
     gc.collect()
     tracemalloc.start()
     try:
@@ -28,7 +28,7 @@ def test_memory_is_returned_after_a_node_purge_and_a_shrinking_resync() -> None:
         d.drop_node("big")
         gc.collect()
         after_drop = tracemalloc.get_traced_memory()[0] - base
-        d.register_node("big", Phase.PREFILL)
+        d.register_node("big", Role.PREFILL)
         d.resync_node("big", big, 2.0)
         d.resync_node("big", big[:100], 3.0)  # the engine lost most of its cache
         gc.collect()

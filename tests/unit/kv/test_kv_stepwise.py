@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentpool.kv import ROOT_HASH, Directory, HeldBlock, InvalidEventError, Phase, Tier
+from agentpool.kv import ROOT_HASH, Directory, HeldBlock, InvalidEventError, Role, Tier
 from agentpool.kv.types import split_blocks
 
 GH, G, H = Tier.GPU | Tier.HOST, Tier.GPU, Tier.HOST
@@ -19,7 +19,7 @@ def chain(n: int, start: int, tier: Tier = GH) -> list[HeldBlock]:
 def setup() -> Directory:
     d = Directory(page_size=1)
     for n in ("a", "b"):
-        d.register_node(n, Phase.PREFILL)
+        d.register_node(n, Role.PREFILL)
     d.resync_node("a", chain(2000, 1), 0.0)
     d.resync_node("b", chain(1000, 1, H), 0.0)
     d.observe("x", list(range(1, 11)), 0.0)
@@ -57,7 +57,7 @@ def test_a_purged_node_leaves_every_answer_at_once_and_its_slot_waits() -> None:
     next(steps)  # the first step: the node is gone from answers, phases and counts
     assert not d.has_node("a") and set(d.index.longest_prefixes([1, 2, 3])) == {"b"}
     assert d.count("a", 1) == 0
-    d.register_node("c", Phase.PREFILL)  # a node registered meanwhile gets another slot
+    d.register_node("c", Role.PREFILL)  # a node registered meanwhile gets another slot
     d.resync_node("c", chain(5, 1), 2.0)
     for _ in steps:
         assert set(d.index.longest_prefixes([1, 2, 3])) == {"b", "c"}

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from agentpool.kv import Role
 from agentpool.models import DecodeModel, NodeModel, PrefillModel, Work, WorkSlice
-from agentpool.planner.core import PlannerNode, Role
+from agentpool.planner.core import PlannerNode
 
 NODE = NodeModel(
     prefill=PrefillModel(c0=0.015, c1=4e-5, c2=2e-10, c3=1e-6),

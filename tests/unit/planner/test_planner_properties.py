@@ -7,8 +7,9 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agentpool.kv import Role
 from agentpool.models import DecodeModel, NodeModel, PrefillModel, Work, WorkSlice
-from agentpool.planner.core import Outcome, PlannerInput, PlannerNode, PlannerPolicy, Role, plan
+from agentpool.planner.core import Outcome, PlannerInput, PlannerNode, PlannerPolicy, plan
 
 scale = st.floats(min_value=0.5, max_value=2.0)
 

@@ -7,7 +7,7 @@ import grpc
 from prometheus_client import CollectorRegistry
 
 from agentpool.directory.client import DirectoryRpcError
-from agentpool.kv import Phase
+from agentpool.kv import Role
 from agentpool.models import MoeShape
 from agentpool.planner.config import PlannerConfig
 from agentpool.planner.controller import PendingSwitch, PlannerController
@@ -34,14 +34,14 @@ class Board:
 class FlakyDirectory:
     def __init__(self, failures: int) -> None:
         self.failures = failures
-        self.calls: list[tuple[str, Phase]] = []
+        self.calls: list[tuple[str, Role]] = []
 
-    async def switch_phase(self, node: str, phase: Phase) -> Phase | None:
+    async def switch_phase(self, node: str, phase: Role) -> Role | None:
         self.calls.append((node, phase))
         if self.failures:
             self.failures -= 1
             raise DirectoryRpcError(grpc.StatusCode.UNAVAILABLE, "directory restarting")
-        return Phase.DECODE
+        return Role.DECODE
 
 
 def controller(board: Board, directory: FlakyDirectory) -> PlannerController:
@@ -66,9 +66,9 @@ async def test_a_switch_completes_only_once_the_directory_heard_of_every_switche
     assert directory.calls == []
     board.roles["e1"] = ("prefill", "prefill")
     assert not await c.observe_switch(at=120.0)  # switched, but the directory failed: retried
-    assert directory.calls == [("e1", Phase.PREFILL)] and c.last_switch == LastSwitch(100.0)
+    assert directory.calls == [("e1", Role.PREFILL)] and c.last_switch == LastSwitch(100.0)
     assert await c.observe_switch(at=130.0)
-    assert directory.calls == [("e1", Phase.PREFILL)] * 2 and list(c.announced) == [("e1", Phase.PREFILL)]
+    assert directory.calls == [("e1", Role.PREFILL)] * 2 and list(c.announced) == [("e1", Role.PREFILL)]
     assert c.last_switch == LastSwitch(100.0, 130.0)  # the cooldown counts from here
 
 

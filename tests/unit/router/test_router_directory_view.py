@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentpool.kv import ROOT_HASH, Directory, Phase, Tier, block_hashes
+from agentpool.kv import ROOT_HASH, Directory, Role, Tier, block_hashes
 from agentpool.router.directory_view import InProcessDirectoryView
 from agentpool.router.policy import CachedPrefix
 
@@ -11,8 +11,8 @@ PAGE = 4
 
 async def test_resolve_place_and_end_branch() -> None:
     d = Directory(PAGE)
-    d.register_node("a", Phase.PREFILL)
-    d.register_node("b", Phase.PREFILL)
+    d.register_node("a", Role.PREFILL)
+    d.register_node("b", Role.PREFILL)
     tokens = list(range(40))  # 10 blocks
     hashes = block_hashes(tokens, PAGE)
     d.apply_stored("a", ROOT_HASH, hashes[:6], Tier.GPU, now=0.0)

@@ -14,12 +14,10 @@ import pytest
 
 import agentpool.sim.simulator as simulator_module
 from agentpool.kv import Directory, Tier
-from agentpool.kv import Phase as KvPhase
 from agentpool.kv.directory import Resolution
 from agentpool.models import DecodeModel, NodeModel, PrefillModel, TtftSlo
 from agentpool.node import Node, NodeStatus, Request, Role
 from agentpool.router.policy import EMPTY_QUEUE, CachedPrefix, NodeState, QueuedPrefill
-from agentpool.router.policy import Role as PolicyRole
 from agentpool.sim import routing
 from agentpool.sim.metrics import Metrics
 from agentpool.sim.presets import preset
@@ -28,13 +26,11 @@ from agentpool.sim.run import Scenario, load_conversations
 from agentpool.sim.simulator import SimConfig, Simulator
 from agentpool.sim.systems import system
 
-_ROLE = {Role.PREFILL: PolicyRole.PREFILL, Role.DECODE: PolicyRole.DECODE, Role.BOTH: PolicyRole.BOTH}
-
 
 def fresh_state(node: Node, model: NodeModel, queue: QueuedPrefill, now: float) -> NodeState:
     return NodeState(
         node_id=node.name,
-        role=_ROLE[node.role],
+        role=node.role,
         model=model,
         remaining_batch_s=node.remaining_batch_s(now),
         queue=queue,
@@ -189,7 +185,7 @@ def test_prefixes_per_node_with_different_gpu_parts() -> None:
         for i in range(5)
     ]
     for n in nodes:
-        directory.register_node(n.name, KvPhase.PREFILL)
+        directory.register_node(n.name, Role.PREFILL)
     path = list(range(1, 11))
     held = {"n0": 10, "n1": 10, "n2": 10, "n3": 4}  # n4 holds nothing
     on_gpu = {"n0": 10, "n1": 3, "n2": 3, "n3": 4}
@@ -226,8 +222,8 @@ def test_decode_nodes_count_for_the_cluster_prefix_but_get_no_view() -> None:
         )
         for i, role in enumerate(roles)
     ]
-    directory.register_node("n0", KvPhase.PREFILL)
-    directory.register_node("n1", KvPhase.DECODE)
+    directory.register_node("n0", Role.PREFILL)
+    directory.register_node("n1", Role.DECODE)
     path = list(range(1, 11))
     directory.apply_stored("n0", 0, path[:3], Tier.HOST, 0.0)
     directory.apply_stored("n1", 0, path, Tier.HOST, 0.0)  # the decode node holds the whole prompt

@@ -23,11 +23,11 @@ model, copy price, page size, report age, queue limit) are in :class:`PolicyCont
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from agentpool.kv import Role as Role  # the one role type, re-exported with the policy contract
 from agentpool.kv.hashing import DEFAULT_PAGE_SIZE
 from agentpool.models import (
     DEFAULT_COPY_PRICE_S_PER_TOKEN,
@@ -46,14 +46,6 @@ class PolicyError(ValueError):
 
 class NoCandidateError(PolicyError):
     """``choose`` was called without a candidate node; the caller must apply back-pressure first."""
-
-
-class Role(enum.StrEnum):
-    """A node's phase: ``prefill`` or ``decode`` in disaggregated pools, ``both`` when colocated."""
-
-    PREFILL = "prefill"
-    DECODE = "decode"
-    BOTH = "both"
 
 
 @dataclass(frozen=True, slots=True)

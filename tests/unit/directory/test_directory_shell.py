@@ -25,7 +25,7 @@ from agentpool.directory.store import (
     decode_branch,
     encode_branch,
 )
-from agentpool.kv import BranchState, Directory, PendingMove, Role, PrefixMatch, Tier
+from agentpool.kv import BranchState, Directory, PendingMove, PrefixMatch, Role, Tier
 from agentpool.v1 import directory_pb2 as pb
 
 

@@ -11,10 +11,10 @@ install: ## editable install with the development extras
 	$(PYTHON) -m pip install -e '.[dev]'
 	$(PYTHON) -m pip install --no-deps nixl==1.5.1 nixl-cu12==1.5.1
 
-lint: ## ruff (checks and formatting), then the import-linter contracts that keep the pure cores free of I/O
+lint: ## ruff (checks and formatting), then the import-linter contracts (layers; pure cores free of I/O; the simulator off live services)
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .
-	PYTHONPATH=controlplane:operator:engine-image lint-imports
+	lint-imports
 
 typecheck: ## mypy strict on the package and the benchmarks
 	$(PYTHON) -m mypy -p agentpool

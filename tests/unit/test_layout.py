@@ -5,7 +5,9 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -51,3 +53,36 @@ def test_every_direct_child_of_agentpool_is_a_package() -> None:
         for path in (ROOT / root / "agentpool").glob("*.py")
     ]
     assert loose == [], f"make these packages (x/__init__.py): {loose}"
+
+
+def _importlinter() -> dict[str, Any]:
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        config: dict[str, Any] = tomllib.load(f)["tool"]["importlinter"]
+    return config
+
+
+def test_import_linter_sees_every_direct_child_of_agentpool() -> None:
+    """import-linter's root packages are the children (the editable install has no directory for
+    the namespace itself): a child missing from the list would escape every contract."""
+    children = {
+        f"agentpool.{path.name}"
+        for root in ("controlplane", "operator", "engine-image")
+        for path in (ROOT / root / "agentpool").iterdir()
+        if (path / "__init__.py").exists()
+    }
+    assert set(_importlinter()["root_packages"]) == children
+    (layers,) = [c for c in _importlinter()["contracts"] if c["name"].startswith("Layers:")]
+    layered = [m.strip() for layer in layers["layers"] for m in layer.split("|")]
+    assert sorted(layered) == sorted(children), "every child of agentpool sits in exactly one layer"
+
+
+@pytest.mark.parametrize("container", ["agentpool.router", "agentpool.planner"])
+def test_the_simulator_is_kept_off_every_live_module_of_a_service_with_a_pure_core(container: str) -> None:
+    """The router and planner contracts list their live modules in the top layer (exhaustive, so a
+    new module must be placed); the simulator's forbidden list must name exactly those."""
+    contracts = _importlinter()["contracts"]
+    (inner,) = [c for c in contracts if c.get("containers") == [container]]
+    live = {f"{container}.{m.strip()}" for m in inner["layers"][0].split(":")}
+    (sim,) = [c for c in contracts if c.get("source_modules") == ["agentpool.sim"]]
+    forbidden = {m for m in sim["forbidden_modules"] if m.startswith(container + ".")}
+    assert forbidden == live

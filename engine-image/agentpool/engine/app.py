@@ -58,6 +58,7 @@ class EngineApp:
     async def start(self) -> None:
         cfg = self.cfg
         await self.transport.start()
+        await self.exporter.serve_channel(cfg.host, cfg.lease_port)
         self._session = aiohttp.ClientSession()
         self.fetcher = fetcher = PeerFetcher(
             self.pool,
@@ -132,6 +133,7 @@ class EngineApp:
                 await t
         if self._runner is not None:
             await self._runner.cleanup()
+        await self.exporter.close()
         if self._session is not None:
             await self.fetcher.close()
             await self._session.close()

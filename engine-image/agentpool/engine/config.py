@@ -4,6 +4,7 @@
 nodeId: node-0                 # the name routers and the directory know this node by (the pod name)
 host: 0.0.0.0
 port: 8080                     # 0: a free port (printed as "engine listening on http://HOST:PORT")
+leasePort: 0                   # peers' lease channel (0: a free port, found at /agentpool/v1/kv/channel)
 advertiseUrl: "http://10.0.0.7:8080"  # sent with load reports so routers can register the engine
 backend: sim                   # sim | sglang
 role: both                     # the role served at start: prefill | decode | both
@@ -119,6 +120,9 @@ class EngineConfig(_Model):
     """The URL routers reach this engine at (sent with every load report, so a router can register
     it); unset: the listening address unless it is a wildcard (then none is sent)."""
     port: int = Field(8080, ge=0, le=65535)
+    lease_port: int = Field(0, ge=0, le=65535)
+    """TCP port of the lease channel peers fetch through (0: any free port; peers learn it from
+    ``GET /agentpool/v1/kv/channel``)."""
     backend: Literal["sim", "sglang"] = "sim"
     role: Role = Role.BOTH
     role_file: Path | None = None

@@ -1,15 +1,17 @@
 """Peer access to host pools: leases on the exporting side, NIXL reads on the fetching side.
 
-Exporting node (``KvExporter``): ``POST /agentpool/v1/kv/lease`` ``{block_hashes, ttl_s}`` pins the
-leading blocks it holds and answers ``{lease, block_hashes, parents, slots, pool}`` (``pool``: the
-:class:`PoolInfo` a reader needs); ``GET /agentpool/v1/kv/lease/{id}`` answers the same for a lease that
-exists (a prefilled request's KV is published under its transfer id this way); ``DELETE`` releases it.
-Leases expire after ``ttl_s``, so a reader that dies leaks nothing.
+Exporting node (``KvExporter``): a lease ``{block_hashes, ttl_s}`` pins the leading blocks it holds and
+answers ``{lease, block_hashes, parents, slots}``; a lease that exists can be described by its id (a
+prefilled request's KV is published under its transfer id this way) and released. Leases expire after
+``ttl_s``, so a reader that dies leaks nothing. Peers take leases on the lease channel
+(``lease_channel.py``: one kept-open TCP connection, its port at ``GET /agentpool/v1/kv/channel``);
+the same operations are on HTTP for people and tools: ``POST /agentpool/v1/kv/lease``,
+``GET``/``DELETE /agentpool/v1/kv/lease/{id}``, their answers with the :class:`PoolInfo` as ``pool``.
 
 Fetching node (``PeerFetcher``): takes a lease, reserves local slots (evicting in the directory's order),
 READs the blocks it lacks with NIXL, checks their bytes (``sim`` backend), indexes them, releases the
-lease. Any failure (peer gone, HTTP error, NIXL error or timeout, wrong bytes) gives the reserved slots
-back and raises :class:`FetchError`: the caller recomputes.
+lease. Any failure (peer gone, channel error, NIXL error or timeout, wrong bytes) gives the reserved
+slots back and raises :class:`FetchError`: the caller recomputes.
 """
 
 from __future__ import annotations
@@ -21,20 +23,22 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agentpool.engine.blockdata import first_mismatch
-from agentpool.engine.errors import BadRequestError, FetchError, UnknownTransferError
+from agentpool.engine.errors import BadRequestError, FetchError, NotServingError, UnknownTransferError
 from agentpool.engine.hostpool import HostPool
-from agentpool.engine.nixl_transport import NixlTransport, PoolInfo
+from agentpool.engine.lease_channel import MAX_LEASE_BLOCKS, LeaseChannel, LeaseServer
+from agentpool.engine.nixl_transport import NixlTransport
 
 log = logging.getLogger(__name__)
 
 LEASE_PATH = "/agentpool/v1/kv/lease"
-MAX_LEASE_BLOCKS = 1 << 20
+CHANNEL_PATH = "/agentpool/v1/kv/channel"
 _U64 = (1 << 64) - 1
 
 
@@ -61,18 +65,21 @@ class KvExporter:
     leases: dict[str, Lease] = field(default_factory=dict)
     unknown_lookups: int = 0
     on_unknown: Callable[[], None] | None = None
+    channel: LeaseServer | None = None
 
     def lease(self, hashes: Sequence[int], ttl_s: float, lease_id: str | None = None) -> dict[str, Any]:
+        """Pin the leading blocks of ``hashes`` held here; answers what :meth:`describe` does."""
         self.expire()
         held = list(hashes[: self.pool.held_prefix(hashes)])
         lid = lease_id or secrets.token_hex(8)
         if lid in self.leases:
             self.release(lid)
         self.pool.pin(held)
-        self.leases[lid] = Lease(lid, held, self.clock() + ttl_s)
-        return self.describe(lid)
+        lease = self.leases[lid] = Lease(lid, held, self.clock() + ttl_s)
+        return self._entry(lease)
 
     def describe(self, lease_id: str) -> dict[str, Any]:
+        """``{lease, block_hashes, parents, slots}`` of a lease that exists."""
         self.expire()
         lease = self.leases.get(lease_id)
         if lease is None:
@@ -80,12 +87,14 @@ class KvExporter:
             if self.on_unknown is not None:
                 self.on_unknown()
             raise UnknownTransferError(f"no lease or transfer {lease_id!r} on this node")
+        return self._entry(lease)
+
+    def _entry(self, lease: Lease) -> dict[str, Any]:
         return {
             "lease": lease.lease_id,
             "block_hashes": lease.hashes,
             "parents": [self.pool.parent_of[h] for h in lease.hashes],
             "slots": self.pool.slots(lease.hashes),
-            "pool": self.transport.info().to_json(),
         }
 
     def release(self, lease_id: str) -> bool:
@@ -100,11 +109,27 @@ class KvExporter:
         for lid in [k for k, v in self.leases.items() if v.expires <= now]:
             self.release(lid)
 
+    # -- lease channel --------------------------------------------------------------------------
+    async def serve_channel(self, host: str, port: int = 0) -> int:
+        """Serve leases to peers on a TCP port (``lease_channel.py``); returns the port."""
+        self.channel = LeaseServer(self.transport.info, self.lease, self.describe, self.release)
+        return await self.channel.start(host, port)
+
+    async def close(self) -> None:
+        if self.channel is not None:
+            await self.channel.close()
+
     # -- HTTP -----------------------------------------------------------------------------------
     def add_routes(self, app: web.Application) -> None:
+        app.router.add_get(CHANNEL_PATH, self._channel)
         app.router.add_post(LEASE_PATH, self._post)
         app.router.add_get(LEASE_PATH + "/{lease}", self._get)
         app.router.add_delete(LEASE_PATH + "/{lease}", self._delete)
+
+    async def _channel(self, request: web.Request) -> web.Response:
+        if self.channel is None:
+            raise NotServingError("this node serves no lease channel")
+        return web.json_response({"port": self.channel.port})
 
     async def _post(self, request: web.Request) -> web.Response:
         try:
@@ -113,10 +138,12 @@ class KvExporter:
             raise BadRequestError(f"bad lease request: {e.errors(include_url=False)}") from None
         if any(not 0 <= h <= _U64 for h in body.block_hashes):
             raise BadRequestError("block hashes are unsigned 64-bit integers")
-        return web.json_response(self.lease(body.block_hashes, body.ttl_s))
+        out = self.lease(body.block_hashes, body.ttl_s)
+        return web.json_response({**out, "pool": self.transport.info().to_json()})
 
     async def _get(self, request: web.Request) -> web.Response:
-        return web.json_response(self.describe(request.match_info["lease"]))
+        out = self.describe(request.match_info["lease"])
+        return web.json_response({**out, "pool": self.transport.info().to_json()})
 
     async def _delete(self, request: web.Request) -> web.Response:
         if not self.release(request.match_info["lease"]):
@@ -154,51 +181,61 @@ class PeerFetcher:
         self.verify_stride = verify_stride
         self.timeout_s = timeout_s
         self.clock = clock
-        self._releases: set[asyncio.Task[None]] = set()
+        self._channels: dict[str, LeaseChannel] = {}  # peer URL -> its open lease channel
+        self._connecting: dict[str, asyncio.Lock] = {}
 
-    async def _json(self, method: str, url: str, body: Any = None) -> Any:
-        try:
-            async with self.session.request(
-                method, url, json=body, timeout=aiohttp.ClientTimeout(total=self.timeout_s)
-            ) as r:
-                if r.status == 404:
-                    raise FetchError(f"{url}: unknown lease or transfer")
-                if r.status != 200:
-                    raise FetchError(f"{url}: HTTP {r.status} {(await r.text())[:200]}")
-                return await r.json()
-        except (aiohttp.ClientError, TimeoutError, ValueError) as e:
-            raise FetchError(f"{url}: {type(e).__name__}: {e}") from None
+    async def _channel(self, peer_url: str) -> LeaseChannel:
+        """The open lease channel to ``peer_url``; (re)connected after asking its HTTP API for the port."""
+        ch = self._channels.get(peer_url)
+        if ch is not None and not ch.closed:
+            return ch
+        async with self._connecting.setdefault(peer_url, asyncio.Lock()):
+            ch = self._channels.get(peer_url)
+            if ch is not None and not ch.closed:
+                return ch
+            url = peer_url + CHANNEL_PATH
+            try:
+                async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as r:
+                    if r.status != 200:
+                        raise FetchError(f"{url}: HTTP {r.status} {(await r.text())[:200]}")
+                    port = int((await r.json())["port"])
+            except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as e:
+                raise FetchError(f"{url}: {type(e).__name__}: {e}") from None
+            host = urlsplit(peer_url).hostname or "127.0.0.1"
+            ch = self._channels[peer_url] = await LeaseChannel.connect(host, port, self.timeout_s)
+            return ch
 
     async def fetch_prefix(self, peer_url: str, hashes: Sequence[int], ttl_s: float = 30.0) -> FetchResult:
         """Fetch the leading blocks of ``hashes`` that ``peer_url`` holds (a queued request's prefix)."""
-        lease = await self._json(
-            "POST", peer_url + LEASE_PATH, {"block_hashes": list(hashes), "ttl_s": ttl_s}
-        )
-        return await self._read_lease(peer_url, lease)
+        ch = await self._channel(peer_url)
+        msg = {"op": "lease", "block_hashes": list(hashes), "ttl_s": ttl_s}
+        return await self._read_lease(peer_url, ch, await ch.call(msg, self.timeout_s))
 
     async def fetch_transfer(self, peer_url: str, transfer_id: str) -> FetchResult:
         """Fetch the KV a prefill node published under ``transfer_id`` (P->D hand-over)."""
-        lease = await self._json("GET", f"{peer_url}{LEASE_PATH}/{transfer_id}")
-        return await self._read_lease(peer_url, lease)
+        ch = await self._channel(peer_url)
+        msg = {"op": "describe", "lease": transfer_id}
+        return await self._read_lease(peer_url, ch, await ch.call(msg, self.timeout_s))
 
-    async def _read_lease(self, peer_url: str, lease: Any) -> FetchResult:
+    async def _read_lease(self, peer_url: str, ch: LeaseChannel, lease: dict[str, Any]) -> FetchResult:
         t0 = time.perf_counter()
+        lid = lease.get("lease")
         try:
-            lid = str(lease["lease"])
-            hashes = [int(h) for h in lease["block_hashes"]]
-            parents = [int(p) for p in lease["parents"]]
-            slots = [int(s) for s in lease["slots"]]
-            info = PoolInfo.from_json(lease["pool"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise FetchError(f"bad lease answer from {peer_url}: {e}") from None
-        if not len(hashes) == len(parents) == len(slots):
-            raise FetchError(f"bad lease answer from {peer_url}: lengths differ")
-        try:
+            if not isinstance(lid, str):
+                raise FetchError(f"bad lease answer from {peer_url}: no lease id")
+            try:
+                hashes = [int(h) for h in lease["block_hashes"]]
+                parents = [int(p) for p in lease["parents"]]
+                slots = [int(s) for s in lease["slots"]]
+            except (KeyError, TypeError, ValueError) as e:
+                raise FetchError(f"bad lease answer from {peer_url}: {e!r}") from None
+            if not len(hashes) == len(parents) == len(slots):
+                raise FetchError(f"bad lease answer from {peer_url}: lengths differ")
             want = [i for i, h in enumerate(hashes) if h not in self.pool]
             res = self.pool.reserve(len(want))
             pairs = [(res.slots[k], slots[i]) for k, i in enumerate(want)]
             try:
-                moved = await self.transport.read(info, pairs, self.timeout_s)
+                moved = await self.transport.read(ch.pool, pairs, self.timeout_s)
                 if self.verify:
                     bad = first_mismatch(
                         self.pool.buffer,
@@ -214,21 +251,16 @@ class PeerFetcher:
                 raise
             # a block evicted to make room may be one the lease lists: commit what we now have
             entries = [(hashes[i], parents[i], res.slots[k]) for k, i in enumerate(want)]
-            self.pool.commit(entries, self.clock())
-            self.pool.touch(hashes, self.clock())
+            now = self.clock()
+            self.pool.commit(entries, now)
+            self.pool.touch(hashes, now)
         finally:
-            task = asyncio.get_running_loop().create_task(self._release(peer_url, lid))
-            self._releases.add(task)
-            task.add_done_callback(self._releases.discard)
+            if isinstance(lid, str):
+                ch.send({"op": "release", "lease": lid})
         return FetchResult(hashes, len(hashes) - len(want), res.evicted, moved, time.perf_counter() - t0)
 
     async def close(self) -> None:
-        """Wait for the lease releases still under way (before closing the HTTP session)."""
-        if self._releases:
-            await asyncio.gather(*self._releases, return_exceptions=True)
-
-    async def _release(self, peer_url: str, lease_id: str) -> None:
-        try:
-            await self._json("DELETE", f"{peer_url}{LEASE_PATH}/{lease_id}")
-        except FetchError as e:  # the lease expires on its own
-            log.debug("releasing lease %s on %s: %s", lease_id, peer_url, e)
+        """Close the lease channels (leases still held expire on the peers)."""
+        for ch in self._channels.values():
+            ch.close()
+        self._channels.clear()

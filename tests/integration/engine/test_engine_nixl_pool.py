@@ -12,13 +12,16 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aiohttp
+import orjson
 import pytest
 
 from agentpool.engine.blockdata import block_matches
 from agentpool.engine.errors import FetchError
 from agentpool.engine.hostpool import HostPool
-from agentpool.engine.kv_peers import LEASE_PATH, PeerFetcher
+from agentpool.engine.kv_peers import CHANNEL_PATH, LEASE_PATH, KvExporter, PeerFetcher
+from agentpool.engine.lease_channel import LeaseChannel, read_frame
 from agentpool.engine.nixl_transport import NixlTransport, PoolInfo
+from agentpool.kv import ROOT_HASH
 
 pytestmark = pytest.mark.integration
 HERE = Path(__file__).parent
@@ -151,3 +154,92 @@ async def test_unknown_lease_is_a_404_with_a_message(peer) -> None:  # type: ign
             assert r.status == 400
         async with s.post(url + LEASE_PATH, json={"block_hashes": [-1]}) as r:
             assert r.status == 400
+
+
+async def test_lease_channel_refuses_garbage_and_keeps_serving_others(peer, local) -> None:  # type: ignore[no-untyped-def]
+    _, url, hashes = peer
+    pool, fetcher = local
+    async with aiohttp.ClientSession() as s, s.get(url + CHANNEL_PATH) as r:
+        port = (await r.json())["port"]
+    for bad in (b"{not json", orjson.dumps({"op": "lease", "id": 7, "block_hashes": [-1]}), b"[1, 2]"):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        hello = orjson.loads(await read_frame(reader))
+        assert hello["pool"]["slots"] >= 40
+        writer.write(len(bad).to_bytes(4, "little") + bad)
+        answer = orjson.loads(await asyncio.wait_for(read_frame(reader), 5))
+        assert "bad lease request" in answer["error"] and answer["id"] in (None, 7)
+        if answer["id"] is None:  # not a request at all: the server hangs up
+            assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    await read_frame(reader)
+    writer.write((1 << 30).to_bytes(4, "little"))  # an oversized frame
+    assert "at most" in orjson.loads(await asyncio.wait_for(read_frame(reader), 5))["error"]
+    writer.close()
+    res = await fetcher.fetch_prefix(url, hashes[:5])  # the server still serves a well-behaved peer
+    assert res.blocks == hashes[:5] and all(pool.matches(h) for h in hashes[:5])
+
+
+async def test_unknown_transfer_on_the_channel_is_a_fetch_error(peer, local) -> None:  # type: ignore[no-untyped-def]
+    _, url, _ = peer
+    pool, fetcher = local
+    with pytest.raises(FetchError, match="unknown lease or transfer"):
+        await fetcher.fetch_transfer(url, "no-such-transfer")
+    assert len(pool) == 0 and pool.free_slots == 64
+
+
+async def test_a_stalled_peer_times_out_without_hanging(local) -> None:  # type: ignore[no-untyped-def]
+    proc, url, hashes = start_peer(20)
+    pool, fetcher = local
+    try:
+        await fetcher.fetch_prefix(url, hashes[:2])  # the channel is open
+        fetcher.timeout_s = 0.5
+        os.kill(proc.pid, signal.SIGSTOP)
+        with pytest.raises(FetchError, match="no answer"):
+            await asyncio.wait_for(fetcher.fetch_prefix(url, hashes[2:]), 5)
+        assert len(pool) == 2 and pool.free_slots == 62
+        os.kill(proc.pid, signal.SIGCONT)
+        fetcher.timeout_s = 3.0
+        res = await fetcher.fetch_prefix(url, hashes)  # the same channel serves again
+        assert res.held_before == 2 and len(res.blocks) == 20
+        assert all(pool.matches(h) for h in hashes)
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.kill()
+        proc.wait()
+
+
+async def test_a_lease_answered_after_its_caller_gave_up_is_released() -> None:
+    pool = HostPool(8, BLOCK_BYTES)
+    pool.store_generated(ROOT_HASH, [11, 12, 13], 0.0)
+    transport = NixlTransport("exporter", pool.buffer, BLOCK_BYTES)
+    await transport.start()
+    exporter = KvExporter(pool, transport)
+    port = await exporter.serve_channel("127.0.0.1")
+    ch = await LeaseChannel.connect("127.0.0.1", port, 3.0)
+    try:
+        with pytest.raises(FetchError, match="no answer"):
+            await ch.call({"op": "lease", "block_hashes": [11, 12, 13], "ttl_s": 60}, 0.0)
+        for _ in range(200):  # the answer comes, the channel releases the lease it names
+            if not exporter.leases and not pool.pins:
+                break
+            await asyncio.sleep(0.01)
+        assert not exporter.leases and not pool.pins
+        answer = await ch.call({"op": "lease", "block_hashes": [11, 12, 99], "ttl_s": 60}, 3.0)
+        assert answer["block_hashes"] == [11, 12] and answer["slots"] == pool.slots([11, 12])
+        assert pool.pins == {11: 1, 12: 1}
+    finally:
+        ch.close()
+        await exporter.close()
+        await transport.close()
+
+
+async def test_peer_killed_with_an_open_channel_fails_fast(local) -> None:  # type: ignore[no-untyped-def]
+    proc, url, hashes = start_peer(20)
+    pool, fetcher = local
+    await fetcher.fetch_prefix(url, hashes[:2])
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    with pytest.raises(FetchError):
+        await asyncio.wait_for(fetcher.fetch_prefix(url, hashes), 10)
+    assert len(pool) == 2 and pool.free_slots == 62

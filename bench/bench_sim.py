@@ -5,7 +5,7 @@
     python -m bench.bench_sim cc              # paper's CC setting: 9 nodes, 90/108/126 agents, 5 systems
     python -m bench.bench_sim shifting        # Putnam -> mix -> OSWorld (§6.3)
     python -m bench.bench_sim open-loop       # Poisson agent arrivals, 0.5-1.5 agents/min (App. D.3)
-    python -m bench.bench_sim smetric         # colocated routing comparison (SMetric §5)
+    python -m bench.bench_sim smetric         # colocated routing, TPS within SLO over load (SMetric §5)
     python -m bench.bench_sim scale           # App. D.2's 256-GPU setting (64 nodes, 2,560 agents), wall time
     python -m bench.bench_sim fit             # agentpool with preset vs online-fitted models (noise levels)
     python -m bench.bench_sim pressure        # host pool 0.25x/0.5x/1x of the working set: branch counts/LRU
@@ -39,7 +39,7 @@ from agentpool.sim.run import (
     scenario_dict,
 )
 from agentpool.sim.simulator import DECODE_BINDINGS, SimConfig
-from agentpool.sim.systems import COLOCATED_DEFAULT, DISAGGREGATED_DEFAULT
+from agentpool.sim.systems import DISAGGREGATED_DEFAULT
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -283,30 +283,88 @@ def open_loop(args: argparse.Namespace) -> None:
         )
 
 
+def _mean_range(xs: list[float], fmt: str) -> str:
+    return f"{fmt.format(sum(xs) / len(xs))} ({fmt.format(min(xs))}-{fmt.format(max(xs))})"
+
+
+Runs = dict[tuple[str, int, int], dict[str, Any]]  # (system, agents, seed) -> run
+
+
+def sweep_table(runs: Runs, systems: list[str], levels: list[int]) -> str:
+    """Per policy and load level: TPS within SLO (mean and min-max over seeds), its peak level, and
+    at each level the lost KV reuse and mean TPOT (means over seeds)."""
+    seeds = sorted({k[2] for k in runs})
+
+    def vals(name: str, level: int, get: Any) -> list[float]:
+        return [float(get(runs[(name, level, s)]["summary"])) for s in seeds]
+
+    head = "| policy | " + " | ".join(f"{a} agents" for a in levels) + " | peak |"
+    lines = [head, "|---|" + "---|" * (len(levels) + 1)]
+    for name in systems:
+        tps = {a: vals(name, a, lambda m: m["tps_within_slo"]) for a in levels}
+        peak = max(levels, key=lambda a: sum(tps[a]))
+        cells = [_mean_range(tps[a], "{:.0f}") for a in levels]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {peak} agents |")
+    lines += ["", "Lost KV reuse / mean TPOT ms / SLO attainment at each level (means over seeds):", ""]
+    lines += [head.replace(" peak |", ""), "|---|" + "---|" * len(levels)]
+    for name in systems:
+        cells = []
+        for a in levels:
+            lost = vals(name, a, lambda m: m["lost_kv_reuse"])
+            tpot = vals(name, a, lambda m: m["tpot_s"]["mean"])
+            att = vals(name, a, lambda m: m["slo_attainment"])
+            n = len(seeds)
+            cells.append(f"{sum(lost) / n:.1%} / {1000 * sum(tpot) / n:.0f} / {sum(att) / n:.0%}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + f"\n\nSeeds {', '.join(map(str, seeds))}.\n"
+
+
 def smetric(args: argparse.Namespace) -> None:
-    sc = Scenario(
-        trace=args.trace,
-        agents=args.colocated_agents,
-        preset="qwen3-30b-a3b-h200",
-        warmup_s=args.warmup,
-        duration_s=args.duration,
-        max_pause_s=args.max_pause,
-        sim=SimConfig(nodes=args.colocated_nodes, prefill_nodes=0),
-    )
-    res = compare(sc, list(COLOCATED_DEFAULT), quiet=True, jobs=args.jobs)
-    _print("colocated", res)
+    """Colocated routing (SMetric §5): TPS within SLO over a sweep of load levels per policy, over
+    seeds: each policy's peak and the curve past it."""
+    systems = args.systems.split(",") if args.systems else ["smetric", "lmetric", "linear"]
+    levels = args.colocated_agents
+    seeds = args.seeds or [0]
+    runs: Runs = {}
+    payload: dict[str, Any] = {"runs": []}
+    for seed in seeds:
+        for agents in levels:
+            sc = Scenario(
+                trace=args.trace,
+                agents=agents,
+                preset="qwen3-30b-a3b-h200",
+                warmup_s=args.warmup,
+                duration_s=args.duration,
+                max_pause_s=args.max_pause,
+                sim=SimConfig(nodes=args.colocated_nodes, prefill_nodes=0),
+                seed=seed,
+            )
+            for r in compare(sc, systems, quiet=True, jobs=args.jobs):
+                runs[(r["system"], agents, seed)] = r
+                slim = {k: v for k, v in r.items() if k != "ttft_samples"}
+                slim.update(agents=agents, seed=seed, scenario=scenario_dict(sc))
+                payload["runs"].append(slim)
+            print(f"{agents} agents, seed {seed}: done", flush=True)
+    table = sweep_table(runs, systems, levels)
+    print(table, flush=True)
     if args.write:
-        _write(
-            "smetric",
-            f"Colocated routing on the Claude Code trace, {args.colocated_nodes} "
-            "Qwen3-30B-A3B-class H200 nodes",
-            [(f"{args.colocated_agents} agents", sc, res)],
+        command = "python -m bench.bench_sim " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        name = args.name or "smetric"
+        md = [
+            f"# Colocated routing over load levels, {args.colocated_nodes} Qwen3-30B-A3B-class H200 nodes\n",
+            f"Command: `{command}`\n",
             "Every node serves both phases; a global tier (peer host memory) is read at prefill start. "
-            + (f"Pauses capped at {args.max_pause:g} s. " if args.max_pause is not None else "")
-            + "Agents: the 16 nodes are loaded until the TTFT tail grows. "
-            "TPS within SLO: output tokens/s of requests meeting TTFT <= 2 s + 0.1 ms/token "
-            "and TPOT <= 100 ms.",
-        )
+            f"{args.warmup / 60:g} min warmup, {args.duration / 60:g} min measured"
+            + (f", pauses capped at {args.max_pause:g} s" if args.max_pause is not None else "")
+            + ". TPS within SLO: output tokens/s of requests meeting TTFT <= 2 s + 0.1 ms/token and "
+            "TPOT <= 100 ms (SMetric's measure); each cell the mean (min-max) over seeds.\n",
+            table,
+        ]
+        payload["command"] = command
+        (RESULTS / f"sim_{name}.md").write_text("\n".join(md), encoding="utf-8")
+        text = json.dumps(payload, indent=1, default=float)
+        (RESULTS / f"sim_{name}.json").write_text(text, encoding="utf-8")
+        print(f"wrote {RESULTS / f'sim_{name}.md'}")
 
 
 def scale(args: argparse.Namespace) -> None:
@@ -426,7 +484,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rates", type=float, nargs="*", default=[0.5, 0.75, 1.0, 1.25, 1.5])
     p.add_argument("--shift-agents", type=int, default=288)
     p.add_argument("--colocated-nodes", type=int, default=16)
-    p.add_argument("--colocated-agents", type=int, default=160)
+    p.add_argument(
+        "--colocated-agents", type=int, nargs="+", default=[160, 320, 480, 640], help="smetric: load levels"
+    )
     p.add_argument(
         "--scale-systems",
         default="agentpool,static-cache-aware,dynamo-like",
@@ -446,9 +506,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--jobs", type=int, default=os.cpu_count() or 1, help="systems of a comparison run at once"
     )
-    p.add_argument("--seeds", type=int, nargs="*", default=None, help="cc: mean and spread over these seeds")
-    p.add_argument("--systems", default=None, help="cc --seeds: systems (comma-separated)")
-    p.add_argument("--name", default=None, help="cc --seeds: results file name (sim_NAME.md)")
+    p.add_argument(
+        "--seeds", type=int, nargs="*", default=None, help="cc, smetric: mean and spread over these seeds"
+    )
+    p.add_argument("--systems", default=None, help="cc --seeds, smetric: systems (comma-separated)")
+    p.add_argument("--name", default=None, help="cc --seeds, smetric: results file name (sim_NAME.md)")
     p.add_argument("--write", action="store_true", help="store the results under bench/results/")
     args = p.parse_args(argv)
     {

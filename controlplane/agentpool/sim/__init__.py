@@ -45,7 +45,11 @@ Modelling choices and approximations (each a knob or documented where it is made
 - The decode node is bound when the prefill starts, as Algorithm E.3 (line 13) and the live router
   do: the request holds its decode KV room and counts as running there during its prefill.
   ``SimConfig.decode_binding = "prefill-end"`` (``--decode-binding``) binds it when the first token
-  is out instead. Either way its KV room is reserved from binding to the end of the request.
+  is out instead. The SGLang PD baselines (static-cache-aware, dynamo-like) bind at dispatch
+  (``SystemConfig.decode_binding = "dispatch"``): the decode node reserves the request's KV before
+  its prefill is queued, and a request that finds no decode room waits before the prefill queue
+  (SGLang's pre-allocation; evolving-infra App. D.1). Either way its KV room is reserved from
+  binding to the end of the request.
 - A queued request's prefix is not pinned: if eviction removes it before the prefill, the request
   keeps the work computed at routing time.
 - Ground truth: every node's iterations take what :class:`agentpool.node.roofline.Roofline` says

@@ -68,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="prefill-start",
         choices=list(DECODE_BINDINGS),
         help="when a disaggregated request is bound to its decode node (prefill-start: Algorithm E.3 and "
-        "the live router)",
+        "the live router; dispatch: SGLang PD, which the SGLang baselines always use)",
     )
     parser.add_argument("--shared-prefix", type=int, default=15000, help="shared system+tools prefix tokens")
     parser.add_argument(

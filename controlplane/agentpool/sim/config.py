@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DECODE_BINDINGS = ("prefill-end", "prefill-start")
+DECODE_BINDINGS = ("prefill-end", "prefill-start", "dispatch")
 TRUTHS = ("roofline", "equations")
 
 
@@ -25,7 +25,10 @@ class SimConfig:
     occupancy: str = "inflight"
     # when a disaggregated request is bound to a decode node: "prefill-start" (Algorithm E.3 line 13
     # and the live router: when the prefill node reports that the request started) or "prefill-end"
-    # (when its first token is out)
+    # (when its first token is out) or "dispatch" (SGLang PD disaggregation: the gateway picks the
+    # decode node with the prefill node and the decode node reserves the request's KV before its
+    # prefill is queued; a request with no decode room waits before the prefill queue). A system
+    # with its own ``SystemConfig.decode_binding`` uses that instead.
     decode_binding: str = "prefill-start"
     # what iterations really take: "roofline" (the preset's architecture and GPU model, independent
     # of Eq. 1-4) or "equations" (Eq. 1/2 with the preset's coefficients, the former simulator)

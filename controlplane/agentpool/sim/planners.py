@@ -25,12 +25,21 @@
   planner converges to 4P5D on CC with 126 agents, as the paper reports; ``"decode"`` keeps the
   literal reading.
 - ``dynamo``: Dynamo's load-based planner on a fixed pool (:mod:`agentpool.sim.dynamo`): interval
-  means of the prefill queue per worker and the decode KV utilization against Dynamo's thresholds,
-  one relaunch at a time, a grace period after adding decode and a queue-trend check.
+  means of the prefill queue and the decode KV load against Dynamo's scale-down and scale-up
+  thresholds, scale-downs first, a full budget (only a node freed by a scale-down moves, into the
+  other phase), one relaunch at a time, a grace period after adding decode.
 - ``arrow``: Arrow-like, TTFT-driven: predicts each prefill node's TTFT from the *full* input
   length of its queued requests (cached prefixes counted as work) and reacts at once: a predicted
   TTFT above the deadline moves a decode node to prefill; a TTFT far below it while decode
-  iterations approach the TPOT limit moves one back.
+  iterations approach the TPOT limit moves one back. This is Arrow as evolving-infra §3 reimplements
+  it (on the symmetric engines, in-place switches that strand the node's KV, TTFT from full input
+  lengths, reacting to bursts). Where it differs from Arrow's own paper (arXiv 2505.11916; only its
+  abstract was available to check against): the checks run every ``arrow_interval_s`` (30 s), not
+  on every request arrival; the node that moves is the one with the fewest running decodes or the
+  shortest queue, with no wait for it to go idle beyond the drain; requests are routed to the
+  shortest prefill queue in requests (``least-loaded``), not to the least predicted TTFT; and
+  Arrow's stateless instances, which may finish their running decodes while already taking
+  prefills, are modelled as a drain before the switch.
 - ``oracle``: the split with the best Eq. 5 throughput for each window's measured work, applied at
   once with free switches (the ``oracle-reference`` system, with an unlimited shared cache). A
   reference, not a bound: it uses the past window's work and Eq. 5's proxy; the bound is
@@ -41,7 +50,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -89,9 +98,8 @@ class PlannerSettings:
     window_s: float = 600.0
     slices: int = 10
     cooldown_s: float = 120.0
-    dynamo_interval_s: float = 30.0  # Dynamo's load planner defaults (see agentpool.sim.dynamo)
-    dynamo_kv_high: float = 0.9
-    dynamo_queue_high: float = 0.5
+    # Dynamo's load planner defaults (agentpool.sim.dynamo)
+    dynamo: DynamoSettings = field(default_factory=DynamoSettings)
     arrow_interval_s: float = 30.0
     arrow_low: float = 0.2
     arrow_tpot_fraction: float = 0.9
@@ -106,7 +114,7 @@ def tick_for(kind: PlannerKind, sim: Simulator, settings: PlannerSettings) -> tu
     if kind is PlannerKind.ORACLE:
         return settings.window_s, _oracle(sim, settings)
     if kind is PlannerKind.DYNAMO:
-        return settings.dynamo_interval_s, _dynamo(sim, settings)
+        return settings.dynamo.interval_s, _dynamo(sim, settings)
     return settings.arrow_interval_s, _arrow(sim, settings)
 
 
@@ -297,12 +305,7 @@ def _settled_phases(sim: Simulator) -> tuple[list[Node], list[Node]] | None:
 
 
 def _dynamo(sim: Simulator, s: PlannerSettings) -> Tick:
-    planner = DynamoLoadPlanner(
-        sim,
-        DynamoSettings(
-            interval_s=s.dynamo_interval_s, kv_scale_up=s.dynamo_kv_high, queue_scale_up=s.dynamo_queue_high
-        ),
-    )
+    planner = DynamoLoadPlanner(sim, s.dynamo)
     sim.every(planner.s.pull_s, planner.s.pull_s, planner.sample)
     return planner.tick
 

@@ -155,7 +155,14 @@ class Simulator:
         self.window = WindowLog()
         self.in_decode = 0
         self.fetch = self.ctx.fetch
-        self._bind_at_start = cfg.decode_binding == "prefill-start"
+        binding = system.decode_binding or cfg.decode_binding
+        if binding not in DECODE_BINDINGS:
+            raise ValueError(f"decode binding must be one of {DECODE_BINDINGS}, got {binding!r}")
+        self._bind_at_start = binding == "prefill-start"
+        self._bind_early = binding != "prefill-end"  # bound before the first token: hand over at once
+        self._bind_at_dispatch = binding == "dispatch" and system.pool is Pool.DISAGGREGATED
+        # dispatch binding: requests with no decode KV room yet, waiting before the prefill queue
+        self._admission: deque[Issue] = deque()
         self.transfers = (
             Transfers(
                 Network(preset.pd_transfer_bytes_per_s, preset.host_link_bytes_per_s),
@@ -220,6 +227,14 @@ class Simulator:
     # -- routing ----------------------------------------------------------------------------------
     def _route(self, issue: Issue) -> None:
         req, now, block = issue.req, self.now, self.cfg.block_size
+        if self._bind_at_dispatch and req.decode_node < 0 and req.output_tokens > 1:
+            target = choose_decode(
+                req, self.nodes, self.models, self.ctx, now, self._decode_states, self._node_index
+            )
+            if target is None:  # no decode room: wait before the prefill queue (SGLang's prealloc)
+                self._admission.append(issue)
+                return
+            self._reserve(req, target)
         cap = max(0, (req.input_tokens - 1) // block)
         branch = req.branch if self.system.branch_ids else None
         found = prefixes(self.directory, req, self.nodes, self._node_index, cap, block, branch, now)
@@ -337,9 +352,9 @@ class Simulator:
             self._local_decode.setdefault(node.index, deque()).append(req)
             self._admit_local(node)
             return
-        if not self._bind_at_start:
+        if not self._bind_early:
             self._bind_decode(req, issue)
-        elif req.decode_node >= 0:  # bound when its prefill started: the KV goes there now
+        elif req.decode_node >= 0:  # bound at dispatch or prefill start: the KV goes there now
             self._hand_over(req, was_waiting=True)
         # else: still waiting for decode room; the retry that binds it hands the KV over
 
@@ -357,14 +372,17 @@ class Simulator:
         if target is None:
             self._wait_for_decode(req, issue)
             return
+        self._reserve(req, target)
+        if req.first_token_at < 0:  # bound before its prefill ended: the hand-over waits for it
+            return
+        self._hand_over(req, was_waiting=False)
+
+    def _reserve(self, req: Request, target: int) -> None:
         dnode = self.nodes[target]
         req.decode_node = target
         dnode.reserve_decode(req)  # KV room held from now on; bound and waiting if not prefilled yet
         if self.system.branch_ids:
             self.directory.place(req.branch, dnode.name, self.now)
-        if req.first_token_at < 0:  # bound at prefill start: the hand-over waits for the prefill
-            return
-        self._hand_over(req, was_waiting=False)
 
     def _hand_over(self, req: Request, *, was_waiting: bool) -> None:
         """Send the prefilled KV to the bound decode node (GPU to GPU), which starts decoding on arrival.
@@ -394,7 +412,21 @@ class Simulator:
         filter), so one that needs more than the largest room keeps waiting without a binding
         attempt, and nothing is tried while the largest room is below every waiting request's
         need: under decode pressure thousands wait, and each completion would otherwise retry every
-        one of them against every decode node."""
+        one of them against every decode node. Then the dispatch-bound requests waiting for room
+        before their prefill queue are dispatched, first come first served, while room lasts."""
+        self._retry_prefilled()
+        while self._admission:
+            head = self._admission[0].req
+            if kv_room_needed(head.input_tokens, head.output_tokens) > self._largest_decode_room():
+                return
+            self._route(self._admission.popleft())
+
+    @property
+    def admission_waiting(self) -> int:
+        """Requests waiting for decode KV room before their prefill is queued (dispatch binding)."""
+        return len(self._admission)
+
+    def _retry_prefilled(self) -> None:
         if not self._pending_decode:
             return
         room = self._largest_decode_room()

@@ -45,6 +45,10 @@ class Eviction(enum.StrEnum):
 
 
 STATIC_REFERENCE = "static-reference"
+# SGLang PD disaggregation (every baseline but Arrow runs on it, evolving-infra §6.1): the decode
+# node reserves a request's KV when the gateway dispatches it, before its prefill is queued, and
+# holds it while the request waits for prefill (App. D.1: 91% of 6P3D's decode KV on OSWorld)
+SGLANG_BINDING = "dispatch"
 
 
 def split_of(name: str) -> int | None:
@@ -71,6 +75,9 @@ class SystemConfig:
     unlimited_cache: bool = False
     # the harness sends its session (branch) id to the router even without branch-count eviction
     session_header: bool = False
+    # when a request's decode KV is reserved (``agentpool.sim.config.DECODE_BINDINGS``); None: the
+    # comparison's ``SimConfig.decode_binding``. The SGLang PD baselines reserve at dispatch.
+    decode_binding: str | None = None
 
     @property
     def branch_ids(self) -> bool:
@@ -130,6 +137,7 @@ SYSTEMS: Mapping[str, SystemConfig] = {
             "static-cache-aware",
             "SGLang PD at a static split: cache-aware routing, LRU, no peer pool",
             policy="cache-aware",
+            decode_binding=SGLANG_BINDING,
         ),
         _d(
             "dynamo-like",
@@ -138,6 +146,16 @@ SYSTEMS: Mapping[str, SystemConfig] = {
             policy="cache-aware",
             planner=PlannerKind.DYNAMO,
             switch=SwitchMode.RELAUNCH,
+            decode_binding=SGLANG_BINDING,
+        ),
+        _d(
+            "dynamo-like-late-reserve",
+            "dynamo-like, but decode KV reserved when the prefill starts (as agentpool does), not at "
+            "dispatch: shows what SGLang's early reservations do to Dynamo's signals",
+            policy="cache-aware",
+            planner=PlannerKind.DYNAMO,
+            switch=SwitchMode.RELAUNCH,
+            decode_binding="prefill-start",
         ),
         _d(
             "dynamo-like+pool",
@@ -146,6 +164,7 @@ SYSTEMS: Mapping[str, SystemConfig] = {
             planner=PlannerKind.DYNAMO,
             switch=SwitchMode.RELAUNCH,
             fetch=FetchMode.SYNC,
+            decode_binding=SGLANG_BINDING,
         ),
         _d(
             "arrow-like",

@@ -251,8 +251,20 @@ def test_prefilled_requests_wait_for_decode_room_and_smaller_ones_overtake() -> 
     small_kv = GLM.model_copy(update={"gpu_kv_tokens": 8000})
     metrics = Metrics(TtftSlo(2.0, 1e-4), 0.1, 0.0, 10_000.0)
     cfg = SimConfig(nodes=2, prefill_nodes=1, block_size=64)
-    sim = Simulator(system("static-cache-aware"), small_kv, cfg, metrics)
-    times: dict[int, tuple[float, float, float]] = {}  # input tokens -> (first token, decode start, done)
+    sim = Simulator(
+        dataclasses.replace(system("static-cache-aware"), decode_binding=None), small_kv, cfg, metrics
+    )
+    times = _three_requests(sim)
+    (_, _, a_done), (b_first, b_start, _), (c_first, c_start, _) = times[5000], times[5500], times[1500]
+    assert b_first == c_first < a_done  # B and C are prefilled while A decodes (6000 of 8000 used)
+    assert c_start == pytest.approx(c_first + small_kv.handover_s(1500))  # C fits next to A: binds at once
+    assert b_start == pytest.approx(a_done + small_kv.handover_s(5500))  # B waits for A's KV, in order
+
+
+def _three_requests(sim: Simulator) -> dict[int, tuple[float, float, float]]:
+    """A (5000 in, 1000 out), B (5500, 18), C (1500, 18) issued at 0; input tokens -> (first token,
+    decode start, done)."""
+    times: dict[int, tuple[float, float, float]] = {}
 
     def done(r: Request, _now: float) -> None:
         times[r.input_tokens] = (r.first_token_at, r.decode_start, r.done_at)
@@ -261,18 +273,28 @@ def test_prefilled_requests_wait_for_decode_room_and_smaller_ones_overtake() -> 
         blocks = [b + 1000 * n for b in one_request(inp, out).block_keys(0, n + 1, 0)[0]]
         sim.issue_at(0.0, Issue(Request(n + 1, inp, out, blocks, [], f"b{n}", 0.0), 1, inp, True, done))
     sim.run(1000.0)
-    (_, _, a_done), (b_first, b_start, _), (c_first, c_start, _) = times[5000], times[5500], times[1500]
-    assert b_first == c_first < a_done  # B and C are prefilled while A decodes (6000 of 8000 used)
-    assert c_start == pytest.approx(c_first + small_kv.handover_s(1500))  # C fits next to A: binds at once
-    assert b_start == pytest.approx(a_done + small_kv.handover_s(5500))  # B waits for A's KV, in order
+    return times
 
 
-@pytest.mark.parametrize("binding", ["prefill-end", "prefill-start"])
+def test_sglang_dispatch_binding_holds_a_request_before_prefill_until_decode_room_frees() -> None:
+    # the same three requests under SGLang PD: A and C reserve decode KV when dispatched (7000 of
+    # 8000); B finds no room and waits before the prefill queue until A's KV is released
+    small_kv = GLM.model_copy(update={"gpu_kv_tokens": 8000})
+    metrics = Metrics(TtftSlo(2.0, 1e-4), 0.1, 0.0, 10_000.0)
+    sim = Simulator(
+        system("static-cache-aware"), small_kv, SimConfig(nodes=2, prefill_nodes=1, block_size=64), metrics
+    )
+    times = _three_requests(sim)
+    (_, _, a_done), (b_first, _, _), (c_first, _, _) = times[5000], times[5500], times[1500]
+    assert c_first < a_done < b_first  # B's prefill waited for A to finish decoding
+
+
+@pytest.mark.parametrize("binding", ["prefill-end", "prefill-start", "dispatch"])
 def test_decode_binding_time(binding: str) -> None:
     # 1 prefill + 2 decode nodes; A's prefill takes the first iteration, B's the second
     metrics = Metrics(TtftSlo(2.0, 1e-4), 0.1, 0.0, 10_000.0)
     cfg = SimConfig(nodes=3, prefill_nodes=1, block_size=64, decode_binding=binding)
-    sim = Simulator(system("static-cache-aware"), GLM, cfg, metrics)
+    sim = Simulator(dataclasses.replace(system("static-cache-aware"), decode_binding=None), GLM, cfg, metrics)
     reqs = []
     for n, inp in enumerate([8192, 4000]):
         blocks = [b + 1000 * n for b in one_request(inp, 50).block_keys(0, n + 1, 0)[0]]
@@ -281,8 +303,10 @@ def test_decode_binding_time(binding: str) -> None:
     a, b = reqs
     sim.run(0.01)  # A's prefill runs, B waits in the prefill queue
     assert a.prefill_start == 0.0 and a.first_token_at < 0 and b.prefill_start < 0
-    assert (a.decode_node >= 0) is (binding == "prefill-start")
-    assert sum(n.bound_waiting for n in sim.nodes) == (binding == "prefill-start")
+    assert (a.decode_node >= 0) is (binding != "prefill-end")
+    assert (b.decode_node >= 0) is (binding == "dispatch")  # B reserved while it queues for prefill
+    bound = {"prefill-end": 0, "prefill-start": 1, "dispatch": 2}[binding]
+    assert sum(n.bound_waiting for n in sim.nodes) == bound
     sim.run(1000.0)
     for r in reqs:  # the hand-over starts at the first token either way
         assert r.decode_start == pytest.approx(r.first_token_at + GLM.handover_s(r.input_tokens))

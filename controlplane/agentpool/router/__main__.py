@@ -26,13 +26,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from aiohttp import web
-
 from agentpool.kv import Directory
 from agentpool.router.auth import TOKEN_FILE_ENV, AuthConfigError, ReportAuth
 from agentpool.router.config import ConfigError, ConfigFile
 from agentpool.router.directory_view import DirectoryView, InProcessDirectoryView
-from agentpool.router.server import app_runner
+from agentpool.router.server import serve as serve_http
 from agentpool.router.service import RouterService
 from agentpool.secret_file import SecretFileError, read_optional_secret
 
@@ -109,13 +107,9 @@ async def serve(args: argparse.Namespace, auth: ReportAuth) -> None:
     config = await asyncio.to_thread(config_file.load)
     view = directory_view(args.directory, config.page_size, args.directory_token_file, args.directory_ca_file)
     service = RouterService(config, view, config_file=config_file, report_auth=auth)
-    runner = app_runner(service)
-    await runner.setup()
+    server = await serve_http(service, args.host, args.port)
     try:
-        site = web.TCPSite(runner, args.host, args.port)
-        await site.start()
-        port = runner.addresses[0][1]
-        print(f"router listening on http://{args.host}:{port}", flush=True)
+        print(f"router listening on http://{args.host}:{server.port}", flush=True)
         if auth.open:
             log.warning("engine load reports are NOT authenticated (--insecure-allow-unauthenticated-*)")
         stop = asyncio.Event()
@@ -124,7 +118,7 @@ async def serve(args: argparse.Namespace, auth: ReportAuth) -> None:
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
     finally:
-        await runner.cleanup()
+        await server.stop()
     log.info("router stopped")
 
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import logging
 
-from aiohttp import web
+import orjson
 from pydantic import ValidationError
 
 from agentpool.models import NodeModel
+from agentpool.router.http_server import Request, Response, Routes, error_response
 from agentpool.router.nodes import StaleFitsError
 from agentpool.router.openai_api import error_body
 from agentpool.router.service import RouterService
@@ -25,36 +26,32 @@ from agentpool.wire.fits import MODELS_PATH, ModelSet, ModelSetStatus
 log = logging.getLogger(__name__)
 
 
-def _error(status: int, message: str, type_: str, code: str) -> web.Response:
-    return web.json_response(error_body(message, type_, code), status=status)
-
-
-def _status(service: RouterService, nodes: list[str] | None = None) -> web.Response:
+def _status(service: RouterService, nodes: list[str] | None = None) -> Response:
     table = service.nodes
     covered = nodes if nodes is not None else [e.node_id for e in table.entries() if table.fitted(e.node_id)]
     status = ModelSetStatus(version=table.fits_version, nodes=sorted(covered))
-    return web.json_response(text=status.model_dump_json())
+    return Response(200, status.model_dump_json().encode())
 
 
-def mount(app: web.Application, service: RouterService) -> None:
+def mount(routes: Routes, service: RouterService) -> None:
     """Serve ``GET``/``PUT /agentpool/v1/models`` for ``service``."""
 
-    async def get_models(_: web.Request) -> web.Response:
+    async def get_models(_: Request) -> Response:
         return _status(service)
 
-    async def put_models(request: web.Request) -> web.Response:
+    async def put_models(request: Request) -> Response:
         if not service.report_auth.allows(request.headers.get("authorization")):
-            return _error(401, "missing or wrong token", "authentication_error", "invalid_token")
+            return error_response(401, "missing or wrong token", "authentication_error", "invalid_token")
         try:
-            update = ModelSet.model_validate_json(await request.read())
+            update = ModelSet.model_validate_json(request.body)
             models: dict[str, NodeModel] = {n: m.node_model() for n, m in update.models.items()}
         except (ValidationError, ValueError) as e:
-            return _error(400, f"invalid model set: {e}", "invalid_request_error", "invalid_models")
+            return error_response(400, f"invalid model set: {e}", code="invalid_models")
         try:
             applied = service.nodes.apply_fits(update.version, models)
         except StaleFitsError as e:
             body = error_body(str(e), "conflict", "stale_version") | {"version": service.nodes.fits_version}
-            return web.json_response(body, status=409)
+            return Response(409, orjson.dumps(body))
         service.dispatcher.work_log.models_version = update.version
         unknown = sorted(set(models) - set(applied))
         log.info(
@@ -65,5 +62,5 @@ def mount(app: web.Application, service: RouterService) -> None:
         )
         return _status(service, applied)
 
-    app.router.add_get(MODELS_PATH, get_models)
-    app.router.add_put(MODELS_PATH, put_models)
+    routes.add("GET", MODELS_PATH, get_models)
+    routes.add("PUT", MODELS_PATH, put_models)

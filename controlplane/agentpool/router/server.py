@@ -1,4 +1,7 @@
-"""The router's HTTP front door (aiohttp): OpenAI-compatible endpoints, branch API, health, metrics.
+"""The router's HTTP front door: OpenAI-compatible endpoints, branch API, health, metrics.
+
+Served by the lean HTTP/1.1 server of :mod:`agentpool.router.http_server` (asyncio protocols and
+httptools); :class:`RouterServer` runs it with the service, the work log's sampler and the routes.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (SSE when ``stream``), ``GET
 /v1/models``, ``DELETE /v1/branches/{id}``, ``GET /health``, ``GET /ready``, ``GET /metrics``, and
@@ -12,19 +15,19 @@ carries ``Retry-After``.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, TypeVar
+from urllib.parse import unquote
 
 import orjson
-from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 
 from agentpool.kv import InvalidBranchIdError, check_branch_id
+from agentpool.router import work_log
 from agentpool.router.directory_view import DirectoryError
 from agentpool.router.fitted_models import mount as mount_fitted_models
 from agentpool.router.flow import (
@@ -38,6 +41,7 @@ from agentpool.router.flow import (
     RequestFailed,
     StreamBroken,
 )
+from agentpool.router.http_server import HttpServer, Request, Response, Routes, Stream, json_response
 from agentpool.router.openai_api import (
     BadJson,
     ChatCompletionRequest,
@@ -54,16 +58,15 @@ from agentpool.router.openai_api import (
 )
 from agentpool.router.service import RouterService
 from agentpool.router.tokenizer import Encoded, TokenizerError
-from agentpool.router.work_log import mount as mount_work_log
-from agentpool.wire.engine import LoadReport, ReportAck, Usage
+from agentpool.wire.engine import LoadReport, Usage
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
 
-SERVICE_KEY = web.AppKey("router_service", RouterService)
 BRANCH = "x-agentpool-branch"
 PARENT = "x-agentpool-parent-branch"
 BRANCH_END = "x-agentpool-branch-end"
+SSE_HEADERS = {"cache-control": "no-cache"}
 
 
 class ApiError(Exception):
@@ -72,28 +75,18 @@ class ApiError(Exception):
     ):
         super().__init__(message)
         self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
-
         self.headers: dict[str, str] = {}
-        self.close = False
 
     def with_headers(self, headers: dict[str, str]) -> ApiError:
         self.headers.update(headers)
         return self
 
-    def closing(self) -> ApiError:
-        """Close the connection after the answer (the rest of the request cannot be trusted)."""
-        self.close = True
-        return self
-
-    def response(self, headers: dict[str, str] | None = None) -> web.Response:
-        body = error_body(self.message, self.type, self.code, self.param)
-        resp = web.json_response(body, status=self.status, headers={**self.headers, **(headers or {})})
-        if self.close:
-            resp.force_close()
-        return resp
+    def response(self, headers: dict[str, str] | None = None) -> Response:
+        body = orjson.dumps(error_body(self.message, self.type, self.code, self.param))
+        return Response(self.status, body, headers={**self.headers, **(headers or {})})
 
 
-def flow_error(e: FlowError, retry_after: int) -> web.Response:
+def flow_error(e: FlowError, retry_after: int) -> Response:
     if isinstance(e, Overloaded):
         err = ApiError(429, str(e), "rate_limit_error", "overloaded")
         return err.response({"Retry-After": str(retry_after)})
@@ -103,48 +96,16 @@ def flow_error(e: FlowError, retry_after: int) -> web.Response:
         )
     if isinstance(e, BadRequest):
         return ApiError(400, str(e), "invalid_request_error", "rejected_by_engine").response()
-    if isinstance(e, RequestFailed):
-        return ApiError(502, str(e), "server_error", "engine_failed").response()
     return ApiError(502, str(e), "server_error", "engine_failed").response()
-
-
-@web.middleware
-async def errors_middleware(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except ApiError as e:
-        return e.response()
-    except web.HTTPRequestEntityTooLarge as e:
-        return ApiError(
-            413, f"request body too large: {e.text}", "invalid_request_error", "body_too_large"
-        ).response()
-    except web.HTTPNotFound:
-        return ApiError(
-            404, f"no route {request.method} {request.path}", "invalid_request_error", "not_found"
-        ).response()
-    except web.HTTPMethodNotAllowed:
-        return ApiError(405, f"method {request.method} not allowed", "invalid_request_error").response()
 
 
 # ---- parsing ------------------------------------------------------------------------------------
 
 
-async def read_json(request: web.Request, service: RouterService) -> dict[str, Any]:
-    """The body as a JSON object, read within the body timeout (a slow or partial body: 408, closed)."""
-    cfg = service.config
+def read_json(request: Request, service: RouterService) -> dict[str, Any]:
+    """The body as a JSON object (the server read it whole, within the body timeout)."""
     try:
-        async with asyncio.timeout(cfg.timeouts.body_s):
-            raw = await request.read()
-    except TimeoutError as e:
-        raise ApiError(
-            408, f"the request body did not arrive within {cfg.timeouts.body_s:g} s", "invalid_request_error"
-        ).closing() from e
-    except ConnectionResetError as e:  # the client hung up with the body partly sent: nobody to answer
-        raise ApiError(400, "the request body was cut off", "invalid_request_error").closing() from e
-    try:
-        return parse_json(raw, cfg.limits.max_json_depth)
+        return parse_json(request.body, service.config.limits.max_json_depth)
     except BadJson as e:
         raise ApiError(400, str(e), "invalid_request_error", "invalid_json") from e
 
@@ -157,10 +118,13 @@ def parse_body(cls: type[M], body: dict[str, Any]) -> M:
         raise ApiError(400, err["message"], err["type"], err["code"], err["param"]) from e
 
 
-def branch_headers(request: web.Request) -> tuple[str | None, str | None, bool]:
-    branch = request.headers.get(BRANCH)
-    parent = request.headers.get(PARENT)
-    end_raw = request.headers.get(BRANCH_END)
+def branch_headers(request: Request) -> tuple[str | None, str | None, bool]:
+    headers = request.headers
+    branch = headers.get(BRANCH)
+    parent = headers.get(PARENT)
+    end_raw = headers.get(BRANCH_END)
+    if branch is None and parent is None and end_raw is None:
+        return None, None, False
     try:
         if branch is not None:
             check_branch_id(branch)
@@ -186,9 +150,8 @@ def branch_headers(request: web.Request) -> tuple[str | None, str | None, bool]:
 # ---- handlers -----------------------------------------------------------------------------------
 
 
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    service = request.app[SERVICE_KEY]
-    body = await read_json(request, service)
+async def chat_completions(service: RouterService, request: Request) -> Response | Stream:
+    body = read_json(request, service)
     req = parse_body(ChatCompletionRequest, body)
     branch, parent, end = branch_headers(request)
     check_model(service, req.model)
@@ -205,9 +168,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await answer(request, service, prep, req.stream, include_usage, req.model, end)
 
 
-async def completions(request: web.Request) -> web.StreamResponse:
-    service = request.app[SERVICE_KEY]
-    body = await read_json(request, service)
+async def completions(service: RouterService, request: Request) -> Response | Stream:
+    body = read_json(request, service)
     req = parse_body(CompletionRequest, body)
     branch, parent, end = branch_headers(request)
     check_model(service, req.model)
@@ -252,14 +214,14 @@ async def encode(service: RouterService, pending: Awaitable[Encoded]) -> Encoded
 
 
 async def answer(
-    request: web.Request,
+    request: Request,
     service: RouterService,
     prep: Prepared,
     stream: bool,
     include_usage: bool,
     model: str,
     end_branch: bool,
-) -> web.StreamResponse:
+) -> Response | Stream:
     policy = service.routing.policy.name
     stats = service.metrics
     endpoint = prep.endpoint
@@ -280,15 +242,11 @@ async def answer(
             if not stream:
                 text, finish, usage, tokens = await collect(head, outs)
                 make = chat_response if endpoint == "chat" else completion_response
-                body = orjson.dumps(make(prep.request_id, model, text, finish, usage))
-                return web.Response(body=body, content_type="application/json")
-            resp = web.StreamResponse(
-                headers={"content-type": "text/event-stream", "cache-control": "no-cache"}
-            )
-            await resp.prepare(request)
+                return Response(200, orjson.dumps(make(prep.request_id, model, text, finish, usage)))
+            resp = request.stream(b"text/event-stream", SSE_HEADERS)
             try:
                 tokens = await stream_sse(resp, prep, model, head, outs, include_usage)
-                await resp.write_eof()
+                resp.end()
             except ConnectionResetError:  # the client went away: stop generating (aclosing ends it)
                 code = "499"
                 log.info("client of %s disconnected mid-stream", prep.request_id)
@@ -326,7 +284,7 @@ async def collect(
 
 
 async def stream_sse(
-    resp: web.StreamResponse,
+    resp: Stream,
     prep: Prepared,
     model: str,
     head: Chunk | Finish,
@@ -364,15 +322,13 @@ async def stream_sse(
     return count
 
 
-async def list_models(request: web.Request) -> web.Response:
-    service = request.app[SERVICE_KEY]
+async def list_models(service: RouterService, request: Request) -> Response:
     model = {"id": service.config.model, "object": "model", "created": 0, "owned_by": "agentpool"}
-    return web.json_response({"object": "list", "data": [model]})
+    return json_response({"object": "list", "data": [model]})
 
 
-async def delete_branch(request: web.Request) -> web.Response:
-    service = request.app[SERVICE_KEY]
-    branch = request.match_info["branch"]
+async def delete_branch(service: RouterService, request: Request) -> Response:
+    branch = unquote(request.params)
     try:
         check_branch_id(branch)
     except InvalidBranchIdError as e:
@@ -383,26 +339,26 @@ async def delete_branch(request: web.Request) -> web.Response:
         raise ApiError(503, f"directory unavailable: {e}", "server_error", "directory_unavailable") from e
     if not found:
         raise ApiError(404, f"no branch {branch!r}", "invalid_request_error", "branch_not_found")
-    return web.json_response({"id": branch, "object": "branch", "deleted": True})
+    return json_response({"id": branch, "object": "branch", "deleted": True})
 
 
-async def health(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
+async def health(service: RouterService, request: Request) -> Response:
+    return json_response({"status": "ok"})
 
 
-async def ready(request: web.Request) -> web.Response:
-    ok, checks = await request.app[SERVICE_KEY].ready()
+async def ready(service: RouterService, request: Request) -> Response:
+    ok, checks = await service.ready()
     if ok:
-        return web.json_response({"status": "ready", "checks": checks})
-    return web.json_response({"status": "not ready", "checks": checks}, status=503)
+        return json_response({"status": "ready", "checks": checks})
+    return json_response({"status": "not ready", "checks": checks}, status=503)
 
 
-async def metrics(request: web.Request) -> web.Response:
-    data = generate_latest(request.app[SERVICE_KEY].metrics.registry)
-    return web.Response(body=data, headers={"content-type": CONTENT_TYPE_LATEST})
+async def metrics(service: RouterService, request: Request) -> Response:
+    data = generate_latest(service.metrics.registry)
+    return Response(200, data, content_type=CONTENT_TYPE_LATEST.encode())
 
 
-def check_report_auth(service: RouterService, request: web.Request) -> None:
+def check_report_auth(service: RouterService, request: Request) -> None:
     if not service.report_auth.allows(request.headers.get("authorization")):
         service.metrics.rejected_reports.inc()
         raise ApiError(
@@ -413,10 +369,9 @@ def check_report_auth(service: RouterService, request: web.Request) -> None:
         ).with_headers({"WWW-Authenticate": "Bearer"})
 
 
-async def report(request: web.Request) -> web.Response:
-    service = request.app[SERVICE_KEY]
+async def report(service: RouterService, request: Request) -> Response:
     check_report_auth(service, request)
-    rep = parse_body(LoadReport, await read_json(request, service))
+    rep = parse_body(LoadReport, read_json(request, service))
     if not service.apply_report(rep):
         raise ApiError(
             404,
@@ -424,49 +379,85 @@ async def report(request: web.Request) -> web.Response:
             "invalid_request_error",
             "unknown_node",
         )
-    return web.json_response(ReportAck(router_id=service.router_id).model_dump())
+    return Response(200, service.report_ack)
 
 
-async def deregister(request: web.Request) -> web.Response:
+async def deregister(service: RouterService, request: Request) -> Response:
     """An engine leaving cleanly: it is removed from the registry at once (same token as reports)."""
-    service = request.app[SERVICE_KEY]
     check_report_auth(service, request)
-    node = request.match_info["node"]
+    node = unquote(request.params)
     if not service.discovery.deregister(node):
         raise ApiError(404, f"no registered engine {node!r}", "invalid_request_error", "unknown_node")
-    return web.json_response({"id": node, "deleted": True})
+    return json_response({"id": node, "deleted": True})
 
 
-def build_app(service: RouterService) -> web.Application:
-    app = web.Application(middlewares=[errors_middleware], client_max_size=service.config.max_body_bytes)
-    app[SERVICE_KEY] = service
-    app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_get("/v1/models", list_models)
-    app.router.add_delete("/v1/branches/{branch}", delete_branch)
-    app.router.add_get("/health", health)
-    app.router.add_get("/ready", ready)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_post("/agentpool/v1/report", report)
-    app.router.add_delete("/agentpool/v1/engines/{node}", deregister)
-    mount_work_log(app, service.dispatcher.work_log)
-    mount_fitted_models(app, service)
-
-    async def on_startup(app: web.Application) -> None:
-        await app[SERVICE_KEY].start()
-
-    async def on_cleanup(app: web.Application) -> None:
-        await app[SERVICE_KEY].close()
-
-    app.on_startup.append(on_startup)
-    app.on_cleanup.append(on_cleanup)
-    return app
+Endpoint = Callable[[RouterService, Request], Awaitable[Response | Stream]]
 
 
-def app_runner(service: RouterService, shutdown_timeout: float = 5.0) -> web.AppRunner:
-    """The router's app in a runner: no access log, and no lingering: a connection whose request
-    body was not read to its end (too large, too slow, partial) is closed after the answer instead
-    of being drained for 10 s."""
-    return web.AppRunner(
-        build_app(service), access_log=None, shutdown_timeout=shutdown_timeout, lingering_time=0.0
-    )
+def _bind(service: RouterService, endpoint: Endpoint) -> Callable[[Request], Awaitable[Response | Stream]]:
+    async def handle(request: Request) -> Response | Stream:
+        try:
+            return await endpoint(service, request)
+        except ApiError as e:
+            return e.response()
+
+    return handle
+
+
+def build_routes(service: RouterService) -> Routes:
+    routes = Routes()
+    routes.add("POST", "/v1/chat/completions", _bind(service, chat_completions))
+    routes.add("POST", "/v1/completions", _bind(service, completions))
+    routes.add("GET", "/v1/models", _bind(service, list_models))
+    routes.add_prefix("DELETE", "/v1/branches/", _bind(service, delete_branch))
+    routes.add("GET", "/health", _bind(service, health))
+    routes.add("GET", "/ready", _bind(service, ready))
+    routes.add("GET", "/metrics", _bind(service, metrics))
+    routes.add("POST", "/agentpool/v1/report", _bind(service, report))
+    routes.add_prefix("DELETE", "/agentpool/v1/engines/", _bind(service, deregister))
+    work_log.mount(routes, service.dispatcher.work_log)
+    mount_fitted_models(routes, service)
+    return routes
+
+
+class RouterServer:
+    """The service behind its HTTP server: :meth:`start` starts both (and the work log's sampler),
+    :meth:`stop` gives requests in flight ``shutdown_timeout`` s, then closes everything."""
+
+    def __init__(
+        self, service: RouterService, shutdown_timeout: float = 5.0, sample_interval_s: float = 1.0
+    ) -> None:
+        self.service = service
+        self.shutdown_timeout = shutdown_timeout
+        self.sample_interval_s = sample_interval_s
+        self.http = HttpServer(
+            build_routes(service),
+            max_body_bytes=lambda: service.config.max_body_bytes,
+            body_timeout_s=lambda: service.config.timeouts.body_s,
+        )
+        self._stack = contextlib.AsyncExitStack()
+        self.port = 0
+
+    async def start(self, host: str, port: int) -> int:
+        """Serve on ``host:port`` (0: a free one); returns the port."""
+        await self.service.start()
+        self._stack.push_async_callback(self.service.close)
+        log_ = self.service.dispatcher.work_log
+        await self._stack.enter_async_context(work_log.sampling(log_, self.sample_interval_s))
+        self.port = await self.http.start(host, port)
+        self._stack.push_async_callback(self.http.stop, self.shutdown_timeout)
+        return self.port
+
+    async def stop(self) -> None:
+        await self._stack.aclose()
+
+
+async def serve(service: RouterService, host: str, port: int, shutdown_timeout: float = 5.0) -> RouterServer:
+    """A started :class:`RouterServer` (stop it with :meth:`RouterServer.stop`)."""
+    server = RouterServer(service, shutdown_timeout)
+    try:
+        await server.start(host, port)
+    except BaseException:
+        await server.stop()
+        raise
+    return server

@@ -35,7 +35,7 @@ from agentpool.router.tokenizer import (
     encode_completion,
     load_tokenizer,
 )
-from agentpool.wire.engine import LoadReport
+from agentpool.wire.engine import LoadReport, ReportAck
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,7 @@ class RouterService:
         self.nodes.configure(config.nodes, config.node_model)
         self.metrics.registry.register(QueueDepthCollector(lambda: self.nodes.snapshot(time.monotonic())))
         self.router_id = secrets.token_hex(8)  # this process's dispatch numbering (wire.engine)
+        self.report_ack = ReportAck(router_id=self.router_id).model_dump_json().encode()  # the report answer
         self.dispatcher = Dispatcher(
             self.nodes, self.engines, directory, self.metrics, self.routing, router_id=self.router_id
         )

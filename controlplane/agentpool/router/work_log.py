@@ -43,10 +43,10 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
-
-from aiohttp import web
+from urllib.parse import parse_qs
 
 from agentpool.models import OccupancyCount, Work
+from agentpool.router.http_server import Handler, Request, Response, Routes, error_response
 from agentpool.wire.iterations import WireIteration
 from agentpool.wire.work import (
     MAX_BATCH,
@@ -233,18 +233,20 @@ class WorkLog:
         )
 
 
-WORK_LOG_KEY = web.AppKey("work_log", WorkLog)
-
-
-async def work_handler(request: web.Request) -> web.Response:
+def work_handler(log: WorkLog) -> Handler:
     """``GET /agentpool/v1/work?since=<cursor>&limit=<n>``: a :class:`WorkBatch` as JSON."""
-    log = request.app[WORK_LOG_KEY]
-    raw_limit = request.query.get("limit", str(MAX_BATCH))
-    try:
-        batch = log.batch(request.query.get("since"), int(raw_limit))
-    except ValueError as e:
-        return web.json_response({"error": {"message": str(e), "type": "invalid_request_error"}}, status=400)
-    return web.json_response(text=batch.model_dump_json())
+
+    async def handle(request: Request) -> Response:
+        query = parse_qs(request.query)
+        since = query.get("since", [None])[0]
+        raw_limit = query.get("limit", [str(MAX_BATCH)])[0]
+        try:
+            batch = log.batch(since, int(raw_limit))
+        except ValueError as e:
+            return error_response(400, str(e))
+        return Response(200, batch.model_dump_json().encode())
+
+    return handle
 
 
 async def sample_every(log: WorkLog, interval_s: float, stop: asyncio.Event) -> None:
@@ -257,18 +259,20 @@ async def sample_every(log: WorkLog, interval_s: float, stop: asyncio.Event) -> 
             return
 
 
-def mount(app: web.Application, log: WorkLog, sample_interval_s: float = 1.0) -> None:
-    """Serve ``log`` at ``GET /agentpool/v1/work`` and sample it while ``app`` runs."""
-    if sample_interval_s <= 0:
-        raise ValueError(f"sample interval must be positive, got {sample_interval_s}")
-    app[WORK_LOG_KEY] = log
-    app.router.add_get(WORK_PATH, work_handler)
+def mount(routes: Routes, log: WorkLog) -> None:
+    """Serve ``log`` at ``GET /agentpool/v1/work`` (run :func:`sampling` alongside)."""
+    routes.add("GET", WORK_PATH, work_handler(log))
 
-    async def sampling(_: web.Application) -> AsyncIterator[None]:
-        stop = asyncio.Event()
-        task = asyncio.create_task(sample_every(log, sample_interval_s, stop), name="work-log-sampler")
+
+@contextlib.asynccontextmanager
+async def sampling(log: WorkLog, interval_s: float = 1.0) -> AsyncIterator[None]:
+    """Sample ``log`` every ``interval_s`` (once at the start) while the context is open."""
+    if interval_s <= 0:
+        raise ValueError(f"sample interval must be positive, got {interval_s}")
+    stop = asyncio.Event()
+    task = asyncio.create_task(sample_every(log, interval_s, stop), name="work-log-sampler")
+    try:
         yield
+    finally:
         stop.set()
         await task
-
-    app.cleanup_ctx.append(sampling)

@@ -1,4 +1,4 @@
-"""Real routers (aiohttp on 127.0.0.1:0, in-process directory) over a minimal colocated engine, for
+"""Real routers (their HTTP server on 127.0.0.1:0, in-process directory) over a minimal colocated engine, for
 the tests of what flows between engines, routers and the planner."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from agentpool.kv import Directory
 from agentpool.router.auth import ReportAuth
 from agentpool.router.config import RouterConfig
 from agentpool.router.directory_view import InProcessDirectoryView
-from agentpool.router.server import build_app
+from agentpool.router.server import RouterServer
+from agentpool.router.server import serve as serve_router
 from agentpool.router.service import RouterService
 from agentpool.wire.engine import GenerateRequest
 
@@ -66,14 +67,11 @@ class Engine:
 @dataclass
 class Router:
     service: RouterService
-    served: Served
-
-    @property
-    def url(self) -> str:
-        return self.served.url
+    server: RouterServer
+    url: str
 
     async def stop(self) -> None:
-        await self.served.stop()
+        await self.server.stop()
 
 
 def router_config(nodes: list[tuple[str, str, str]], **kw: Any) -> RouterConfig:
@@ -95,7 +93,8 @@ async def start_router(
     view = InProcessDirectoryView(Directory(config.page_size), time.monotonic)
     auth = ReportAuth.unauthenticated() if token is None else ReportAuth.token(token)
     service = RouterService(config, view, report_auth=auth)
-    return Router(service, await serve(build_app(service), host, port))
+    server = await serve_router(service, host, port, shutdown_timeout=0.1)
+    return Router(service, server, f"http://{host}:{server.port}")
 
 
 def chat(text: str = "hello there", max_tokens: int = 8) -> dict[str, Any]:

@@ -8,12 +8,11 @@ import re
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
 from planner_link_harness import router_config, start_router
 from process_helpers import kubeconfig
 from test_planner_controller import NODE, NS, PODS, SHAPE, pod_body
@@ -21,7 +20,9 @@ from test_planner_controller import NODE, NS, PODS, SHAPE, pod_body
 from agentpool.models import Work
 from agentpool.planner.process import parser, run
 from agentpool.planner.state import PlannerState
-from agentpool.router.work_log import WorkLog, mount
+from agentpool.router.http_server import HttpServer, Request, Response, Routes, Stream
+from agentpool.router.work_log import WorkLog, sampling, work_handler
+from agentpool.wire.work import WORK_PATH
 
 pytestmark = pytest.mark.integration
 
@@ -31,21 +32,20 @@ async def router() -> AsyncIterator[tuple[str, list[str], WorkLog]]:
     """A router stand-in that serves a real work log and remembers the queries it got."""
     seen: list[str] = []
 
-    @web.middleware
-    async def remember(
-        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
-        seen.append(request.path_qs)
-        return await handler(request)
-
-    app = web.Application(middlewares=[remember])
     log = WorkLog("router-0")
-    mount(app, log, sample_interval_s=0.05)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    yield f"http://127.0.0.1:{runner.addresses[0][1]}", seen, log
-    await runner.cleanup()
+    serve_work = work_handler(log)
+
+    async def remember(request: Request) -> Response | Stream:
+        seen.append(request.path + (f"?{request.query}" if request.query else ""))
+        return await serve_work(request)
+
+    routes = Routes()
+    routes.add("GET", WORK_PATH, remember)
+    server = HttpServer(routes, max_body_bytes=lambda: 1 << 20, body_timeout_s=lambda: 30.0)
+    async with sampling(log, 0.05):
+        port = await server.start("127.0.0.1", 0)
+        yield f"http://127.0.0.1:{port}", seen, log
+        await server.stop(0.1)
 
 
 def add_pods(kmock: Any, roles: dict[str, str]) -> None:

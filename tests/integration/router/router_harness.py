@@ -1,4 +1,4 @@
-"""Start a real router (aiohttp on 127.0.0.1:0) over stand-in engines for the integration tests."""
+"""Start a real router (its HTTP server on 127.0.0.1:0) over stand-in engines for the integration tests."""
 
 from __future__ import annotations
 
@@ -11,13 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 
 from agentpool.kv import Directory
 from agentpool.router.auth import ReportAuth
 from agentpool.router.config import ConfigFile, RouterConfig
 from agentpool.router.directory_view import DirectoryView, InProcessDirectoryView
-from agentpool.router.server import app_runner
+from agentpool.router.server import RouterServer, serve
 from agentpool.router.service import RouterService
 
 
@@ -41,11 +40,11 @@ def write_config(path: Path, config: RouterConfig) -> None:
 @dataclass
 class Router:
     service: RouterService
-    runner: web.AppRunner
+    server: RouterServer
     url: str
 
     async def stop(self) -> None:
-        await self.runner.cleanup()
+        await self.server.stop()
 
 
 async def start_router(
@@ -61,12 +60,8 @@ async def start_router(
     service = RouterService(
         config, view, report_auth=auth, config_file=config_file, reload_interval_s=reload_interval_s
     )
-    runner = app_runner(service, shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return Router(service, runner, f"http://127.0.0.1:{port}")
+    server = await serve(service, "127.0.0.1", 0, shutdown_timeout=0.1)
+    return Router(service, server, f"http://127.0.0.1:{server.port}")
 
 
 def chat_body(

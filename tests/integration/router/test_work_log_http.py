@@ -1,8 +1,10 @@
-"""The work log served over real HTTP (aiohttp on loopback) and read by the planner's router source."""
+"""The work log served over real HTTP (the router's HTTP server on loopback), read by the planner's
+router source."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
@@ -14,7 +16,8 @@ from router_harness import chat_body, router_config, start_router
 from agentpool.models import OccupancyCount, Work, slice_window
 from agentpool.planner.inbox import PlannerInbox
 from agentpool.planner.router_source import RouterWorkSource
-from agentpool.router.work_log import WorkLog, mount
+from agentpool.router.http_server import HttpServer, Routes
+from agentpool.router.work_log import WorkLog, mount, sampling
 from agentpool.wire.work import WORK_PATH, WorkBatch, parse_cursor
 
 pytestmark = pytest.mark.integration
@@ -24,22 +27,18 @@ Serve = Callable[[WorkLog, float], Awaitable[str]]
 
 @pytest.fixture()
 async def serve() -> AsyncIterator[Serve]:
-    runners: list[web.AppRunner] = []
+    async with contextlib.AsyncExitStack() as stack:
 
-    async def start(log: WorkLog, sample_interval_s: float = 3600.0) -> str:
-        app = web.Application()
-        mount(app, log, sample_interval_s)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        runners.append(runner)
-        port = runner.addresses[0][1]
-        return f"http://127.0.0.1:{port}"
+        async def start(log: WorkLog, sample_interval_s: float = 3600.0) -> str:
+            routes = Routes()
+            mount(routes, log)
+            server = HttpServer(routes, max_body_bytes=lambda: 1 << 20, body_timeout_s=lambda: 30.0)
+            await stack.enter_async_context(sampling(log, sample_interval_s))
+            port = await server.start("127.0.0.1", 0)
+            stack.push_async_callback(server.stop, 0.1)
+            return f"http://127.0.0.1:{port}"
 
-    yield start
-    for r in runners:
-        await r.cleanup()
+        yield start
 
 
 @pytest.fixture()

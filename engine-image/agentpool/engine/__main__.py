@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from agentpool.engine.config import ConfigError, load_config
+from agentpool.engine.errors import BackendUnavailable
 from agentpool.secret_file import SecretFileError
 
 
@@ -43,8 +44,14 @@ async def _serve(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    waits = [asyncio.create_task(stop.wait()), asyncio.create_task(engine.failed.wait())]
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for w in waits:
+        w.cancel()
     await engine.stop()
+    if engine.failed.is_set():
+        print(f"engine: stopped after a failure: {engine.failure}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -54,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("nixl").setLevel(logging.WARNING)
     try:
         return asyncio.run(_serve(args))
-    except (ConfigError, SecretFileError) as e:
+    except (ConfigError, SecretFileError, BackendUnavailable) as e:
         print(f"engine: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

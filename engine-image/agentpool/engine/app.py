@@ -11,32 +11,26 @@ import aiohttp
 from aiohttp import web
 
 from agentpool.directory.client import DirectoryClient
+from agentpool.engine.backend import Backend, BackendParts
+from agentpool.engine.backends import BACKENDS
 from agentpool.engine.config import EngineConfig
 from agentpool.engine.directory_link import DirectoryLink
 from agentpool.engine.hostpool import HostPool
 from agentpool.engine.kv_peers import KvExporter, PeerFetcher
-from agentpool.engine.kvstate import KvLedger, NoSink
 from agentpool.engine.metrics import EngineMetrics
 from agentpool.engine.nixl_transport import NixlTransport
 from agentpool.engine.reports import DispatchSeqs, Reporter, ReportTarget
 from agentpool.engine.roles import KubeRoleWatch, RoleFileWatch, Switcher
 from agentpool.engine.server import build_app
-from agentpool.engine.simbackend import SimBackend
 from agentpool.kv import Role, Tier
-from agentpool.node import GpuCache
 from agentpool.secret_file import read_optional_secret
-from agentpool.wire.engine import LoadReport, QueuedItem
+from agentpool.wire.engine import LoadReport
 
 log = logging.getLogger(__name__)
 
 
 class EngineApp:
     def __init__(self, cfg: EngineConfig) -> None:
-        if cfg.backend != "sim":
-            raise NotImplementedError(
-                "the engine process runs the sim backend; the sglang backend's parts are in "
-                "agentpool.engine.sglang"
-            )
         self.cfg = cfg
         self.metrics = EngineMetrics()
         self.dispatch_seqs = DispatchSeqs()
@@ -53,6 +47,8 @@ class EngineApp:
         self.directory: DirectoryClient | None = None
         self.link: DirectoryLink | None = None
         self.kube: KubeRoleWatch | None = None
+        self.failed = asyncio.Event()  # a task of the agent failed: the process exits (``__main__``)
+        self.failure = ""
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -68,26 +64,23 @@ class EngineApp:
             verify_stride=cfg.fetch.verify_stride,
             timeout_s=cfg.fetch.timeout_s,
         )
-        gpu = GpuCache(max(1, cfg.sim.gpu_kv_tokens // cfg.page_size))
-        self.ledger = KvLedger(gpu, self.pool, NoSink())
         if cfg.directory is not None:
             self.directory = DirectoryClient(
                 cfg.directory.target, token=read_optional_secret(cfg.directory.token_file, "directory token")
             )
-        self.backend = SimBackend(
-            cfg, self.ledger, self.pool, self.exporter, fetcher, self.metrics, self.directory
-        )
+        parts = BackendParts(cfg, self.pool, self.exporter, fetcher, self.metrics, self.directory)
+        self.backend: Backend = BACKENDS[cfg.backend](parts)
         if self.directory is not None and cfg.directory is not None:
             self.link = DirectoryLink(
                 cfg.node_id,
                 self.directory,
                 lambda: self.backend.role,
-                self.ledger.held_blocks,
+                self.backend.held_blocks,
                 self.pool.set_counts,
                 heartbeat_s=cfg.directory.heartbeat_s,
                 reconnect_s=cfg.directory.reconnect_s,
             )
-            self.ledger.sink = self.link
+            self.backend.attach_sink(self.link, self.link.request_resync)
         targets = [
             ReportTarget(r.url, read_optional_secret(r.token_file, "report token")) for r in cfg.routers
         ]
@@ -124,6 +117,8 @@ class EngineApp:
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         if not task.cancelled() and task.exception() is not None:
             log.error("engine task failed: %r", task.exception(), exc_info=task.exception())
+            self.failure = f"{type(task.exception()).__name__}: {task.exception()}"
+            self.failed.set()
 
     async def stop(self) -> None:
         for t in self._tasks:
@@ -159,7 +154,7 @@ class EngineApp:
 
     async def _gauges(self) -> None:
         while True:
-            self.metrics.kv_blocks.labels(Tier.GPU.name.lower()).set(len(self.ledger.gpu))
+            self.metrics.kv_blocks.labels(Tier.GPU.name.lower()).set(self.backend.gpu_blocks)
             self.metrics.kv_blocks.labels(Tier.HOST.name.lower()).set(len(self.pool))
             if self.link is not None:
                 self.metrics.directory_resyncs.inc(self.link.resyncs - self._resyncs_seen)
@@ -170,34 +165,30 @@ class EngineApp:
 
     # -- views --------------------------------------------------------------------------------
     def build_report(self) -> LoadReport:
-        b = self.backend
-        load = b.load()
+        load = self.backend.load()
+        pending = self.switcher.pending
         return LoadReport(
             node_id=self.cfg.node_id,
             role=load.role,
             url=self.advertised_url,
-            desired_role=self.switcher.pending,
+            desired_role=pending,
             last_dispatch_seq=-1,  # per router: the reporter sets each router's own
-            remaining_batch_s=b.wall(load.remaining_batch_s),
-            queue=[
-                QueuedItem(request_id=b.request_id_of(q.rid), t_uc=q.uncached_tokens, t_c=q.cached_tokens)
-                for q in load.queue
-            ][:100_000],
-            running_decode=load.running + load.joining,
+            remaining_batch_s=load.remaining_batch_s,
+            queue=load.queue,
+            running_decode=load.running_decode,
             kv_room_tokens=load.kv_room_tokens,
             kv_used_tokens=load.kv_used_tokens,
-            accepting=not b.draining,
-            t_acc=self.cfg.sim.t_acc if self._take_decoded() else None,
-            iterations=b.take_iterations(),
+            accepting=not self.backend.draining,
+            t_acc=load.t_acc,
+            iterations=load.iterations,
         )
-
-    def _take_decoded(self) -> bool:
-        d, self.backend.decoded_since_report = self.backend.decoded_since_report, False
-        return d
 
     def not_ready_reason(self) -> str:
         if not self.started:
             return "starting"
+        backend = self.backend.not_ready_reason()
+        if backend:
+            return backend
         if self.retiring:
             return "drained for removal" if self.backend.drained else "draining for removal"
         if self.switcher.switching:
@@ -208,17 +199,14 @@ class EngineApp:
 
     def state(self) -> dict[str, Any]:
         b = self.backend
-        load = b.load()
         return {
             "node_id": self.cfg.node_id,
+            "backend": self.cfg.backend,
             "role": b.role.value,
             "desired_role": None if self.switcher.desired is None else self.switcher.desired.value,
             "draining": b.draining,
             "retiring": self.retiring,
-            "queue": len(load.queue),
-            "running": load.running,
-            "jobs": len(b.jobs),
-            "gpu_blocks": len(self.ledger.gpu),
+            **b.state(),
             "host_blocks": len(self.pool),
             "host_pinned": len(self.pool.pins),
             "host_counted": len(self.pool.counts),

@@ -19,6 +19,16 @@ hostKvBytes: 1073741824        # host KV pool size
 blockBytes: 65536              # bytes per KV block (a page of pageSize tokens)
 sim: {timeScale: 1.0, ...}     # the sim backend's node model (below)
 fetch: {timeoutS: 5, minBlocks: 1, leaseTtlS: 30, handoverTtlS: 120, verify: true, verifyStride: 512}
+sglang:                        # backend sglang only (required there): the SGLang server the agent runs
+  model: Qwen/Qwen3-Coder-30B-A3B-Instruct   # --model-path
+  servedName: qwen3-coder
+  port: 30000                  # SGLang's HTTP port on 127.0.0.1 (the agent forwards to it)
+  tpSize: 4
+  hostKvGib: 512               # SGLang's host tier (--hicache-size); unset: hostKvBytes in GiB
+  kvEventsEndpoint: "tcp://127.0.0.1:5557"   # SGLang binds, the agent subscribes
+  bootstrapPort: 8998          # P->D: SGLang's disaggregation bootstrap server
+  args: ["--mem-fraction-static", "0.85"]  # more SGLang flags (not the ones the agent sets)
+  readyTimeoutS: 1800          # model load until /health answers 200
 ```
 """
 
@@ -32,6 +42,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
+from agentpool.engine.sglang.args import DEFAULT_LAUNCHER
 from agentpool.models import DecodeModel, PrefillModel
 from agentpool.node import Role
 
@@ -113,6 +124,39 @@ class FetchSettings(_Model):
     """Check every n-th 8-byte word of each fetched block (1: every byte; 512: one word per 4 KiB)."""
 
 
+class SglangSettings(_Model):
+    """The ``sglang`` backend: the upstream server the agent launches and drives."""
+
+    model: str = Field(min_length=1, max_length=1024)
+    served_name: str | None = Field(None, min_length=1, max_length=256)
+    port: int = Field(30000, gt=0, le=65535)
+    tp_size: int | None = Field(None, ge=1, le=64)
+    """``--tp-size``; unset: SGLang's default or a ``--tp-size`` among ``args``."""
+    host_kv_gib: int | None = Field(None, ge=0)
+    """SGLang's host KV tier (HiCache, write-through) in GiB; unset: ``hostKvBytes`` in GiB."""
+    kv_events_endpoint: str = Field("tcp://127.0.0.1:5557", pattern=r"^tcp://[^\s]+:\d+$")
+    kv_events_topic: str = Field("kv", min_length=1, max_length=64)
+    bootstrap_port: int = Field(8998, gt=0, le=65535)
+    args: list[str] = Field(default_factory=list, max_length=256)
+    launcher: list[str] = Field(default_factory=lambda: list(DEFAULT_LAUNCHER), min_length=1, max_length=16)
+    """The command that starts SGLang, before its arguments. The default runs the installed
+    ``sglang`` package; tests point it at a stand-in."""
+    require_gpu: bool = True
+    """Refuse to start without a visible NVIDIA GPU (``/dev/nvidia*``); tests with a stand-in turn it off."""
+    ready_timeout_s: float = Field(1800.0, gt=0)
+    stop_timeout_s: float = Field(30.0, gt=0, le=600)
+    load_poll_s: float = Field(0.5, gt=0)
+    """How often ``/v1/loads`` is read for the load reports."""
+    request_timeout_s: float = Field(3600.0, gt=0)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def host_tier_gib(self, host_kv_bytes: int) -> int:
+        return self.host_kv_gib if self.host_kv_gib is not None else host_kv_bytes >> 30
+
+
 class EngineConfig(_Model):
     node_id: str = Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     host: str = "127.0.0.1"
@@ -141,8 +185,8 @@ class EngineConfig(_Model):
     """Requests queued beyond this are handed back (``requeue``) instead of admitted."""
     sim: SimSettings = SimSettings()
     fetch: FetchSettings = FetchSettings()
-    sglang_url: str | None = None
-    """The ``sglang`` backend: the upstream server this agent drives."""
+    sglang: SglangSettings | None = None
+    """The ``sglang`` backend's server (required with ``backend: sglang``)."""
 
     @model_validator(mode="after")
     def _check(self) -> EngineConfig:
@@ -150,10 +194,18 @@ class EngineConfig(_Model):
             raise ValueError("blockBytes must be a multiple of 8")
         if self.host_kv_bytes < self.block_bytes:
             raise ValueError("hostKvBytes must hold at least one block (blockBytes)")
+        if self.backend == "sglang" and self.sglang is None:
+            raise ValueError("backend sglang needs the sglang section (at least sglang.model)")
+        if self.backend == "sglang" and self.sglang is not None and self.sglang.port == self.port:
+            raise ValueError("sglang.port must differ from the agent's port")
         return self
 
     @property
     def host_slots(self) -> int:
+        """Slots of the agent's own host pool. With ``sglang`` the host tier is SGLang's (HiCache,
+        ``hostKvBytes`` of it): the agent's pool is a small one that peers' lease calls find empty."""
+        if self.backend == "sglang":
+            return max(1, min(self.host_kv_bytes, 64 * self.block_bytes) // self.block_bytes)
         return self.host_kv_bytes // self.block_bytes
 
     def peer_url(self, node: str) -> str | None:

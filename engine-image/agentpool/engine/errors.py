@@ -39,3 +39,15 @@ class FetchError(EngineError):
     Temporary by nature: the caller recomputes the blocks instead."""
 
     status = 502
+
+
+class SwitchFailed(EngineError):
+    """The backend refused a role switch and still serves its old role."""
+
+    status = 502
+
+
+class BackendUnavailable(EngineError):
+    """The configured backend cannot run here (a package or a device it needs is missing)."""
+
+    status = 503

@@ -1,9 +1,11 @@
-"""One generate request inside the engine: its node-model record and the event stream back to the router."""
+"""One generate request inside the engine: the event stream back to the router (:class:`EventStream`,
+any backend) and, for the ``sim`` backend, its node-model record (:class:`Job`)."""
 
 from __future__ import annotations
 
 import asyncio
 import enum
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,22 +21,15 @@ class JobState(enum.StrEnum):
 
 
 @dataclass(eq=False)
-class Job:
+class EventStream:
+    """A request's events for the router; ``on_cancel``: what the backend does when the router hangs up."""
+
     request_id: str
     phase: str  # both | prefill | decode
-    req: Request
-    hashes: list[int]
     state: JobState = JobState.QUEUED
-    tokens_sent: int = 0
-    fetching: bool = False
-    fetched_tokens: int = 0
-    cached_at_start: int = -1  # tokens of the prompt held locally when the prefill started
     events: asyncio.Queue[dict[str, Any] | None] = field(default_factory=asyncio.Queue)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
-
-    @property
-    def output_tokens(self) -> int:
-        return self.req.output_tokens
+    on_cancel: Callable[[], None] | None = None
 
     def emit(self, event: dict[str, Any]) -> None:
         if self.state is not JobState.FINISHED:
@@ -56,6 +51,31 @@ class Job:
         task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+
+    def cancel(self) -> None:
+        if self.on_cancel is not None:
+            self.on_cancel()
+
+    async def stream(self) -> AsyncIterator[dict[str, Any]]:
+        while True:
+            ev = await self.events.get()
+            if ev is None:
+                return
+            yield ev
+
+
+@dataclass(eq=False, kw_only=True)
+class Job(EventStream):
+    req: Request
+    hashes: list[int]
+    tokens_sent: int = 0
+    fetching: bool = False
+    fetched_tokens: int = 0
+    cached_at_start: int = -1  # tokens of the prompt held locally when the prefill started
+
+    @property
+    def output_tokens(self) -> int:
+        return self.req.output_tokens
 
 
 def token_text(i: int) -> str:

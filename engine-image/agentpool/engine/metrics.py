@@ -67,6 +67,12 @@ class EngineMetrics:
             ["from_role", "to_role"],
             registry=r,
         )
+        self.switch_failures = Counter(
+            "agentpool_engine_switch_failures_total",
+            "Role switches the backend refused (the node serves its old role), by from and to role",
+            ["from_role", "to_role"],
+            registry=r,
+        )
         self.switch_seconds = Histogram(
             "agentpool_engine_switch_seconds",
             "Role switch time: part=total (desired role seen to serving), drain, switch (after the drain)",

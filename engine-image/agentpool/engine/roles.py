@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from agentpool.engine.errors import SwitchFailed
 from agentpool.engine.metrics import EngineMetrics
 from agentpool.node import Role
 
@@ -112,7 +113,16 @@ class Switcher:
             return
         t1 = time.monotonic()
         target = self.desired or old  # the latest desired role (it may have changed while draining)
-        await b.switch(target)
+        try:
+            await b.switch(target)
+        except SwitchFailed as e:  # the backend serves the old role again
+            self.switching = False
+            self.metrics.draining.set(0)
+            self.metrics.switch_failures.labels(old.value, target.value).inc()
+            self.history.append({"from": old.value, "to": target.value, "failed": str(e)})
+            log.error("switch %s -> %s failed, serving %s: %s", old, target, b.role, e)
+            self.on_state()
+            return
         if self.on_switched is not None:
             await self.on_switched(target)
         t2 = time.monotonic()

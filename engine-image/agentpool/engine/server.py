@@ -53,17 +53,19 @@ async def generate(request: web.Request) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"content-type": "application/x-ndjson"})
     await resp.prepare(request)
     if job is None:
-        reason = "draining" if backend.draining else f"not serving {g.phase} as {backend.role.value}"
+        reason = backend.not_ready_reason() or (
+            "draining" if backend.draining else f"not serving {g.phase} as {backend.role.value}"
+        )
         engine.metrics.requeued.labels("not-admitted").inc()
         await resp.write(_line({"type": "requeue", "reason": reason}))
         return resp
     try:
-        async for ev in backend.events(job):
+        async for ev in job.stream():
             await resp.write(_line(ev))
     except ConnectionError:  # the router hung up
-        backend.cancel(job)
+        job.cancel()
     except asyncio.CancelledError:
-        backend.cancel(job)
+        job.cancel()
         raise
     return resp
 

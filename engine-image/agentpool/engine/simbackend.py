@@ -22,20 +22,21 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from typing import Any
 
 from agentpool.directory.client import DirectoryClient, DirectoryRpcError
+from agentpool.engine.backend import BackendLoad, BackendParts
 from agentpool.engine.config import EngineConfig
 from agentpool.engine.errors import BadRequestError, FetchError
 from agentpool.engine.hostpool import HostPool
 from agentpool.engine.jobs import Job, JobState, token_text
 from agentpool.engine.kv_peers import KvExporter, PeerFetcher
-from agentpool.engine.kvstate import KvLedger
+from agentpool.engine.kvstate import KvEventSink, KvLedger, NoSink
 from agentpool.engine.metrics import EngineMetrics
-from agentpool.kv import block_hashes
-from agentpool.node import Iteration, Node, NodeLoad, NodeStatus, Request, Role
-from agentpool.wire.engine import GenerateRequest
+from agentpool.kv import HeldBlock, block_hashes
+from agentpool.node import GpuCache, Iteration, Node, NodeLoad, NodeStatus, Request, Role
+from agentpool.wire.engine import GenerateRequest, QueuedItem
 from agentpool.wire.iterations import (
     MAX_ITERATIONS_PER_REPORT,
     WireDecodeIteration,
@@ -55,6 +56,13 @@ _ACCEPTS = {
 
 
 class SimBackend:
+    @classmethod
+    def create(cls, parts: BackendParts) -> SimBackend:
+        cfg = parts.cfg
+        gpu = GpuCache(max(1, cfg.sim.gpu_kv_tokens // cfg.page_size))
+        ledger = KvLedger(gpu, parts.pool, NoSink())
+        return cls(cfg, ledger, parts.pool, parts.exporter, parts.fetcher, parts.metrics, parts.directory)
+
     def __init__(
         self,
         cfg: EngineConfig,
@@ -118,7 +126,7 @@ class SimBackend:
     def drained(self) -> bool:
         return self.node.drained and self._handovers == 0
 
-    def load(self) -> NodeLoad:
+    def node_load(self) -> NodeLoad:
         return self.node.load(self.now())
 
     def request_id_of(self, rid: int) -> str:
@@ -233,7 +241,8 @@ class SimBackend:
         self._rid += 1
         now = self.now()
         req = Request(self._rid, len(g.prompt_token_ids), out, hashes, [], "", now)
-        job = Job(g.request_id, g.phase, req, hashes)
+        job = Job(request_id=g.request_id, phase=g.phase, req=req, hashes=hashes)
+        job.on_cancel = lambda: self.cancel(job)
         self.jobs[req.rid] = job
         if g.phase == "decode":
             assert g.kv_source is not None
@@ -417,9 +426,42 @@ class SimBackend:
         self.node.finish_switch(role)
         self.kick()
 
-    async def events(self, job: Job) -> AsyncIterator[dict[str, Any]]:
-        while True:
-            ev = await job.events.get()
-            if ev is None:
-                return
-            yield ev
+    # -- views --------------------------------------------------------------------------------
+    @property
+    def gpu_blocks(self) -> int:
+        return len(self.ledger.gpu)
+
+    def held_blocks(self) -> list[HeldBlock]:
+        return self.ledger.held_blocks()
+
+    def attach_sink(self, sink: KvEventSink, request_resync: Callable[[], None]) -> None:
+        self.ledger.sink = sink
+
+    def not_ready_reason(self) -> str:
+        return ""
+
+    def load(self) -> BackendLoad:
+        n = self.node_load()
+        decoded, self.decoded_since_report = self.decoded_since_report, False
+        return BackendLoad(
+            role=n.role,
+            remaining_batch_s=self.wall(n.remaining_batch_s),
+            queue=[
+                QueuedItem(request_id=self.request_id_of(q.rid), t_uc=q.uncached_tokens, t_c=q.cached_tokens)
+                for q in n.queue
+            ][:100_000],
+            running_decode=n.running + n.joining,
+            kv_room_tokens=n.kv_room_tokens,
+            kv_used_tokens=n.kv_used_tokens,
+            t_acc=self.cfg.sim.t_acc if decoded else None,
+            iterations=self.take_iterations(),
+        )
+
+    def state(self) -> dict[str, Any]:
+        n = self.node_load()
+        return {
+            "queue": len(n.queue),
+            "running": n.running,
+            "jobs": len(self.jobs),
+            "gpu_blocks": len(self.ledger.gpu),
+        }

@@ -26,6 +26,8 @@ def test_a_prefill_node_runs_disaggregated_with_role_switching_over_nixl() -> No
     assert flag(args, "--hicache-write-policy") == "write_through"
     assert flag(args, "--page-size") == "64" and flag(args, "--port") == "30001"
     assert "--enable-metrics" in args
+    assert flag(args, "--disaggregation-bootstrap-port") == "8998"
+    assert "--tp-size" not in args  # SGLang's default unless set
     kv = json.loads(flag(args, "--kv-events-config"))
     assert kv == {"bind": True, "endpoint": "tcp://127.0.0.1:5557", "publisher": "zmq", "topic": "kv"}
 
@@ -45,8 +47,18 @@ def test_a_colocated_node_is_not_disaggregated_and_has_no_host_tier_without_memo
         SglangLaunch("m", Role.DECODE, tp_size=0),
         SglangLaunch("m", Role.DECODE, extra=("--page-size", "16")),
         SglangLaunch("m", Role.DECODE, extra=("--disaggregation-transfer-backend=mooncake",)),
+        SglangLaunch("m", Role.DECODE, tp_size=2, extra=("--tp-size", "4")),
+        SglangLaunch("m", Role.DECODE, bootstrap_port=70000),
     ],
 )
 def test_invalid_settings_are_refused(launch: SglangLaunch) -> None:
     with pytest.raises(LaunchError):
         build_args(launch)
+
+
+def test_the_launcher_and_tp_size_come_first_and_from_the_settings() -> None:
+    args = build_args(SglangLaunch("m", Role.DECODE, tp_size=4), launcher=("/usr/bin/stand-in", "-x"))
+    assert args[:4] == ["/usr/bin/stand-in", "-x", "--model-path", "m"]
+    assert flag(args, "--tp-size") == "4"
+    with pytest.raises(LaunchError, match="empty"):
+        build_args(SglangLaunch("m", Role.DECODE), launcher=())

@@ -21,11 +21,11 @@ _OWNED = frozenset(
         "--served-model-name",
         "--host",
         "--port",
-        "--tp-size",
         "--page-size",
         "--disaggregation-mode",
         "--enable-pd-role-switch",
         "--disaggregation-transfer-backend",
+        "--disaggregation-bootstrap-port",
         "--enable-hierarchical-cache",
         "--enable-hicache",
         "--hicache-size",
@@ -48,12 +48,16 @@ class SglangLaunch:
     port: int = 30000
     host: str = "127.0.0.1"
     served_name: str | None = None
-    tp_size: int = 1
+    tp_size: int | None = None  # None: SGLang's default, or ``--tp-size`` among ``extra``
     page_size: int = 64
     host_kv_gib: int = 0  # 0: no host tier
     kv_events_endpoint: str = "tcp://127.0.0.1:5557"
     kv_events_topic: str = "kv"
+    bootstrap_port: int = 8998
     extra: tuple[str, ...] = ()
+
+
+DEFAULT_LAUNCHER = ("python3", "-m", "sglang.launch_server")
 
 
 def kv_events_config(endpoint: str, topic: str) -> str:
@@ -63,30 +67,30 @@ def kv_events_config(endpoint: str, topic: str) -> str:
     )
 
 
-def build_args(s: SglangLaunch, python: str = "python3") -> list[str]:
-    """``python -m sglang.launch_server ...`` for ``s``."""
+def build_args(s: SglangLaunch, launcher: Sequence[str] = DEFAULT_LAUNCHER) -> list[str]:
+    """``launcher`` (``python3 -m sglang.launch_server``) followed by the arguments for ``s``."""
+    if not launcher:
+        raise LaunchError("the launcher command is empty")
     if not s.model:
         raise LaunchError("a model is required")
-    if not 0 < s.port < 65536:
-        raise LaunchError(f"port out of range: {s.port}")
-    if s.tp_size < 1 or s.page_size < 1 or s.host_kv_gib < 0:
+    for name, port in (("port", s.port), ("bootstrap_port", s.bootstrap_port)):
+        if not 0 < port < 65536:
+            raise LaunchError(f"{name} out of range: {port}")
+    if (s.tp_size is not None and s.tp_size < 1) or s.page_size < 1 or s.host_kv_gib < 0:
         raise LaunchError("tp_size and page_size must be positive, host_kv_gib non-negative")
-    clash = sorted({a.split("=", 1)[0] for a in s.extra if a.startswith("--")} & _OWNED)
+    given = {a.split("=", 1)[0] for a in s.extra if a.startswith("--")}
+    clash = sorted(given & _OWNED)
     if clash:
         raise LaunchError(f"extra arguments may not set what the engine agent sets: {', '.join(clash)}")
-    args = [python, "-m", "sglang.launch_server", "--model-path", s.model]
+    if s.tp_size is not None and "--tp-size" in given:
+        raise LaunchError("--tp-size is set twice: by tp_size and among the extra arguments")
+    args = [*launcher, "--model-path", s.model]
     if s.served_name:
         args += ["--served-model-name", s.served_name]
-    args += [
-        "--host",
-        s.host,
-        "--port",
-        str(s.port),
-        "--tp-size",
-        str(s.tp_size),
-        "--page-size",
-        str(s.page_size),
-    ]
+    args += ["--host", s.host, "--port", str(s.port)]
+    if s.tp_size is not None:
+        args += ["--tp-size", str(s.tp_size)]
+    args += ["--page-size", str(s.page_size)]
     if s.role is not Role.BOTH:
         args += [
             "--disaggregation-mode",
@@ -94,6 +98,8 @@ def build_args(s: SglangLaunch, python: str = "python3") -> list[str]:
             "--enable-pd-role-switch",
             "--disaggregation-transfer-backend",
             "nixl",
+            "--disaggregation-bootstrap-port",
+            str(s.bootstrap_port),
         ]
     if s.host_kv_gib:
         args += [

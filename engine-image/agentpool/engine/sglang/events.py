@@ -10,6 +10,11 @@ SGLang's block hashes are not ours: :class:`SglangKvMirror` recomputes our chain
 token ids each ``BlockStored`` carries (and the mapped parent), keeps the mapping, and emits our
 ``stored``/``removed`` events per tier (``GPU`` -> GPU, ``CPU_PINNED`` -> host) on a sink. A gap in
 ``seq`` means lost events: the caller resyncs the directory from the mirror's block list.
+
+Role switch: SGLang's ``/pd_role_switch`` clears its prefix cache, host tier included, and publishes
+``AllBlocksCleared``. The agent calls :meth:`SglangKvMirror.expect_switch_clear` before a switch: the
+next ``AllBlocksCleared`` then removes the GPU tier only, and the node's host-tier blocks stay in the
+mirror and in the directory (the pool stays authoritative for them across the switch).
 """
 
 from __future__ import annotations
@@ -145,6 +150,8 @@ class SglangKvMirror:
         self.gaps = 0
         self.unmapped_blocks = 0
         self.ignored_events = 0
+        self.keep_host_on_clear = False
+        self.kept_across_switch = 0
 
     def apply(self, batch: Batch) -> bool:
         """Apply one batch; True when events were lost before it (a gap in ``seq``): resync."""
@@ -202,12 +209,35 @@ class SglangKvMirror:
         if gone:
             self.sink.removed(gone, tier)
 
+    def expect_switch_clear(self, expect: bool = True) -> None:
+        """A role switch is under way (``False``: over): its ``AllBlocksCleared`` keeps the host tier."""
+        self.keep_host_on_clear = expect
+
     def _cleared(self) -> None:
+        if self.keep_host_on_clear:
+            self.keep_host_on_clear = False
+            self._clear_gpu_tier()
+            return
         if self.tiers:
             self.sink.removed(list(self.tiers), ALL_TIERS)
         self.ours.clear()
         self.tiers.clear()
         self.parent_of.clear()
+
+    def _clear_gpu_tier(self) -> None:
+        gpu = [h for h, t in self.tiers.items() if t & Tier.GPU]
+        if gpu:
+            self.sink.removed(gpu, Tier.GPU)
+        for h in gpu:
+            left = self.tiers[h] & ~Tier.GPU
+            if left:
+                self.tiers[h] = left
+            else:
+                del self.tiers[h]
+        kept = set(self.tiers)
+        self.kept_across_switch = len(kept)
+        self.ours = {theirs: h for theirs, h in self.ours.items() if h in kept}
+        self.parent_of = {h: p for h, p in self.parent_of.items() if h in kept}
 
     def held_blocks(self) -> list[HeldBlock]:
         """The mirror's blocks, parents before children (a directory resync)."""

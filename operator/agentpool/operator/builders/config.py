@@ -69,7 +69,7 @@ def planner_settings(spec: AgentServingPoolSpec) -> str | None:
     return json.dumps(values, default=str, sort_keys=True)
 
 
-SGLANG_URL = "http://127.0.0.1:30000"
+SGLANG_PORT = 30000
 ENGINE_CONFIG_LIMIT = 900_000
 """Bytes of engine configs one ConfigMap may hold (the API server's limit is 1 MiB)."""
 
@@ -106,7 +106,13 @@ def engine_config(pool: PoolRef, spec: AgentServingPoolSpec, ordinal: int) -> st
     if spec.engine.backend == "sim" and experts is not None:
         values["sim"] = {"expertsActive": experts.active, "expertsTotal": experts.total}
     if spec.engine.backend == "sglang":
-        values["sglangUrl"] = SGLANG_URL
+        # the agent launches SGLang on SGLANG_PORT; spec.engine.args go to SGLang
+        values["sglang"] = {
+            "model": spec.model.name,
+            "servedName": spec.model.served_name or spec.model.name,
+            "port": SGLANG_PORT,
+            "args": list(spec.engine.args),
+        }
     return json.dumps(values, sort_keys=True)
 
 

@@ -1,0 +1,417 @@
+"""The ``sglang`` backend: upstream SGLang as the agent's child process, driven over its HTTP API.
+
+- **Launch**: ``sglang.launcher`` (``python3 -m sglang.launch_server``) with the arguments of
+  :func:`agentpool.engine.sglang.args.build_args`; the agent refuses to start (exit 2) when the
+  ``sglang`` package (default launcher) or a GPU (``requireGpu``) is missing. ``/ready`` answers 503
+  until SGLang's ``/health`` does; SGLang exiting stops the agent (exit 1); SIGTERM stops SGLang.
+- **Generate**: forwarded to ``/generate`` (:mod:`.generate`), SGLang's stream translated to our
+  events. P->D uses SGLang's own bootstrap transfer: the prefill node answers ``prefilled`` at once
+  with a transfer id naming its bootstrap room while its SGLang waits for the decode node to pull
+  the KV; the decode node asks its SGLang with that room.
+- **KV events**: SGLang's ZMQ publisher -> :class:`SglangKvMirror` -> the directory link.
+- **Load**: ``/v1/loads`` every ``loadPollS``; the queue is this agent's requests with no output yet.
+- **Switch**: drain (queued colocated requests are aborted in SGLang and handed back), then
+  ``/pause_generation``, ``/pd_role_switch``, ``/continue_generation``; the mirror keeps the host
+  tier across the switch's ``AllBlocksCleared``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import glob
+import importlib.util
+import itertools
+import logging
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from agentpool.engine.backend import BackendLoad, BackendParts
+from agentpool.engine.config import EngineConfig, SglangSettings
+from agentpool.engine.errors import BackendUnavailable, BadRequestError, SwitchFailed
+from agentpool.engine.jobs import EventStream, JobState
+from agentpool.engine.kvstate import KvEventSink, NoSink
+from agentpool.engine.metrics import EngineMetrics
+from agentpool.engine.sglang.args import DEFAULT_LAUNCHER, LaunchError, SglangLaunch, build_args
+from agentpool.engine.sglang.control import SglangControl, SglangError, SglangLoad
+from agentpool.engine.sglang.events import SglangKvMirror
+from agentpool.engine.sglang.generate import (
+    Chunk,
+    parse_answer,
+    parse_sse_line,
+    parse_transfer_id,
+    sampling_params,
+    transfer_id,
+)
+from agentpool.engine.sglang.process import SglangProcess
+from agentpool.engine.sglang.zmq_bridge import ZmqKvBridge
+from agentpool.kv import HeldBlock, Role, Tier
+from agentpool.wire.engine import GenerateRequest, QueuedItem
+
+log = logging.getLogger(__name__)
+
+_ACCEPTS = {
+    Role.PREFILL: {"prefill", "both"},
+    Role.DECODE: {"decode"},
+    Role.BOTH: {"both", "prefill", "decode"},
+}
+_SWITCH_CLEAR_GRACE_S = 30.0  # how long after a switch its AllBlocksCleared may still arrive
+
+
+def preflight(s: SglangSettings) -> None:
+    """Refuse to run where SGLang cannot: a clear reason, no fallback to another backend."""
+    if tuple(s.launcher) == DEFAULT_LAUNCHER and importlib.util.find_spec("sglang") is None:
+        raise BackendUnavailable(
+            "backend sglang: the sglang package is not installed here (python3 -m sglang.launch_server "
+            "cannot run); run the engine image, or use backend sim on a machine without GPUs"
+        )
+    if s.require_gpu and not glob.glob("/dev/nvidia[0-9]*"):
+        raise BackendUnavailable(
+            "backend sglang needs an NVIDIA GPU and none is visible (no /dev/nvidia* device); "
+            "give the pod nvidia.com/gpu, or use backend sim"
+        )
+
+
+def launch_argv(cfg: EngineConfig, s: SglangSettings) -> list[str]:
+    launch = SglangLaunch(
+        model=s.model,
+        role=cfg.role,
+        port=s.port,
+        served_name=s.served_name,
+        tp_size=s.tp_size,
+        page_size=cfg.page_size,
+        host_kv_gib=s.host_tier_gib(cfg.host_kv_bytes),
+        kv_events_endpoint=s.kv_events_endpoint,
+        kv_events_topic=s.kv_events_topic,
+        bootstrap_port=s.bootstrap_port,
+        extra=tuple(s.args),
+    )
+    try:
+        return build_args(launch, s.launcher)
+    except LaunchError as e:
+        raise BackendUnavailable(f"backend sglang: {e}") from None
+
+
+@dataclass(eq=False, kw_only=True)
+class SglangJob(EventStream):
+    rid: str
+    prompt_tokens: int
+    output: bool = False  # SGLang answered with output (or the prefill was handed over)
+    text: str = ""
+
+
+class SglangBackend:
+    @classmethod
+    def create(cls, parts: BackendParts) -> SglangBackend:
+        cfg = parts.cfg
+        assert cfg.sglang is not None  # the config requires it with backend sglang
+        preflight(cfg.sglang)
+        return cls(cfg, cfg.sglang, launch_argv(cfg, cfg.sglang), parts.metrics)
+
+    def __init__(self, cfg: EngineConfig, s: SglangSettings, argv: list[str], metrics: EngineMetrics) -> None:
+        self.cfg = cfg
+        self.s = s
+        self.argv = argv
+        self.metrics = metrics
+        self.url = s.url
+        self._role = cfg.role
+        self._draining = False
+        self._ready = False
+        self.jobs: dict[str, SglangJob] = {}  # by SGLang rid: in SGLang now
+        self.mirror = SglangKvMirror(cfg.page_size, NoSink())
+        self._request_resync: Callable[[], None] = lambda: None
+        self.bridge = ZmqKvBridge(s.kv_events_endpoint, s.kv_events_topic, self.mirror, self._on_gap)
+        self.process = SglangProcess(argv)
+        self.last_load: SglangLoad | None = None
+        self.load_errors = 0
+        self._http: aiohttp.ClientSession | None = None
+        self._control: SglangControl | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._seq = itertools.count()
+        self._clear_grace: asyncio.TimerHandle | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    async def run(self) -> None:
+        async with aiohttp.ClientSession() as http:
+            self._http = http
+            self._control = SglangControl(self.url, http)
+            bridge = asyncio.create_task(self.bridge.run())  # SUB connects before SGLang binds: fine
+            try:
+                await self.process.start()
+                await self.process.wait_healthy(http, self.url, self.s.ready_timeout_s)
+                self._ready = True
+                await self._poll_load_once()
+                await asyncio.gather(self.process.watch(), self._poll_loads())
+            finally:
+                self._ready = False
+                bridge.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await bridge
+                for job in list(self.jobs.values()):
+                    job.finish({"type": "error", "message": "the engine is stopping"})
+                await self.process.stop(self.s.stop_timeout_s)
+
+    async def _poll_loads(self) -> None:
+        while True:
+            await asyncio.sleep(self.s.load_poll_s)
+            await self._poll_load_once()
+
+    async def _poll_load_once(self) -> None:
+        assert self._control is not None
+        try:
+            self.last_load = await self._control.load()
+        except SglangError as e:
+            self.load_errors += 1
+            log.warning("SGLang load not read: %s", e)
+
+    def _on_gap(self) -> None:
+        self._request_resync()
+
+    # -- state --------------------------------------------------------------------------------
+    @property
+    def role(self) -> Role:
+        return self._role
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @property
+    def drained(self) -> bool:
+        return self._draining and not self.jobs
+
+    @property
+    def gpu_blocks(self) -> int:
+        return sum(1 for t in self.mirror.tiers.values() if t & Tier.GPU)
+
+    def not_ready_reason(self) -> str:
+        return "" if self._ready else "waiting for SGLang to become healthy"
+
+    def held_blocks(self) -> list[HeldBlock]:
+        return self.mirror.held_blocks()
+
+    def attach_sink(self, sink: KvEventSink, request_resync: Callable[[], None]) -> None:
+        self.mirror.sink = sink
+        self._request_resync = request_resync
+
+    def _queued(self) -> list[SglangJob]:
+        return [j for j in self.jobs.values() if not j.output]
+
+    def load(self) -> BackendLoad:
+        sl = self.last_load
+        queued = self._queued()
+        return BackendLoad(
+            role=self._role,
+            remaining_batch_s=0.0,
+            queue=[QueuedItem(request_id=j.request_id, t_uc=j.prompt_tokens) for j in queued][:100_000],
+            running_decode=0 if sl is None else sl.running,
+            kv_room_tokens=0 if sl is None else max(0, sl.capacity_tokens - sl.used_tokens),
+            kv_used_tokens=0 if sl is None else sl.used_tokens,
+            t_acc=None,
+            iterations=[],
+        )
+
+    def state(self) -> dict[str, Any]:
+        sl = self.last_load
+        return {
+            "queue": len(self._queued()),
+            "running": len(self.jobs) - len(self._queued()),
+            "jobs": len(self.jobs),
+            "gpu_blocks": self.gpu_blocks,
+            "sglang": {
+                "ready": self._ready,
+                "pid": self.process.pid,
+                "running": None if sl is None else sl.running,
+                "waiting": None if sl is None else sl.waiting,
+                "kv_event_batches": self.bridge.received,
+                "kv_event_gaps": self.mirror.gaps,
+                "mirror_blocks": len(self.mirror.tiers),
+                "kept_across_switch": self.mirror.kept_across_switch,
+            },
+        }
+
+    # -- generate -----------------------------------------------------------------------------
+    def admit(self, g: GenerateRequest) -> EventStream | None:
+        ids = g.prompt_token_ids
+        if not ids:
+            raise BadRequestError("prompt_token_ids is empty")
+        if min(ids) < 0 or max(ids) >= 1 << 32:
+            raise BadRequestError("prompt_token_ids must be token ids in [0, 2**32)")
+        params = sampling_params(g.body, self.cfg.sim.default_max_tokens, self.cfg.sim.max_tokens_limit)
+        payload: dict[str, Any] = {"input_ids": ids, "sampling_params": params, "stream": True}
+        if g.phase == "decode":
+            if g.kv_source is None:
+                raise BadRequestError("a decode request needs kv_source")
+            port, room = parse_transfer_id(g.kv_source.transfer_id)
+            host = urlsplit(g.kv_source.url).hostname
+            if not host:
+                raise BadRequestError(f"kv_source.url has no host: {g.kv_source.url[:200]!r}")
+            payload |= {"bootstrap_host": host, "bootstrap_port": port, "bootstrap_room": room}
+        if not self._ready or self._draining or g.phase not in _ACCEPTS[self._role]:
+            return None
+        if g.phase != "decode" and len(self._queued()) >= self.cfg.max_queue:
+            return None
+        rid = f"{self.cfg.node_id}-{next(self._seq)}-{g.request_id}"[:256]
+        payload["rid"] = rid
+        job = SglangJob(request_id=g.request_id, phase=g.phase, rid=rid, prompt_tokens=len(ids))
+        job.on_cancel = lambda: self._abort(job, None)
+        if g.phase == "prefill":
+            room = secrets.randbits(63)
+            payload |= {
+                "bootstrap_host": self._bootstrap_host(),
+                "bootstrap_port": self.s.bootstrap_port,
+                "bootstrap_room": room,
+                "stream": False,
+            }
+        self.jobs[rid] = job
+        self._idle.clear()
+        asyncio.get_running_loop().create_task(self._forward(job, payload))
+        if g.phase == "prefill":
+            # SGLang's prefill waits for the decode node to pull the KV: the router learns the room now
+            job.output = True
+            job.emit({"type": "started", "cached_tokens": 0, "fetched_tokens": 0})
+            self.metrics.requests.labels("prefill", "prefilled").inc()
+            handover = transfer_id(room, self.s.bootstrap_port)
+            job.finish({"type": "prefilled", "text": "", "transfer_id": handover})
+        return job
+
+    def _bootstrap_host(self) -> str:
+        url = self.cfg.advertise_url
+        host = urlsplit(url).hostname if url else None
+        return host or self.cfg.host
+
+    async def _forward(self, job: SglangJob, payload: dict[str, Any]) -> None:
+        assert self._http is not None
+        timeout = aiohttp.ClientTimeout(total=self.s.request_timeout_s, sock_connect=10)
+        try:
+            async with self._http.post(self.url + "/generate", json=payload, timeout=timeout) as r:
+                if r.status != 200:
+                    text = (await r.text())[:500]
+                    status = r.status if 400 <= r.status < 500 else 502
+                    self._fail(job, f"SGLang answered HTTP {r.status}: {text}", status)
+                    return
+                if not payload["stream"]:
+                    self._prefill_answer(job, parse_answer(await r.json(content_type=None)))
+                    return
+                last: Chunk | None = None
+                async for line in r.content:
+                    chunk = parse_sse_line(line)
+                    if chunk is None:
+                        continue
+                    last = chunk
+                    if chunk.error is not None:
+                        self._fail(job, f"SGLang: {chunk.error}", 502)
+                        return
+                    self._chunk(job, chunk)
+                    if chunk.finish_reason is not None:
+                        break
+                if last is None or last.finish_reason is None:
+                    self._fail(job, "SGLang's stream ended without a finish reason", 502)
+                else:
+                    self._done(job, last)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+            self._fail(job, f"SGLang request failed: {type(e).__name__}: {e}", 502)
+        finally:
+            self._gone(job)
+
+    def _chunk(self, job: SglangJob, c: Chunk) -> None:
+        if not job.output:
+            job.output = True
+            job.state = JobState.DECODE
+            job.emit({"type": "started", "cached_tokens": c.cached_tokens, "fetched_tokens": 0})
+        delta = c.text[len(job.text) :] if c.text.startswith(job.text) else c.text
+        job.text = c.text
+        if delta:
+            job.emit({"type": "token", "text": delta})
+
+    def _done(self, job: SglangJob, c: Chunk) -> None:
+        if c.finish_reason == "abort":
+            self._fail(job, "SGLang aborted the request", 502)
+            return
+        usage = {
+            "prompt_tokens": c.prompt_tokens,
+            "completion_tokens": c.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": c.cached_tokens},
+        }
+        self.metrics.requests.labels(job.phase, "done").inc()
+        job.finish({"type": "done", "finish_reason": c.finish_reason, "usage": usage})
+
+    def _prefill_answer(self, job: SglangJob, c: Chunk) -> None:
+        """The prefill request ended (its KV went to the decode node, or SGLang gave up on it)."""
+        if c.error is not None or c.finish_reason == "abort":
+            self.metrics.fetch_failures.labels("handover").inc()
+            log.warning("SGLang prefill %s ended without a hand-over: %s", job.rid, c.error or "aborted")
+
+    def _fail(self, job: SglangJob, message: str, status: int) -> None:
+        self.metrics.requests.labels(job.phase, "error").inc()
+        log.warning("%s (%s): %s", job.request_id, job.phase, message)
+        event: dict[str, Any] = {"type": "error", "message": message}
+        if status < 500:
+            event["status"] = status
+        job.finish(event)
+
+    def _gone(self, job: SglangJob) -> None:
+        self.jobs.pop(job.rid, None)
+        job.finish()
+        if not self.jobs:
+            self._idle.set()
+
+    def _abort(self, job: SglangJob, requeue: str | None) -> None:
+        """Take ``job`` out of SGLang (the router hung up, or a drain hands it back)."""
+        if requeue is not None:
+            self.metrics.requeued.labels(requeue).inc()
+            job.finish({"type": "requeue", "reason": requeue})
+        else:
+            job.finish()
+        if self._control is not None and job.rid in self.jobs:
+            asyncio.get_running_loop().create_task(self._abort_in_sglang(job.rid))
+
+    async def _abort_in_sglang(self, rid: str) -> None:
+        assert self._http is not None
+        try:
+            async with self._http.post(
+                self.url + "/abort_request", json={"rid": rid}, timeout=aiohttp.ClientTimeout(total=10)
+            ) as r:
+                if r.status != 200:
+                    log.warning("SGLang /abort_request %s: HTTP %d", rid, r.status)
+        except (aiohttp.ClientError, TimeoutError) as e:
+            log.warning("SGLang /abort_request %s: %s", rid, e)
+
+    # -- drain and switch ---------------------------------------------------------------------
+    def begin_drain(self) -> None:
+        self._draining = True
+        for job in self._queued():
+            if job.phase == "both":  # not started in SGLang: another node serves it
+                self._abort(job, "draining")
+
+    async def wait_drained(self) -> None:
+        await self._idle.wait()
+
+    async def switch(self, role: Role) -> None:
+        assert self._control is not None
+        if role is self._role:
+            self._draining = False
+            return
+        if Role.BOTH in (role, self._role):
+            self._draining = False
+            raise SwitchFailed(f"SGLang switches between prefill and decode only ({self._role} -> {role})")
+        if self._clear_grace is not None:
+            self._clear_grace.cancel()
+        self.mirror.expect_switch_clear()
+        try:
+            await self._control.switch(role)
+        except SglangError as e:
+            self.mirror.expect_switch_clear(False)
+            self._draining = False
+            raise SwitchFailed(str(e)) from None
+        self._clear_grace = asyncio.get_running_loop().call_later(
+            _SWITCH_CLEAR_GRACE_S, self.mirror.expect_switch_clear, False
+        )
+        self._role = role
+        self._draining = False

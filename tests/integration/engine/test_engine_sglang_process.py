@@ -1,0 +1,246 @@
+"""The engine agent with ``backend: sglang`` from its command line, launching a stand-in SGLang
+(``sglang_standin.py``: SGLang's HTTP endpoints and ZMQ KV-event frames) as a real child process:
+readiness, generate forwarding and streaming, KV events to the directory on Redis, load reports from
+``/v1/loads``, a role switch through SGLang's endpoints that keeps the node's host blocks in the
+directory, P->D bootstrap fields, and a clean stop. Plus the clear refusals where SGLang cannot run."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from engine_processes import PAGE, engine_config, gen_body, generate, start_engine, state, wait_until
+from process_helpers import free_port, launch, redis_namespace, start_directory
+
+from agentpool.directory.client import DirectoryClient
+from agentpool.kv import block_hashes
+
+pytestmark = pytest.mark.integration
+TOKEN = "s" * 32
+STANDIN = str(Path(__file__).with_name("sglang_standin.py"))
+
+
+@pytest.fixture
+async def namespace() -> AsyncIterator[str]:
+    async with redis_namespace("agentpool-engine-sglang") as ns:
+        yield ns
+
+
+class ReportSink:
+    """Where the engine posts load reports (answers as a router does, with its router id)."""
+
+    def __init__(self) -> None:
+        self.reports: list[dict[str, Any]] = []
+
+    async def report(self, r: web.Request) -> web.Response:
+        self.reports.append(await r.json())
+        return web.json_response({"ok": True, "router_id": "router-1"})
+
+
+def sglang_section(tmp: Path, **kw: Any) -> dict[str, Any]:
+    return {
+        "model": "stand-in/model",
+        "port": free_port(),
+        "kvEventsEndpoint": f"tcp://127.0.0.1:{free_port()}",
+        "bootstrapPort": 8998,
+        "hostKvGib": 1,
+        "launcher": [sys.executable, STANDIN, "--record", str(tmp / "argv.json"), "--load-s", "1.0"],
+        "requireGpu": False,
+        "loadPollS": 0.1,
+        **kw,
+    }
+
+
+async def test_the_agent_runs_sglang_and_keeps_the_host_blocks_across_a_switch(
+    tmp_path: Path, namespace: str
+) -> None:
+    token_file = tmp_path / "dir-token"
+    token_file.write_text(TOKEN)
+    directory, address = await start_directory(namespace, token_file, PAGE)
+    sink = ReportSink()
+    app = web.Application()
+    app.router.add_post("/agentpool/v1/report", sink.report)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    router_url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    role_file = tmp_path / "role"
+    role_file.write_text("prefill")
+    cfg = engine_config(
+        "sg0",
+        backend="sglang",
+        role="prefill",
+        roleFile=str(role_file),
+        directory={"target": address, "tokenFile": str(token_file), "heartbeatS": 0.5},
+        routers=[{"url": router_url}],
+        sglang=sglang_section(tmp_path),
+    )
+    engine = await start_engine(tmp_path, cfg)
+    try:
+        async with aiohttp.ClientSession() as http, DirectoryClient(address, token=TOKEN) as d:
+            async with http.get(engine.url + "/ready") as r:  # SGLang is still loading
+                assert r.status == 503 and "SGLang" in await r.text()
+
+            async def ready() -> bool:
+                async with http.get(engine.url + "/ready") as r:
+                    return r.status == 200
+
+            await wait_until(ready, 30, "the agent to be ready once SGLang is healthy")
+            argv = json.loads((tmp_path / "argv.json").read_text())
+            assert argv[argv.index("--disaggregation-mode") + 1] == "prefill"
+            assert "--enable-pd-role-switch" in argv and "--enable-hierarchical-cache" in argv
+            assert argv[argv.index("--page-size") + 1] == str(PAGE)
+            sg = f"http://127.0.0.1:{cfg['sglang']['port']}"
+
+            # generate: forwarded to SGLang, its cumulative stream back as our token events
+            prompt = list(range(100, 100 + 6 * PAGE))
+            events = await generate(http, engine.url, gen_body("c1", prompt, max_tokens=3))
+            assert [e["type"] for e in events] == ["started", "token", "token", "token", "done"], events
+            assert "".join(e.get("text", "") for e in events) == "w0 w1 w2 "
+            usage = events[-1]["usage"]
+            assert (usage["prompt_tokens"], usage["completion_tokens"]) == (24, 3)
+            events = await generate(http, engine.url, gen_body("c2", prompt, max_tokens=1))
+            assert events[0] == {"type": "started", "cached_tokens": 24, "fetched_tokens": 0}
+            async with http.get(sg + "/standin/requests") as r:
+                sent = (await r.json())["requests"][0]
+            assert sent["input_ids"] == prompt and sent["sampling_params"] == {"max_new_tokens": 3}
+            assert sent["stream"] is True and sent["rid"].startswith("sg0-")
+
+            # SGLang's KV events reach the directory under our block hashes, GPU and host tiers
+            ours = block_hashes(prompt, PAGE)
+
+            async def held(gpu: int, host: int) -> bool:
+                n = (await d.resolve(ours)).nodes.get("sg0")
+                return n is not None and (n.gpu_blocks, n.host_blocks) == (gpu, host)
+
+            await wait_until(lambda: held(6, 6), 20, "the directory to learn SGLang's blocks")
+
+            # a prefill: the KV waits in SGLang's bootstrap room named by the transfer id
+            events = await generate(http, engine.url, gen_body("p1", prompt, phase="prefill", max_tokens=4))
+            assert [e["type"] for e in events] == ["started", "prefilled"]
+            port, room = events[1]["transfer_id"].split(":")[1:]
+            assert port == "8998"
+
+            async def recorded() -> list[dict[str, Any]]:
+                async with http.get(sg + "/standin/requests") as r:
+                    out: list[dict[str, Any]] = (await r.json())["requests"]
+                    return out
+
+            # the prefill runs on in SGLang after "prefilled" (it waits for the decode node)
+            for _ in range(100):
+                if "bootstrap_room" in (await recorded())[-1]:
+                    break
+                await asyncio.sleep(0.05)
+            sent = (await recorded())[-1]
+            assert sent["bootstrap_room"] == int(room) and sent["bootstrap_port"] == 8998
+            assert sent["bootstrap_host"] == "127.0.0.1" and sent["stream"] is False
+
+            # load reports: SGLang's /v1/loads capacity, our role, per-router dispatch numbers
+            await wait_until(
+                lambda: _true(bool(sink.reports) and sink.reports[-1]["kv_room_tokens"] == 500000),
+                10,
+                "a report with SGLang's KV room",
+            )
+            assert sink.reports[-1]["role"] == "prefill"
+
+            # the switch: drained, paused, switched, continued; the host tier stays in the directory
+            role_file.write_text("decode")
+
+            async def decode_now() -> bool:
+                return bool((await state(http, engine.url))["role"] == "decode")
+
+            await wait_until(decode_now, 20, "the switch to decode")
+            async with http.get(sg + "/standin/requests") as r:
+                assert (await r.json())["calls"] == ["pause", "switch:decode", "continue"]
+            await wait_until(lambda: held(0, 6), 20, "the directory to drop the GPU tier only")
+            st = await state(http, engine.url)
+            assert st["sglang"]["kept_across_switch"] == 6 and st["switches"][0]["to"] == "decode"
+            await wait_until(
+                lambda: _true(sink.reports[-1]["role"] == "decode"), 10, "a report with the new role"
+            )
+
+            # decode with another node's transfer id: SGLang gets that node's bootstrap endpoint
+            kv = {"node_id": "p9", "url": "http://10.1.2.3:8080", "transfer_id": "sglang-bootstrap:8998:77"}
+            events = await generate(
+                http, engine.url, gen_body("d1", prompt, phase="decode", max_tokens=2, kv_source=kv)
+            )
+            assert [e["type"] for e in events] == ["started", "token", "token", "done"], events
+            async with http.get(sg + "/standin/requests") as r:
+                sent = (await r.json())["requests"][-1]
+            assert (sent["bootstrap_host"], sent["bootstrap_port"], sent["bootstrap_room"]) == (
+                "10.1.2.3",
+                8998,
+                77,
+            )
+            bad = dict(kv, transfer_id="not-ours")
+            body = gen_body("d2", prompt, phase="decode", kv_source=bad)
+            async with http.post(engine.url + "/agentpool/v1/generate", json=body) as r:
+                assert r.status == 400 and "transfer id" in await r.text()
+            pid = st["sglang"]["pid"]
+        # SIGTERM: the agent stops SGLang's process group, then exits 0
+        assert await engine.stop() == 0
+        assert "stand-in stopped" in engine.text()
+        assert "Traceback" not in engine.text(), engine.text()
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    finally:
+        await engine.stop()
+        await runner.cleanup()
+        await directory.stop()
+
+
+async def test_the_agent_refuses_to_run_sglang_where_it_cannot(tmp_path: Path) -> None:
+    # the default launcher needs the sglang package, absent here
+    cfg = engine_config("sg1", backend="sglang", sglang={"model": "m", "port": free_port()})
+    path = tmp_path / "no-package.json"
+    path.write_text(json.dumps(cfg))
+    p = await launch("engine", "agentpool.engine", "--config", str(path))
+    assert await p.proc.wait() == 2
+    await p.stop()
+    assert "the sglang package is not installed" in p.text(), p.text()
+    # a launcher of its own, but no GPU
+    cfg = engine_config("sg2", backend="sglang", sglang=sglang_section(tmp_path, requireGpu=True))
+    path = tmp_path / "no-gpu.json"
+    path.write_text(json.dumps(cfg))
+    p = await launch("engine", "agentpool.engine", "--config", str(path))
+    assert await p.proc.wait() == 2
+    await p.stop()
+    assert "needs an NVIDIA GPU" in p.text(), p.text()
+    # no sglang section at all
+    path = tmp_path / "no-section.json"
+    path.write_text(json.dumps(engine_config("sg3", backend="sglang")))
+    p = await launch("engine", "agentpool.engine", "--config", str(path))
+    assert await p.proc.wait() == 2
+    await p.stop()
+    assert "needs the sglang section" in p.text(), p.text()
+
+
+async def test_the_agent_stops_when_sglang_dies(tmp_path: Path) -> None:
+    cfg = engine_config("sg4", backend="sglang", sglang=sglang_section(tmp_path))
+    engine = await start_engine(tmp_path, cfg)
+    try:
+        async with aiohttp.ClientSession() as http:
+
+            async def has_pid() -> bool:
+                return (await state(http, engine.url))["sglang"]["pid"] is not None
+
+            await wait_until(has_pid, 20, "SGLang to start")
+            pid = (await state(http, engine.url))["sglang"]["pid"]
+        os.kill(pid, 9)
+        assert await engine.proc.wait() == 1
+        assert "SGLang exited with code -9" in engine.text(), engine.text()
+    finally:
+        await engine.stop()
+
+
+async def _true(v: bool) -> bool:
+    return v

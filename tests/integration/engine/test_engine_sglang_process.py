@@ -152,6 +152,20 @@ async def test_the_agent_runs_sglang_and_keeps_the_host_blocks_across_a_switch(
             )
             assert sink.reports[-1]["role"] == "prefill"
 
+            # SGLang cannot become colocated in place: the switch is refused, prefill goes on serving
+            role_file.write_text("both")
+
+            async def refused() -> bool:
+                return bool((await state(http, engine.url))["switches"])
+
+            await wait_until(refused, 20, "the refused switch")
+            st = await state(http, engine.url)
+            assert st["role"] == "prefill" and not st["draining"]
+            assert "prefill and decode only" in st["switches"][0]["failed"]
+            assert await ready()
+            async with http.get(engine.url + "/metrics") as r:
+                assert 'switch_failures_total{from_role="prefill",to_role="both"} 1.0' in await r.text()
+
             # the switch: drained, paused, switched, continued; the host tier stays in the directory
             role_file.write_text("decode")
 
@@ -163,7 +177,7 @@ async def test_the_agent_runs_sglang_and_keeps_the_host_blocks_across_a_switch(
                 assert (await r.json())["calls"] == ["pause", "switch:decode", "continue"]
             await wait_until(lambda: held(0, 6), 20, "the directory to drop the GPU tier only")
             st = await state(http, engine.url)
-            assert st["sglang"]["kept_across_switch"] == 6 and st["switches"][0]["to"] == "decode"
+            assert st["sglang"]["kept_across_switch"] == 6 and st["switches"][-1]["to"] == "decode"
             await wait_until(
                 lambda: _true(sink.reports[-1]["role"] == "decode"), 10, "a report with the new role"
             )

@@ -151,6 +151,21 @@ async def test_the_agent_runs_sglang_and_keeps_the_host_blocks_across_a_switch(
                 "a report with SGLang's KV room",
             )
             assert sink.reports[-1]["role"] == "prefill"
+            # a request SGLang holds (paused) is in the reported queue, with the router's cached tokens
+            async with http.post(sg + "/pause_generation", json={"mode": "retract"}) as r:
+                assert r.status == 200
+            held_back = asyncio.create_task(
+                generate(http, engine.url, gen_body("q1", [*prompt, 7, 8, 9], max_tokens=1, cached_tokens=24))
+            )
+            await wait_until(
+                lambda: _true(sink.reports[-1]["queue"] == [{"request_id": "q1", "t_uc": 3, "t_c": 24}]),
+                10,
+                "a report with the held request queued",
+            )
+            async with http.post(sg + "/continue_generation", json={}) as r:
+                assert r.status == 200
+            assert (await held_back)[-1]["type"] == "done"
+            await wait_until(lambda: _true(sink.reports[-1]["queue"] == []), 10, "an empty queue again")
 
             # SGLang cannot become colocated in place: the switch is refused, prefill goes on serving
             role_file.write_text("both")
@@ -174,7 +189,7 @@ async def test_the_agent_runs_sglang_and_keeps_the_host_blocks_across_a_switch(
 
             await wait_until(decode_now, 20, "the switch to decode")
             async with http.get(sg + "/standin/requests") as r:
-                assert (await r.json())["calls"] == ["pause", "switch:decode", "continue"]
+                assert (await r.json())["calls"][-3:] == ["pause", "switch:decode", "continue"]
             await wait_until(lambda: held(0, 6), 20, "the directory to drop the GPU tier only")
             st = await state(http, engine.url)
             assert st["sglang"]["kept_across_switch"] == 6 and st["switches"][-1]["to"] == "decode"

@@ -9,7 +9,8 @@
   with a transfer id naming its bootstrap room while its SGLang waits for the decode node to pull
   the KV; the decode node asks its SGLang with that room.
 - **KV events**: SGLang's ZMQ publisher -> :class:`SglangKvMirror` -> the directory link.
-- **Load**: ``/v1/loads`` every ``loadPollS``; the queue is this agent's requests with no output yet.
+- **Load**: ``/v1/loads`` every ``loadPollS``; the queue is this agent's requests with no output yet
+  (cached tokens as the router estimated them).
 - **Switch**: drain (queued colocated requests are aborted in SGLang and handed back), then
   ``/pause_generation``, ``/pd_role_switch``, ``/continue_generation``; the mirror keeps the host
   tier across the switch's ``AllBlocksCleared``.
@@ -101,6 +102,7 @@ def launch_argv(cfg: EngineConfig, s: SglangSettings) -> list[str]:
 class SglangJob(EventStream):
     rid: str
     prompt_tokens: int
+    cached_tokens: int = 0  # the router's estimate until SGLang says
     output: bool = False  # SGLang answered with output (or the prefill was handed over)
     text: str = ""
 
@@ -209,7 +211,12 @@ class SglangBackend:
         return BackendLoad(
             role=self._role,
             remaining_batch_s=0.0,
-            queue=[QueuedItem(request_id=j.request_id, t_uc=j.prompt_tokens) for j in queued][:100_000],
+            queue=[
+                QueuedItem(
+                    request_id=j.request_id, t_uc=j.prompt_tokens - j.cached_tokens, t_c=j.cached_tokens
+                )
+                for j in queued
+            ][:100_000],
             running_decode=0 if sl is None else sl.running,
             kv_room_tokens=0 if sl is None else max(0, sl.capacity_tokens - sl.used_tokens),
             kv_used_tokens=0 if sl is None else sl.used_tokens,
@@ -259,7 +266,10 @@ class SglangBackend:
             return None
         rid = f"{self.cfg.node_id}-{next(self._seq)}-{g.request_id}"[:256]
         payload["rid"] = rid
-        job = SglangJob(request_id=g.request_id, phase=g.phase, rid=rid, prompt_tokens=len(ids))
+        cached = min(g.cached_tokens, len(ids) - 1)
+        job = SglangJob(
+            request_id=g.request_id, phase=g.phase, rid=rid, prompt_tokens=len(ids), cached_tokens=cached
+        )
         job.on_cancel = lambda: self._abort(job, None)
         if g.phase == "prefill":
             room = secrets.randbits(63)

@@ -55,7 +55,7 @@ from agentpool.sim.metrics import Metrics
 from agentpool.sim.node import SimIteration
 from agentpool.sim.planners import attach
 from agentpool.sim.presets import Preset, preset
-from agentpool.sim.replay import Phase, Replay, cycle
+from agentpool.sim.replay import Replay, WorkloadPeriod, cycle
 from agentpool.sim.run import Scenario, load_conversations
 from agentpool.sim.simulator import SimConfig, Simulator
 from agentpool.sim.systems import system
@@ -218,7 +218,7 @@ def simulate_iterations(
     metrics = Metrics(TtftSlo(2.0, 1e-4), 0.1, 0.0, seconds)
     sim = Simulator(cfg, p, SimConfig(), metrics, on_iteration=records.append)
     replay = Replay(sim, {"claude-code": cycle(convs)}, sc.shared_prefix_tokens // 512, group=512 // 64)
-    replay.closed_loop([Phase(0.0, {"claude-code": agents})])
+    replay.closed_loop([WorkloadPeriod(0.0, {"claude-code": agents})])
     attach(cfg.planner, sim, sc.planner)
     t0 = time.perf_counter()
     sim.run(seconds)

@@ -42,11 +42,11 @@ from agentpool.models import (
 from agentpool.models.fitting import NodeFit, fit_nodes
 from agentpool.planner.config import PlannerConfig
 from agentpool.planner.core import (
-    Decision,
     LastSwitch,
     Outcome,
     PlannerInput,
     PlannerNode,
+    SplitDecision,
     initial_roles,
     plan,
 )
@@ -92,7 +92,7 @@ class PendingSwitch:
 class Evaluation:
     """One window's decision plus the pods the controller left out of it, and why."""
 
-    decision: Decision
+    decision: SplitDecision
     excluded: tuple[str, ...]
 
 
@@ -490,7 +490,7 @@ def _prefill_batches_by_node(records: list[IterationRecord]) -> dict[str, list[t
     return batches
 
 
-def _event_message(decision: Decision, excluded: list[str]) -> str:
+def _event_message(decision: SplitDecision, excluded: list[str]) -> str:
     best = decision.best
     parts = [decision.reason]
     if decision.to_prefill:

@@ -2,7 +2,7 @@
 
 Input: a :class:`PlannerInput` (nodes with their frozen models, current roles and states; the
 window's slices of average work ``w̄_i`` and decode occupancy ``q̄_i`` with their times; the time of
-the evaluation and of the last switch). Output: a :class:`Decision` that says which nodes change
+the evaluation and of the last switch). Output: a :class:`SplitDecision` that says which nodes change
 role and why, with the per-slice gains and standard error of every candidate, so it can be logged
 and put in status.
 
@@ -150,7 +150,7 @@ class Candidate:
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
+class SplitDecision:
     """The planner's answer for one window.
 
     ``prefill``/``decode`` are the split after the decision (the current one unless SWITCH);
@@ -181,13 +181,13 @@ class Decision:
         return self.outcome is Outcome.HOLD and best is not None and best.mean_gain > best.std_error
 
 
-def plan(inp: PlannerInput, policy: PlannerPolicy) -> Decision:
+def plan(inp: PlannerInput, policy: PlannerPolicy) -> SplitDecision:
     """Evaluate one window (Algorithm E.3 lines 16-28) and decide whether to switch the split."""
     prefill = tuple(sorted(n.name for n in inp.nodes if n.role is Role.PREFILL))
     decode = tuple(sorted(n.name for n in inp.nodes if n.role is Role.DECODE))
 
-    def hold(outcome: Outcome, reason: str) -> Decision:
-        return Decision(outcome=outcome, reason=reason, prefill=prefill, decode=decode)
+    def hold(outcome: Outcome, reason: str) -> SplitDecision:
+        return SplitDecision(outcome=outcome, reason=reason, prefill=prefill, decode=decode)
 
     draining = sorted(n.name for n in inp.nodes if n.draining)
     if draining:
@@ -281,13 +281,13 @@ def plan(inp: PlannerInput, policy: PlannerPolicy) -> Decision:
             else f"best candidate {best.prefill_count}P has mean gain {best.mean_gain:.4g}/s, "
             f"not above {policy.significance:g} x standard error {best.std_error:.4g}/s"
         )
-        return Decision(
+        return SplitDecision(
             Outcome.HOLD, why, prefill, decode, throughput, tuple(candidates), excluded_slices=excluded
         )
     chosen = max(qualifying, key=_rank_key)
     new_p = tuple(sorted((set(prefill) - set(chosen.to_decode)) | set(chosen.to_prefill)))
     new_d = tuple(sorted((set(decode) - set(chosen.to_prefill)) | set(chosen.to_decode)))
-    return Decision(
+    return SplitDecision(
         outcome=Outcome.SWITCH,
         reason=(
             f"{len(prefill)}P{len(decode)}D -> {len(new_p)}P{len(new_d)}D: mean gain "
@@ -368,12 +368,12 @@ def _mover_order(
 
 __all__ = [
     "Candidate",
-    "Decision",
     "LastSwitch",
     "Outcome",
     "PlannerInput",
     "PlannerNode",
     "PlannerPolicy",
+    "SplitDecision",
     "initial_roles",
     "plan",
     "split_throughput",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from agentpool.planner.core import Decision
+from agentpool.planner.core import SplitDecision
 
 
 class PlannerMetrics:
@@ -43,7 +43,7 @@ class PlannerMetrics:
             registry=registry,
         )
 
-    def observe(self, decision: Decision) -> None:
+    def observe(self, decision: SplitDecision) -> None:
         self.decisions.labels(outcome=decision.outcome.value).inc()
         self.prefill_nodes.set(len(decision.prefill))
         self.decode_nodes.set(len(decision.decode))

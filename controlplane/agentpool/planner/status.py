@@ -14,7 +14,7 @@ from datetime import datetime
 from agentpool.api import ModelFitStatus, SwitchStatus
 from agentpool.api.status import DecodeFit, PrefillFit
 from agentpool.models.fitting import NodeFit
-from agentpool.planner.core import Decision, Outcome
+from agentpool.planner.core import Outcome, SplitDecision
 
 
 def split_label(prefill: int, decode: int) -> str:
@@ -56,7 +56,7 @@ def model_fit_status(fits: Mapping[str, NodeFit], fitted_at: datetime) -> ModelF
     )
 
 
-def switch_status(previous: SwitchStatus | None, decision: Decision, at: datetime) -> SwitchStatus:
+def switch_status(previous: SwitchStatus | None, decision: SplitDecision, at: datetime) -> SwitchStatus:
     """The switch counters after ``decision`` (unchanged unless it switched)."""
     prev = previous or SwitchStatus()
     if decision.outcome is not Outcome.SWITCH:

@@ -31,12 +31,12 @@ from agentpool.router.engine_client import EngineBusy, EngineClient, EngineFailu
 from agentpool.router.metrics import RouterMetrics
 from agentpool.router.nodes import NodeTable
 from agentpool.router.policy import (
-    Decision,
     NodeState,
     Policy,
     PolicyContext,
     RequestView,
     Role,
+    RouteDecision,
     bind_decode,
     decode_role,
     decode_room_will_free,
@@ -139,7 +139,7 @@ class Dispatcher:
         self.work_log = work_log if work_log is not None else WorkLog()
 
     # -- choosing ----------------------------------------------------------------------------
-    def choose(self, prep: Prepared) -> Decision:
+    def choose(self, prep: Prepared) -> RouteDecision:
         routing = self.routing
         snapshot = self.nodes.snapshot(self.clock())
         candidates = [n for n in prefill_candidates(snapshot, routing.ctx) if n.node_id not in prep.excluded]
@@ -239,7 +239,7 @@ class Dispatcher:
     def _kv_tokens(prep: Prepared) -> int:
         return kv_tokens_needed(prep.view)
 
-    def _count_prefix(self, view: RequestView, d: Decision) -> None:
+    def _count_prefix(self, view: RequestView, d: RouteDecision) -> None:
         local = d.cached_tokens - d.fetch_tokens
         m = self.metrics
         m.child(m.prefix_tokens, "local").inc(local)
@@ -258,7 +258,7 @@ class Dispatcher:
             self.metrics.directory_errors.labels("place").inc()
 
     def _generate_request(
-        self, prep: Prepared, decision: Decision, seq: int, phase: Phase, kv: KvSource | None = None
+        self, prep: Prepared, decision: RouteDecision, seq: int, phase: Phase, kv: KvSource | None = None
     ) -> GenerateRequest:
         if seq < 0 or decision.cached_tokens < 0 or decision.fetch_tokens < 0:  # what validation checked
             raise ValueError(f"negative dispatch counts from {decision.policy}: {decision}")
@@ -301,7 +301,7 @@ class Dispatcher:
             raise _Requeue(str(e)) from e
 
     async def _colocated(
-        self, prep: Prepared, decision: Decision, seq: int
+        self, prep: Prepared, decision: RouteDecision, seq: int
     ) -> AsyncGenerator[Chunk | Finish, None]:
         node = decision.node_id
         request = self._generate_request(prep, decision, seq, "both")
@@ -325,7 +325,7 @@ class Dispatcher:
                 self.nodes.finish_decode(node, prep.request_id)
 
     async def _disaggregated(
-        self, prep: Prepared, decision: Decision, seq: int
+        self, prep: Prepared, decision: RouteDecision, seq: int
     ) -> AsyncGenerator[Chunk | Finish, None]:
         prefill_node = decision.node_id
         prefill_url = self.nodes.get(prefill_node).url  # before any await: discovery may remove it

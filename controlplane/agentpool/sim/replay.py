@@ -1,7 +1,7 @@
 """Replay of agent conversations into the simulator, like the papers do.
 
 - Closed loop (evolving-infra §6.1): a fixed number of concurrent agents; a finished conversation is
-  replaced by the next one. A schedule of phases can change the target mix over time (§6.3: 288
+  replaced by the next one. A schedule of workload periods can change the target mix over time (§6.3: 288
   Putnam, then 144 Putnam + 72 OSWorld, then 144 OSWorld): a workload above its new target is not
   replaced until it falls below it.
 - Open loop (App. D.3): agents arrive in a Poisson process; at most ``max_agents`` run at once and
@@ -63,7 +63,7 @@ class _Instance:
 
 
 @dataclass(frozen=True, slots=True)
-class Phase:
+class WorkloadPeriod:
     """From ``start_s`` on, keep ``concurrency[workload]`` agents of each workload running."""
 
     start_s: float
@@ -97,32 +97,32 @@ class Replay:
         self.agents_finished = 0
 
     # -- closed loop --------------------------------------------------------------------------
-    def closed_loop(self, phases: Sequence[Phase], ramp_s: float = 0.0) -> None:
-        """Run ``phases``; with ``ramp_s`` > 0 the first phase's agents start evenly over ``ramp_s``."""
+    def closed_loop(self, periods: Sequence[WorkloadPeriod], ramp_s: float = 0.0) -> None:
+        """Run ``periods``; with ``ramp_s`` > 0 the first period's agents start evenly over ``ramp_s``."""
         if ramp_s < 0:
             raise ValueError(f"ramp must be >= 0 s, got {ramp_s}")
-        if not phases or phases[0].start_s != 0.0:
-            raise ValueError("a closed-loop schedule starts with a phase at 0 s")
-        for ph in phases:
+        if not periods or periods[0].start_s != 0.0:
+            raise ValueError("a closed-loop schedule starts with a period at 0 s")
+        for ph in periods:
             unknown = set(ph.concurrency) - set(self.sources)
             if unknown:
-                raise ValueError(f"phase at {ph.start_s} s names unknown workloads {sorted(unknown)}")
+                raise ValueError(f"period at {ph.start_s} s names unknown workloads {sorted(unknown)}")
         self.closed = True
-        first, *rest = phases
+        first, *rest = periods
         if ramp_s > 0:
             for w, count in first.concurrency.items():
                 for k in range(1, count + 1):
                     self.sim.call_at((k - 1) * ramp_s / count, functools.partial(self._raise_target, w, k))
         else:
-            self.sim.call_at(0.0, functools.partial(self._enter_phase, first))
+            self.sim.call_at(0.0, functools.partial(self._enter_period, first))
         for ph in rest:
-            self.sim.call_at(ph.start_s, functools.partial(self._enter_phase, ph))
+            self.sim.call_at(ph.start_s, functools.partial(self._enter_period, ph))
 
     def _raise_target(self, workload: str, target: int, now: float) -> None:
         self.target[workload] = max(self.target[workload], target)
         self._fill(now)
 
-    def _enter_phase(self, ph: Phase, now: float) -> None:
+    def _enter_period(self, ph: WorkloadPeriod, now: float) -> None:
         self.target = {w: ph.concurrency.get(w, 0) for w in self.sources}
         self._fill(now)
 

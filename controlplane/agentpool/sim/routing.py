@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from agentpool.kv import Directory
-from agentpool.models import FetchModel, NodeModel, attention_pairs
+from agentpool.models import FetchModel, NodeModel
 from agentpool.node import Node, NodeStatus, Request, Role
 from agentpool.router.policy import (
     EMPTY_QUEUE,
@@ -24,38 +24,6 @@ from agentpool.router.policy import (
     bind_decode,
 )
 from agentpool.sim.systems import FetchMode
-
-
-@dataclass(slots=True)
-class QueueSums:
-    """Running sums of a node's queued prefill work (Eq. 3 is linear in them)."""
-
-    requests: int = 0
-    t_uc: float = 0.0
-    t_c: float = 0.0
-    pairs: float = 0.0
-    _view: QueuedPrefill | None = None  # the last view, until the sums change
-
-    def add(self, r: Request, sign: int) -> None:
-        uc = float(r.uncached_tokens)
-        c = float(r.cached_tokens)
-        self.requests += sign
-        self.t_uc += sign * uc
-        self.t_c += sign * c
-        self.pairs += sign * attention_pairs(uc, c)
-        self._view = None
-
-    def view(self) -> QueuedPrefill:
-        """The sums as the policy's value; the same object while the sums do not change."""
-        v = self._view
-        if v is None:
-            if self.requests <= 0:
-                v = QueuedPrefill()
-            else:
-                uc, c, pairs = max(0.0, self.t_uc), max(0.0, self.t_c), max(0.0, self.pairs)
-                v = QueuedPrefill(self.requests, uc, c, pairs)
-            self._view = v
-        return v
 
 
 @dataclass(slots=True)
@@ -88,7 +56,7 @@ class NodeStates:
         self,
         nodes: Sequence[Node],
         models: Sequence[NodeModel],
-        queued: Sequence[QueueSums] | None,
+        queued: Sequence[QueuedPrefill] | None,
         now: float,
     ) -> list[NodeState]:
         """States of the serving prefill (or colocated) nodes, or of the serving decode nodes.
@@ -104,7 +72,7 @@ class NodeStates:
                 continue
             i = n.index
             model = models[i]
-            queue = EMPTY_QUEUE if queued is None else queued[i].view()
+            queue = EMPTY_QUEUE if queued is None else queued[i]
             running = len(n.running) + n.bound_waiting  # bound here, prefill still running: counted
             if n.batch:
                 out.append(_node_state(n, model, queue, n.remaining_batch_s(now), running))

@@ -18,7 +18,7 @@ from agentpool.sim.bounds import ClosedLoopBound, closed_loop_bound
 from agentpool.sim.metrics import Metrics
 from agentpool.sim.planners import PlannerSettings, attach
 from agentpool.sim.presets import preset
-from agentpool.sim.replay import ConversationSource, Phase, Replay, cycle
+from agentpool.sim.replay import ConversationSource, Replay, WorkloadPeriod, cycle
 from agentpool.sim.simulator import SimConfig, Simulator
 from agentpool.sim.synthetic import generator
 from agentpool.sim.systems import STATIC_REFERENCE, PlannerKind, split_of, system
@@ -83,15 +83,15 @@ def _sources(sc: Scenario, conversations: Sequence[Conversation] | None) -> dict
     return {"putnam": generator("putnam", sc.seed), "osworld": generator("osworld", sc.seed + 1)}
 
 
-def _phases(sc: Scenario) -> list[Phase]:
+def _periods(sc: Scenario) -> list[WorkloadPeriod]:
     if sc.workload != "shifting":
-        return [Phase(0.0, {sc.workload: sc.agents})]
+        return [WorkloadPeriod(0.0, {sc.workload: sc.agents})]
     third = sc.duration_s / 3.0
     n = sc.agents
     return [
-        Phase(0.0, {"putnam": n}),
-        Phase(sc.warmup_s + third, {"putnam": n // 2, "osworld": n // 4}),
-        Phase(sc.warmup_s + 2 * third, {"osworld": n // 2}),
+        WorkloadPeriod(0.0, {"putnam": n}),
+        WorkloadPeriod(sc.warmup_s + third, {"putnam": n // 2, "osworld": n // 4}),
+        WorkloadPeriod(sc.warmup_s + 2 * third, {"osworld": n // 2}),
     ]
 
 
@@ -161,7 +161,7 @@ def run_system(
     elif sc.arrival_per_min is not None:
         replay.open_loop(sc.workload, sc.arrival_per_min, sc.max_agents, end, sc.seed)
     else:
-        replay.closed_loop(_phases(sc), ramp_s=sc.ramp_s)
+        replay.closed_loop(_periods(sc), ramp_s=sc.ramp_s)
     attach(cfg.planner, sim, sc.planner)
     if progress is not None:
         sim.every(60.0, 60.0, lambda now: progress(now / end))
@@ -192,7 +192,7 @@ def scenario_dict(sc: Scenario) -> dict[str, Any]:
 
 def scenario_bound(sc: Scenario, conversations: Sequence[Conversation] | None) -> ClosedLoopBound | None:
     """The analytic closed-loop bound of ``sc`` (:mod:`agentpool.sim.bounds`), where one applies:
-    a closed loop over trace conversations (not open loop, Mooncake or synthetic phases)."""
+    a closed loop over trace conversations (not open loop, Mooncake or synthetic periods)."""
     if sc.workload != "claude-code" or sc.arrival_per_min is not None or not conversations:
         return None
     p = preset(sc.preset)

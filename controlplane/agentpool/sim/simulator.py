@@ -28,7 +28,14 @@ from agentpool.kv.eviction import eviction_hashes_counted
 from agentpool.models import NodeModel, OccupancySample, PrefillBatchItem, RequestWorkRecord, Work
 from agentpool.node import IterationHook, Node, NodeStatus, Request, Role
 from agentpool.node.timing import EquationTimes, IterationTimes, NoisyTimes
-from agentpool.router.policy import NoCandidateError, PolicyContext, create_policy, kv_room_needed
+from agentpool.router.policy import (
+    EMPTY_QUEUE,
+    NoCandidateError,
+    PolicyContext,
+    QueuedPrefill,
+    create_policy,
+    kv_room_needed,
+)
 from agentpool.router.policy.contract import prefill_candidates
 from agentpool.sim.config import DECODE_BINDINGS, TRUTHS, SimConfig
 from agentpool.sim.metrics import Metrics
@@ -36,7 +43,6 @@ from agentpool.sim.network import Network, Transfers
 from agentpool.sim.presets import Preset
 from agentpool.sim.routing import (
     NodeStates,
-    QueueSums,
     choose_decode,
     fetchable_blocks,
     prefixes,
@@ -141,7 +147,7 @@ class Simulator:
             preset.prefill_model(), preset.decode_model(), t_bar=float(preset.chunk_tokens)
         )
         self.models: list[NodeModel] = [base_model for _ in self.nodes]
-        self.queued: list[QueueSums] = [QueueSums() for _ in self.nodes]
+        self.queued: list[QueuedPrefill] = [EMPTY_QUEUE for _ in self.nodes]  # per node, prefill not started
         self._prefill_states = NodeStates(len(self.nodes), prefill=True)  # policy views, rebuilt on change
         self._decode_states = NodeStates(len(self.nodes), prefill=False)
         self._node_index = {n.name: n.index for n in self.nodes}
@@ -288,7 +294,7 @@ class Simulator:
                 ),
             )
         )
-        self.queued[idx].add(req, +1)
+        self.queued[idx] = self.queued[idx].with_request(req.uncached_tokens, req.cached_tokens)
         node.submit(req, now)
         self._after_step(node)
 
@@ -312,7 +318,9 @@ class Simulator:
         if node.started:  # requests whose first chunk started leave the queued sums
             bind = self._bind_at_start and node.role is Role.PREFILL
             for r in node.started:
-                self.queued[node.index].add(r, -1)
+                self.queued[node.index] = self.queued[node.index].with_request(
+                    r.uncached_tokens, r.cached_tokens, -1
+                )
                 if bind and r.output_tokens > 1:
                     self._bind_decode(r, self._issues[r.rid])
             node.started.clear()
@@ -500,7 +508,7 @@ class Simulator:
         self._switches[index] = sw
         self.last_switch_at = self.now
         for r in node.begin_drain():
-            self.queued[index].add(r, -1)
+            self.queued[index] = self.queued[index].with_request(r.uncached_tokens, r.cached_tokens, -1)
             r.reroutes += 1
             self._route(self._issues.pop(r.rid))
         self._after_step(node)

@@ -6,7 +6,7 @@ import pytest
 
 from agentpool.models import DecodeIterationRecord, OccupancySample, RequestWorkRecord, Work
 from agentpool.planner.config import PlannerConfig
-from agentpool.planner.core import Candidate, Decision, Outcome, PlannerPolicy
+from agentpool.planner.core import Candidate, Outcome, PlannerPolicy, SplitDecision
 from agentpool.planner.inbox import PlannerInbox
 from agentpool.planner.kube import PodRoleState
 from agentpool.planner.roles import ServedRoles
@@ -76,8 +76,8 @@ def _candidate(mean: float, se: float) -> Candidate:
 
 
 def test_near_switch_is_a_hold_whose_best_gain_exceeds_one_standard_error() -> None:
-    def decision(*cands: Candidate) -> Decision:
-        return Decision(Outcome.HOLD, "", ("n0",), ("n1",), candidates=cands)
+    def decision(*cands: Candidate) -> SplitDecision:
+        return SplitDecision(Outcome.HOLD, "", ("n0",), ("n1",), candidates=cands)
 
     assert decision(_candidate(1.5, 1.0), _candidate(-1.0, 0.1)).near_switch
     assert not decision(_candidate(0.9, 1.0)).near_switch

@@ -9,6 +9,7 @@ import pytest
 
 from agentpool.models import TtftSlo
 from agentpool.node import Request, Role
+from agentpool.router.policy import QueuedPrefill
 from agentpool.sim.dynamo import DynamoLoadPlanner, DynamoSettings, DynamoSignals, decide
 from agentpool.sim.metrics import Metrics
 from agentpool.sim.presets import preset
@@ -80,8 +81,7 @@ def set_kv(sim: Simulator, fraction: float) -> None:
 
 
 def set_queue(sim: Simulator, per_node: int) -> None:
-    for q in sim.queued[:3]:
-        q.requests = per_node
+    sim.queued[:3] = [QueuedPrefill(requests=per_node)] * 3
 
 
 def test_the_interval_mean_decides_not_the_last_sample() -> None:

@@ -13,7 +13,7 @@ from agentpool.node import Iteration, Node, Request, Role
 from agentpool.sim.metrics import Metrics
 from agentpool.sim.planners import PlannerSettings, attach
 from agentpool.sim.presets import preset
-from agentpool.sim.replay import Phase, Replay, cycle
+from agentpool.sim.replay import Replay, WorkloadPeriod, cycle
 from agentpool.sim.run import Scenario, load_conversations
 from agentpool.sim.simulator import SimConfig, Simulator
 from agentpool.sim.systems import system
@@ -106,7 +106,7 @@ def simulate(name: str, hook: list[Iteration] | None, truth: str = "equations") 
         on_iteration=None if hook is None else hook.append,
     )
     replay = Replay(sim, {"cc": cycle(_conversations())}, 15000 // 512, group=8)
-    replay.closed_loop([Phase(0.0, {"cc": 12})])
+    replay.closed_loop([WorkloadPeriod(0.0, {"cc": 12})])
     attach(cfg.planner, sim, PlannerSettings(window_s=120.0, cooldown_s=60.0))
     sim.run(600.0)
     return metrics

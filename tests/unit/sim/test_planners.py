@@ -6,6 +6,7 @@ import pytest
 
 from agentpool.models import OccupancySample, PrefillBatchItem, RequestWorkRecord, TtftSlo, Work
 from agentpool.node import Iteration, Request, Role
+from agentpool.router.policy import QueuedPrefill
 from agentpool.sim.metrics import Metrics
 from agentpool.sim.planners import ModelSource, OnlineFit, PlannerSettings, tick_for
 from agentpool.sim.presets import preset
@@ -45,8 +46,7 @@ def test_dynamo_moves_a_prefill_node_to_decode_when_decode_kv_is_full() -> None:
 
 def test_dynamo_moves_a_decode_node_to_prefill_when_prefill_queues_grow() -> None:
     sim = sim_of("dynamo-like")
-    for q in sim.queued[:3]:
-        q.requests = 5
+    sim.queued[:3] = [QueuedPrefill(requests=5)] * 3
     tick(PlannerKind.DYNAMO, sim)
     assert list(switching_to(sim).values()) == [Role.PREFILL]
 
@@ -91,7 +91,7 @@ def test_window_planners_tolerate_an_empty_window(name: str) -> None:
 
 
 def test_occupancy_counts_requests_in_flight_or_in_decode() -> None:
-    from agentpool.sim.replay import Phase, Replay, cycle
+    from agentpool.sim.replay import Replay, WorkloadPeriod, cycle
     from agentpool.sim.run import bundled_trace_path
     from agentpool.sim.trace import load_claude_code
 
@@ -105,7 +105,7 @@ def test_occupancy_counts_requests_in_flight_or_in_decode() -> None:
             SimConfig(nodes=2, prefill_nodes=1, occupancy=occupancy),
             metrics,
         )
-        Replay(sim, {"cc": cycle(convs)}, group=8).closed_loop([Phase(0.0, {"cc": 6})])
+        Replay(sim, {"cc": cycle(convs)}, group=8).closed_loop([WorkloadPeriod(0.0, {"cc": 6})])
         sim.run(600.0)
         samples[occupancy] = [s.in_decode for s in sim.window.occupancy]
     # in flight includes the requests queued or running in prefill: never fewer than in decode

@@ -21,7 +21,7 @@ from agentpool.router.policy import EMPTY_QUEUE, CachedPrefix, NodeState, Queued
 from agentpool.sim import routing
 from agentpool.sim.metrics import Metrics
 from agentpool.sim.presets import preset
-from agentpool.sim.replay import Phase, Replay, cycle
+from agentpool.sim.replay import Replay, WorkloadPeriod, cycle
 from agentpool.sim.run import Scenario, load_conversations
 from agentpool.sim.simulator import SimConfig, Simulator
 from agentpool.sim.systems import system
@@ -57,12 +57,12 @@ class CheckedStates(routing.NodeStates):
         self,
         nodes: Sequence[Node],
         models: Sequence[NodeModel],
-        queued: Sequence[routing.QueueSums] | None,
+        queued: Sequence[QueuedPrefill] | None,
         now: float,
     ) -> list[NodeState]:
         got = super().views(nodes, models, queued, now)
         wanted = [
-            fresh_state(n, models[n.index], EMPTY_QUEUE if queued is None else queued[n.index].view(), now)
+            fresh_state(n, models[n.index], EMPTY_QUEUE if queued is None else queued[n.index], now)
             for n in nodes
             if n.status is NodeStatus.SERVING
             and (n.role in (Role.PREFILL, Role.BOTH) if self.prefill else n.role is Role.DECODE)
@@ -142,7 +142,7 @@ def run(
     metrics = Metrics(TtftSlo(2.0, 1e-4), 0.1, 0.0, 10_000.0)
     sim = Simulator(system(system_name), glm, SimConfig(nodes=nodes, prefill_nodes=prefill_nodes), metrics)
     replay = Replay(sim, {"cc": cycle(convs)}, group=8)
-    replay.closed_loop([Phase(0.0, {"cc": 12})])
+    replay.closed_loop([WorkloadPeriod(0.0, {"cc": 12})])
     if switch_at is not None:
         sim.run(switch_at)
         sim.begin_switch(0, Role.DECODE)  # re-routes n0's queue while it drains

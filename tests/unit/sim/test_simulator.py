@@ -15,7 +15,7 @@ from agentpool.models import NodeModel, PrefillBatchItem, TtftSlo, Work
 from agentpool.node import NodeStatus, Request, Role
 from agentpool.sim.metrics import Metrics
 from agentpool.sim.presets import preset
-from agentpool.sim.replay import Phase, Replay, cycle
+from agentpool.sim.replay import Replay, WorkloadPeriod, cycle
 from agentpool.sim.run import Scenario, fewer_collections, load_conversations, run_system
 from agentpool.sim.simulator import Issue, SimConfig, Simulator
 from agentpool.sim.systems import system
@@ -35,7 +35,7 @@ def single_run(system_name: str, nodes: int, prefill_nodes: int, inp: int, out: 
     cfg = SimConfig(nodes=nodes, prefill_nodes=prefill_nodes, block_size=64, truth="equations", noise=0.0)
     sim = Simulator(system(system_name), GLM, cfg, metrics)
     replay = Replay(sim, {"w": cycle([one_request(inp, out)])})
-    replay.closed_loop([Phase(0.0, {"w": 1})])
+    replay.closed_loop([WorkloadPeriod(0.0, {"w": 1})])
     sim.run(1000.0)
     first = metrics.rows[0]
     return first[5], first[7]
@@ -121,7 +121,7 @@ def _loaded_sim(system_name: str) -> Simulator:
     metrics = Metrics(TtftSlo(2.0, 1e-4), 0.1, 0.0, 10_000.0)
     sim = Simulator(system(system_name), GLM, SimConfig(nodes=4, prefill_nodes=2), metrics)
     replay = Replay(sim, {"cc": cycle(list(_conversations()))}, group=8)
-    replay.closed_loop([Phase(0.0, {"cc": 8})])
+    replay.closed_loop([WorkloadPeriod(0.0, {"cc": 8})])
     sim.run(300.0)
     return sim
 
@@ -153,7 +153,7 @@ def test_closed_loop_keeps_the_concurrency_and_open_loop_admits_at_most_max_agen
     metrics = Metrics(TtftSlo(2.0, 1e-4), 0.1, 0.0, 10_000.0)
     sim = Simulator(system("static-cache-aware"), GLM, SimConfig(nodes=3, prefill_nodes=1), metrics)
     replay = Replay(sim, {"cc": cycle(list(_conversations())[:5])}, group=8)
-    replay.closed_loop([Phase(0.0, {"cc": 4})])
+    replay.closed_loop([WorkloadPeriod(0.0, {"cc": 4})])
     sim.run(2000.0)
     assert replay.active["cc"] == 4
     assert replay.agents_finished >= 1  # finished conversations were replaced
@@ -183,7 +183,7 @@ def test_colocated_node_waits_for_kv_room_before_decoding() -> None:
 
     metrics.done = spy  # type: ignore[method-assign]
     replay = Replay(sim, {"w": cycle([one_request(5000, 18)])})
-    replay.closed_loop([Phase(0.0, {"w": 2})])
+    replay.closed_loop([WorkloadPeriod(0.0, {"w": 2})])
     sim.run(5.0)
     (f1, d1, e1), (f2, d2, _) = done[:2]
     assert d1 == f1  # the first decodes as soon as its prefill ends
@@ -218,7 +218,7 @@ def test_closed_loop_ramp_starts_agents_evenly() -> None:
     metrics = Metrics(TtftSlo(2.0, 1e-4), 0.1, 0.0, 10_000.0)
     sim = Simulator(system("static-cache-aware"), GLM, SimConfig(nodes=3, prefill_nodes=1), metrics)
     replay = Replay(sim, {"cc": cycle(list(_conversations()))}, group=8)
-    replay.closed_loop([Phase(0.0, {"cc": 4})], ramp_s=100.0)
+    replay.closed_loop([WorkloadPeriod(0.0, {"cc": 4})], ramp_s=100.0)
     sim.run(50.0)  # agents start at 0, 25, 50, 75 s
     assert replay.agents_started == 2
     sim.run(80.0)

@@ -17,10 +17,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from agentpool.router.policy.contract import (
-    Decision,
     NodeState,
     PolicyContext,
     RequestView,
+    RouteDecision,
     node_load_requests,
     pick_min,
     require_candidates,
@@ -48,7 +48,9 @@ class CacheAwarePolicy:
     def name(self) -> str:
         return NAME
 
-    def choose(self, request: RequestView, candidates: Sequence[NodeState], ctx: PolicyContext) -> Decision:
+    def choose(
+        self, request: RequestView, candidates: Sequence[NodeState], ctx: PolicyContext
+    ) -> RouteDecision:
         require_candidates(candidates)
         k = self.knobs
         load = {n.node_id: float(node_load_requests(n, ctx)) for n in candidates}
@@ -72,8 +74,8 @@ class CacheAwarePolicy:
 
     def _decision(
         self, request: RequestView, node_id: str, reason: str, load: Mapping[str, float]
-    ) -> Decision:
-        return Decision(
+    ) -> RouteDecision:
+        return RouteDecision(
             node_id=node_id,
             policy=NAME,
             reason=reason,

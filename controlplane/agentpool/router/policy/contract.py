@@ -37,6 +37,7 @@ from agentpool.models import (
     NodeModel,
     TtftSlo,
     Work,
+    attention_pairs,
 )
 
 
@@ -136,6 +137,19 @@ class QueuedPrefill:
             self.requests + 1, self.t_uc + w.t_uc, self.t_c + w.t_c, self.pairs + w.attention_pairs
         )
 
+    def with_request(self, t_uc: float, t_c: float, sign: int = 1) -> QueuedPrefill:
+        """The queue with one request of ``t_uc`` uncached and ``t_c`` cached tokens added (``sign``
+        +1) or taken out (-1); a queue left without requests is :data:`EMPTY_QUEUE` (no residue)."""
+        requests = self.requests + sign
+        if requests <= 0:
+            return EMPTY_QUEUE
+        return QueuedPrefill(
+            requests,
+            max(0.0, self.t_uc + sign * t_uc),
+            max(0.0, self.t_c + sign * t_c),
+            max(0.0, self.pairs + sign * attention_pairs(t_uc, t_c)),
+        )
+
     def __add__(self, other: QueuedPrefill) -> QueuedPrefill:
         return QueuedPrefill(
             self.requests + other.requests,
@@ -223,7 +237,7 @@ class PolicyContext:
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
+class RouteDecision:
     """A policy's choice of prefill (or colocated) node.
 
     cached_tokens: ``t_c`` on the chosen node (local prefix, plus the fetched tokens).
@@ -245,7 +259,9 @@ class Policy(Protocol):
     @property
     def name(self) -> str: ...
 
-    def choose(self, request: RequestView, candidates: Sequence[NodeState], ctx: PolicyContext) -> Decision:
+    def choose(
+        self, request: RequestView, candidates: Sequence[NodeState], ctx: PolicyContext
+    ) -> RouteDecision:
         """Pick one of ``candidates`` (never empty) for ``request``."""
         ...
 
@@ -353,7 +369,6 @@ __all__ = [
     "EMPTY_QUEUE",
     "NO_PREFIX",
     "CachedPrefix",
-    "Decision",
     "NoCandidateError",
     "NodeState",
     "Policy",
@@ -362,6 +377,7 @@ __all__ = [
     "QueuedPrefill",
     "RequestView",
     "Role",
+    "RouteDecision",
     "effective_queue",
     "effective_queued_tokens",
     "effective_remaining_s",

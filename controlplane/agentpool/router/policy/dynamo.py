@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agentpool.router.policy.contract import (
-    Decision,
     NodeState,
     PolicyContext,
     RequestView,
+    RouteDecision,
     effective_queued_tokens,
     node_load_requests,
     pick_min,
@@ -57,12 +57,14 @@ class DynamoPolicy:
         decode = node.kv_used_tokens / page
         return self.knobs.overlap_weight * prefill + decode
 
-    def choose(self, request: RequestView, candidates: Sequence[NodeState], ctx: PolicyContext) -> Decision:
+    def choose(
+        self, request: RequestView, candidates: Sequence[NodeState], ctx: PolicyContext
+    ) -> RouteDecision:
         require_candidates(candidates)
         scores = {n.node_id: self.cost(request, n, ctx) for n in candidates}
         load = {n.node_id: float(node_load_requests(n, ctx)) for n in candidates}
         best = pick_min(scores, load)
-        return Decision(
+        return RouteDecision(
             node_id=best,
             policy=NAME,
             reason=f"lowest block cost {scores[best]:.1f}",

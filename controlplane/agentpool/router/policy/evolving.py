@@ -27,11 +27,11 @@ from typing import NamedTuple
 from agentpool.models import NodeModel, attention_pairs, copy_price
 from agentpool.router.policy.contract import (
     NO_PREFIX,
-    Decision,
     NodeState,
     PolicyContext,
     PolicyError,
     RequestView,
+    RouteDecision,
     effective_service_s,
     eq3_of_sums,
     pick_min,
@@ -113,7 +113,9 @@ class EvolvingPolicy:
     def name(self) -> str:
         return NAME
 
-    def choose(self, request: RequestView, candidates: Sequence[NodeState], ctx: PolicyContext) -> Decision:
+    def choose(
+        self, request: RequestView, candidates: Sequence[NodeState], ctx: PolicyContext
+    ) -> RouteDecision:
         require_candidates(candidates)
         prefix = request.local_prefix.get
         owns: dict[tuple[int, int], _Own] = {}  # the models outlive this call: their ids are stable
@@ -136,7 +138,7 @@ class EvolvingPolicy:
             raise PolicyError("candidate node ids must be distinct")
         best = _pick(scores, request, nan)
         p = _prediction(*parts[best])
-        return Decision(
+        return RouteDecision(
             node_id=best,
             policy=NAME,
             reason=(

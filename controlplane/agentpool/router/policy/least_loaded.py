@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agentpool.router.policy.contract import (
-    Decision,
     NodeState,
     PolicyContext,
     RequestView,
+    RouteDecision,
     effective_queued_tokens,
     node_load_requests,
     pick_min,
@@ -38,12 +38,14 @@ class LeastLoadedPolicy:
     def name(self) -> str:
         return NAME
 
-    def choose(self, request: RequestView, candidates: Sequence[NodeState], ctx: PolicyContext) -> Decision:
+    def choose(
+        self, request: RequestView, candidates: Sequence[NodeState], ctx: PolicyContext
+    ) -> RouteDecision:
         require_candidates(candidates)
         scores = {n.node_id: float(node_load_requests(n, ctx)) for n in candidates}
         tokens = {n.node_id: effective_queued_tokens(n, ctx) for n in candidates}
         best = pick_min(scores, tokens)
-        return Decision(
+        return RouteDecision(
             node_id=best,
             policy=NAME,
             reason=f"fewest requests ({scores[best]:.0f})",

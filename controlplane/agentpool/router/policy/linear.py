@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agentpool.router.policy.contract import (
-    Decision,
     NodeState,
     PolicyContext,
     RequestView,
+    RouteDecision,
     node_load_requests,
     pick_min,
     require_candidates,
@@ -43,7 +43,9 @@ class LinearPolicy:
     def name(self) -> str:
         return NAME
 
-    def choose(self, request: RequestView, candidates: Sequence[NodeState], ctx: PolicyContext) -> Decision:
+    def choose(
+        self, request: RequestView, candidates: Sequence[NodeState], ctx: PolicyContext
+    ) -> RouteDecision:
         require_candidates(candidates)
         lam = self.knobs.lam
         load = {n.node_id: float(node_load_requests(n, ctx)) for n in candidates}
@@ -55,7 +57,7 @@ class LinearPolicy:
             hit = request.prefix_on(n.node_id).total / length if length else 0.0
             scores[n.node_id] = (1.0 - lam) * l_hat + lam * (1.0 - hit)
         best = pick_min(scores, load)
-        return Decision(
+        return RouteDecision(
             node_id=best,
             policy=NAME,
             reason=f"lowest (1-lam)*load + lam*miss = {scores[best]:.3f}",

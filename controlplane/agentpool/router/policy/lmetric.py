@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agentpool.router.policy.contract import (
-    Decision,
     NodeState,
     PolicyContext,
     RequestView,
+    RouteDecision,
     effective_queued_tokens,
     node_load_requests,
     pick_min,
@@ -40,7 +40,9 @@ class LMetricPolicy:
     def name(self) -> str:
         return NAME
 
-    def choose(self, request: RequestView, candidates: Sequence[NodeState], ctx: PolicyContext) -> Decision:
+    def choose(
+        self, request: RequestView, candidates: Sequence[NodeState], ctx: PolicyContext
+    ) -> RouteDecision:
         require_candidates(candidates)
         left = {
             n.node_id: effective_queued_tokens(n, ctx)
@@ -50,7 +52,7 @@ class LMetricPolicy:
         }
         scores = {n.node_id: left[n.node_id] * node_load_requests(n, ctx) for n in candidates}
         best = pick_min(scores, left)
-        return Decision(
+        return RouteDecision(
             node_id=best,
             policy=NAME,
             reason=f"(q + L - c) * l = {left[best]:.0f} * load = {scores[best]:.0f}",

@@ -10,10 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agentpool.router.policy.contract import (
-    Decision,
     NodeState,
     PolicyContext,
     RequestView,
+    RouteDecision,
     require_candidates,
 )
 
@@ -34,11 +34,13 @@ class RoundRobinPolicy:
     def name(self) -> str:
         return NAME
 
-    def choose(self, request: RequestView, candidates: Sequence[NodeState], ctx: PolicyContext) -> Decision:
+    def choose(
+        self, request: RequestView, candidates: Sequence[NodeState], ctx: PolicyContext
+    ) -> RouteDecision:
         require_candidates(candidates)
         ids = sorted(n.node_id for n in candidates)
         last = self._last
         chosen = next((i for i in ids if last is None or i > last), ids[0])
         self._last = chosen
         cached = request.prefix_on(chosen).total
-        return Decision(node_id=chosen, policy=NAME, reason=f"next after {last}", cached_tokens=cached)
+        return RouteDecision(node_id=chosen, policy=NAME, reason=f"next after {last}", cached_tokens=cached)

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import xxhash
 
 from agentpool.router.policy.contract import (
-    Decision,
     NodeState,
     PolicyContext,
     RequestView,
+    RouteDecision,
     require_candidates,
 )
 from agentpool.router.policy.least_loaded import LeastLoadedPolicy
@@ -47,12 +47,14 @@ class SessionIdPolicy:
     def name(self) -> str:
         return NAME
 
-    def choose(self, request: RequestView, candidates: Sequence[NodeState], ctx: PolicyContext) -> Decision:
+    def choose(
+        self, request: RequestView, candidates: Sequence[NodeState], ctx: PolicyContext
+    ) -> RouteDecision:
         require_candidates(candidates)
         session = request.branch_id
         if session is None:
             d = self._without_session.choose(request, candidates, ctx)
-            return Decision(
+            return RouteDecision(
                 node_id=d.node_id,
                 policy=NAME,
                 reason=f"no session id: {d.reason}",
@@ -62,7 +64,7 @@ class SessionIdPolicy:
         weights = {n.node_id: affinity(session, n.node_id) for n in candidates}
         best = max(weights, key=lambda nid: (weights[nid], nid))
         scores = {nid: -float(w) for nid, w in weights.items()}
-        return Decision(
+        return RouteDecision(
             node_id=best,
             policy=NAME,
             reason=f"session {session!r} is pinned to {best}",

@@ -35,11 +35,11 @@ from typing import NamedTuple
 import xxhash
 
 from agentpool.router.policy.contract import (
-    Decision,
     NodeState,
     PolicyContext,
     RequestView,
     Role,
+    RouteDecision,
     effective_queued_tokens,
     is_fresh,
     linear_attention_cost_of,
@@ -106,7 +106,9 @@ class SMetricPolicy:
     def name(self) -> str:
         return NAME
 
-    def choose(self, request: RequestView, candidates: Sequence[NodeState], ctx: PolicyContext) -> Decision:
+    def choose(
+        self, request: RequestView, candidates: Sequence[NodeState], ctx: PolicyContext
+    ) -> RouteDecision:
         require_candidates(candidates)
         load: dict[str, float] = {}
         neg_hits: dict[str, float] = {}
@@ -138,8 +140,8 @@ class SMetricPolicy:
 
     def _decision(
         self, request: RequestView, node_id: str, reason: str, load: Mapping[str, float]
-    ) -> Decision:
-        return Decision(
+    ) -> RouteDecision:
+        return RouteDecision(
             node_id=node_id,
             policy=NAME,
             reason=reason,

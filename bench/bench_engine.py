@@ -1,13 +1,17 @@
 """The engine agent: host-pool fetch vs raw NIXL, switch times, overhead per request.
 
-    python -m bench.bench_engine [--block-kib 64] [--repeats 20] [--switches 12] [--requests 400]
+    python -m bench.bench_engine [--block-kib 1024] [--repeats 20] [--switches 12] [--requests 2000]
+                                 [--parts fetch progress switch overhead]
 
 1. Host-pool fetch: a peer process holds blocks in its NIXL-registered pool; this process fetches a
-   prefix of N blocks as the engine does (lease over HTTP, NIXL READ, byte check against the block
-   hashes, index) and, in the same run and on the same slots, a raw NIXL READ of the same bytes.
-   Throughput (GiB/s) and p50 latency by size; target: pool >= 80% of raw (median times) for
-   fetches of >= 16 MiB (a 64-token block of a 30B MoE model is ~6 MiB; smaller fetches are dominated
-   by the lease round trip to the peer).
+   prefix of N blocks as the engine does (lease on the lease channel, NIXL READ, index; with and
+   without the ``sim`` backend's byte check against the block hashes) and, interleaved in the same run
+   and on the same slots, a raw NIXL READ of the same bytes. Throughput (GiB/s, best of the repeats)
+   and median latency by size, with ratios; target: pool >= 80% of raw (median times) at every size.
+   Four fetches in flight at once as well (a queue of requests fetching their prefixes).
+1b. The NIXL progress thread: CPU of an idle process holding a pool with the thread's delay at 0 (the
+   nixl_agent wrapper's fixed value: the thread spins) and at the engine's delay, and the median
+   latency of a small fetch from each (the delay must not slow fetches).
 2. Switch times on the ``sim`` backend (an engine started from its CLI, the role flipped through its
    role file): drain excluded (``switch``) and included (``total``), idle and under load.
 3. Engine overhead per request with zero-time iterations: requests per CPU second of the engine
@@ -33,7 +37,7 @@ from aiohttp import web
 from agentpool.engine.hostpool import HostPool
 from agentpool.engine.http_errors import error_middleware
 from agentpool.engine.kv_peers import LEASE_PATH, KvExporter, PeerFetcher
-from agentpool.engine.nixl_transport import NixlTransport, PoolInfo
+from agentpool.engine.nixl_transport import PROGRESS_DELAY_US, NixlTransport, PoolInfo
 from agentpool.kv import ROOT_HASH, block_hashes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,11 +53,11 @@ def pct(xs: list[float], q: int) -> float:
 
 
 # -- 1. host-pool fetch vs raw NIXL ------------------------------------------------------------------
-async def serve_pool(blocks: int, block_bytes: int) -> None:
+async def serve_pool(blocks: int, block_bytes: int, delay_us: int) -> None:
     """The peer: a pool holding ``blocks`` blocks of one chain, its lease API on 127.0.0.1:0."""
     pool = HostPool(blocks, block_bytes)
     pool.store_generated(ROOT_HASH, chain(blocks), 0.0)
-    transport = NixlTransport("bench-peer", pool.buffer, block_bytes)
+    transport = NixlTransport("bench-peer", pool.buffer, block_bytes, progress_delay_us=delay_us)
     await transport.start()
     app = web.Application(middlewares=[error_middleware])
     exporter = KvExporter(pool, transport)
@@ -68,9 +72,12 @@ async def serve_pool(blocks: int, block_bytes: int) -> None:
     await asyncio.Event().wait()
 
 
-async def start_peer(blocks: int, block_bytes: int) -> tuple[asyncio.subprocess.Process, str]:
+async def start_peer(
+    blocks: int, block_bytes: int, delay_us: int = PROGRESS_DELAY_US
+) -> tuple[asyncio.subprocess.Process, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bench.bench_engine", "--serve-pool", str(blocks), str(block_bytes),
+        sys.executable, "-m", "bench.bench_engine",
+        "--serve-pool", str(blocks), str(block_bytes), str(delay_us),
         cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
     )  # fmt: skip
     assert proc.stdout is not None
@@ -91,61 +98,169 @@ async def bench_fetch(block_kib: int, repeats: int) -> bool:
     transport = NixlTransport("bench-local", pool.buffer, block_bytes)
     await transport.start()
     hashes = chain(4 * n_max)
-    ok = True
+    met = {"pool": True, "pool+check": True}
     try:
         async with aiohttp.ClientSession() as http:
-            fetcher = PeerFetcher(pool, transport, http, timeout_s=30.0, verify_stride=512)
+            checked = PeerFetcher(pool, transport, http, timeout_s=30.0, verify_stride=512)
+            plain = PeerFetcher(pool, transport, http, timeout_s=30.0, verify=False)
             async with http.post(url + LEASE_PATH, json={"block_hashes": hashes}) as r:
                 lease = await r.json()
             peer = PoolInfo.from_json(lease["pool"])
             remote_slots = lease["slots"]
-            await fetcher.fetch_prefix(url, hashes[:1])  # connect both sides once
-            pool.remove(list(pool.slot_of))
+            for f in (checked, plain):
+                await f.fetch_prefix(url, hashes[:1])  # open the lease channel, connect NIXL
+                pool.remove(list(pool.slot_of))
             print(
-                f"host-pool fetch (lease over HTTP, NIXL READ, check of one word per 4 KiB, index) vs raw "
-                f"NIXL READ of the same slots, {block_kib} KiB blocks, {repeats} interleaved repeats"
+                f"host-pool fetch (lease on the lease channel, NIXL READ, index; +check: the sim backend's "
+                f"byte check, one word per 4 KiB) vs raw NIXL READ of the same slots, {block_kib} KiB "
+                f"blocks, {repeats} repeats, the three in turn (order rotated); GiB/s: best; ms: median; "
+                f"ratio = raw time / pool time: median of the per-repeat ratios (paired), and of the medians"
             )
             print(
-                f"{'blocks':>7} {'MiB':>6} | {'raw GiB/s':>9} {'pool GiB/s':>10} {'ratio':>5} | "
-                f"{'raw p50 ms':>10} {'pool p50 ms':>11} {'ratio':>5}   (best of {repeats} | median)"
+                f"{'blocks':>6} {'MiB':>5} | {'raw':>6} {'pool':>6} {'+check':>6} GiB/s | {'raw':>6} "
+                f"{'pool':>6} {'+check':>6} ms | paired: {'pool':>5} {'+check':>6} | of medians: "
+                f"{'pool':>5} {'+check':>6}"
             )
+            kinds = ["raw", "pool", "pool+check"]
             for n in sizes:
-                raw_t: list[float] = []
-                pool_t: list[float] = []
-                for _ in range(repeats):
-                    res = pool.reserve(n)  # the same local slots the fetch will use
-                    pairs = list(zip(res.slots, remote_slots[:n], strict=True))
-                    t0 = time.perf_counter()
-                    await transport.read(peer, pairs, 30.0)
-                    raw_t.append(time.perf_counter() - t0)
-                    pool.release_slots(res.slots)
-                    t0 = time.perf_counter()
-                    got = await fetcher.fetch_prefix(url, hashes[:n])
-                    pool_t.append(time.perf_counter() - t0)
-                    assert len(got.blocks) == n and got.bytes == n * block_bytes
-                    pool.remove(hashes[:n])
+                times: dict[str, list[float]] = {k: [] for k in kinds}
+                for i in range(repeats):
+                    for kind in kinds[i % 3 :] + kinds[: i % 3]:
+                        f = plain if kind == "pool" else checked
+                        took = await _one_fetch(kind, n, pool, transport, peer, remote_slots, f, url, hashes)
+                        times[kind].append(took)
                 size = n * block_bytes
-                best = min(raw_t) / min(pool_t)
-                med = statistics.median(raw_t) / statistics.median(pool_t)
+                best = {k: min(v) for k, v in times.items()}
+                med = {k: statistics.median(v) for k, v in times.items()}
+                paired = {
+                    k: statistics.median(r / t for r, t in zip(times["raw"], times[k], strict=True))
+                    for k in kinds[1:]
+                }
                 print(
-                    f"{n:>7} {size / 2**20:>6.1f} | {size / min(raw_t) / 2**30:>9.2f} "
-                    f"{size / min(pool_t) / 2**30:>10.2f} {best:>5.2f} | "
-                    f"{statistics.median(raw_t) * 1e3:>10.2f} "
-                    f"{statistics.median(pool_t) * 1e3:>11.2f} {med:>5.2f}"
+                    f"{n:>6} {size / 2**20:>5.0f} | "
+                    + " ".join(f"{size / best[k] / 2**30:>6.2f}" for k in kinds)
+                    + "       | "
+                    + " ".join(f"{med[k] * 1e3:>6.2f}" for k in kinds)
+                    + f"    |         {paired['pool']:>5.2f} {paired['pool+check']:>6.2f} |             "
+                    + f"{med['raw'] / med['pool']:>5.2f} {med['raw'] / med['pool+check']:>6.2f}"
                 )
-                if size >= 16 << 20 and med < 0.8:
-                    ok = False
-            print(
-                "target: pool >= 0.80 x raw (median time of the repeats) for fetches of >= 16 MiB:",
-                "met" if ok else "NOT met",
-            )
-            await concurrent_fetches(fetcher, transport, peer, url, hashes, remote_slots, repeats)
-            await fetcher.close()
+                for k in met:
+                    met[k] = met[k] and paired[k] >= 0.8
+            for k, ok in met.items():
+                print(
+                    f"target: {k} >= 0.80 x raw (paired median) at every size: {'met' if ok else 'NOT met'}"
+                )
+            await lease_round_trips(http, plain, url, hashes[: sizes[0]], repeats)
+            await concurrent_fetches(checked, transport, peer, url, hashes, remote_slots, repeats)
+            await checked.close()
+            await plain.close()
     finally:
         proc.kill()
         await proc.wait()
         await transport.close()
-    return ok
+    return met["pool"] and met["pool+check"]
+
+
+async def lease_round_trips(
+    http: aiohttp.ClientSession, fetcher: PeerFetcher, url: str, hashes: list[int], repeats: int
+) -> None:
+    """The fixed cost of a fetch: a lease of ``hashes`` and its release, on the channel and on HTTP."""
+    ch = await fetcher._channel(url)
+    chan: list[float] = []
+    http_t: list[float] = []
+    for _ in range(repeats * 5):
+        t0 = time.perf_counter()
+        lease = await ch.call({"op": "lease", "block_hashes": hashes, "ttl_s": 30.0}, 30.0)
+        chan.append(time.perf_counter() - t0)
+        ch.send({"op": "release", "lease": lease["lease"]})
+        t0 = time.perf_counter()
+        async with http.post(url + LEASE_PATH, json={"block_hashes": hashes}) as r:
+            lease = await r.json()
+        http_t.append(time.perf_counter() - t0)
+        async with http.delete(f"{url}{LEASE_PATH}/{lease['lease']}") as r:
+            await r.read()
+    print(
+        f"lease of {len(hashes)} blocks, {repeats * 5} interleaved: lease channel median "
+        f"{statistics.median(chan) * 1e3:.2f} ms (p10 {pct(chan, 10) * 1e3:.2f}); HTTP POST (the previous "
+        f"way, plus a DELETE per fetch) median {statistics.median(http_t) * 1e3:.2f} ms (p10 "
+        f"{pct(http_t, 10) * 1e3:.2f})"
+    )
+
+
+async def _one_fetch(
+    kind: str,
+    n: int,
+    pool: HostPool,
+    transport: NixlTransport,
+    peer: PoolInfo,
+    remote_slots: list[int],
+    fetcher: PeerFetcher,
+    url: str,
+    hashes: list[int],
+) -> float:
+    """Seconds of one raw READ of ``n`` blocks into the slots a fetch would use, or of one fetch."""
+    if kind == "raw":
+        res = pool.reserve(n)
+        pairs = list(zip(res.slots, remote_slots[:n], strict=True))
+        t0 = time.perf_counter()
+        await transport.read(peer, pairs, 30.0)
+        took = time.perf_counter() - t0
+        pool.release_slots(res.slots)
+        return took
+    t0 = time.perf_counter()
+    got = await fetcher.fetch_prefix(url, hashes[:n])
+    took = time.perf_counter() - t0
+    assert len(got.blocks) == n and got.bytes == n * pool.block_bytes
+    pool.remove(hashes[:n])
+    return took
+
+
+async def bench_progress(block_kib: int, repeats: int) -> None:
+    """Idle CPU of a pool process by progress-thread delay, and fetch latency from each."""
+    block_bytes = block_kib << 10
+    n = 4
+    peers = [await start_peer(n, block_bytes, d) for d in (0, PROGRESS_DELAY_US)]
+    pool = HostPool(n, block_bytes)
+    transport = NixlTransport("bench-progress", pool.buffer, block_bytes)
+    await transport.start()
+    hashes = chain(n)
+    try:
+        async with aiohttp.ClientSession() as http:
+            fetcher = PeerFetcher(pool, transport, http, timeout_s=30.0, verify=False)
+            for _, url in peers:
+                await fetcher.fetch_prefix(url, hashes)
+                pool.remove(hashes)
+            await asyncio.sleep(1.0)
+            cpu0 = [cpu_seconds(p.pid) for p, _ in peers]
+            t0 = time.perf_counter()
+            await asyncio.sleep(3.0)
+            idle = [
+                (cpu_seconds(p.pid) - c) / (time.perf_counter() - t0)
+                for (p, _), c in zip(peers, cpu0, strict=True)
+            ]
+            lat: list[list[float]] = [[], []]
+            for _ in range(repeats):
+                for k, (_, url) in enumerate(peers):
+                    t = time.perf_counter()
+                    await fetcher.fetch_prefix(url, hashes)
+                    lat[k].append(time.perf_counter() - t)
+                    pool.remove(hashes)
+            await fetcher.close()
+    finally:
+        for p, _ in peers:
+            p.kill()
+            await p.wait()
+        await transport.close()
+    print(
+        f"NIXL progress thread: an idle pool process (after a fetch), and {repeats} fetches of "
+        f"{n} x {block_kib} KiB from it"
+    )
+    for k, d in enumerate((0, PROGRESS_DELAY_US)):
+        what = "0 (nixl_agent's fixed value: spins)" if d == 0 else f"{d} us (the engine's)"
+        print(
+            f"  delay {what:>36}: idle CPU {idle[k] * 100:5.1f}% of a core, fetch median "
+            f"{statistics.median(lat[k]) * 1e3:6.2f} ms, best {min(lat[k]) * 1e3:6.2f} ms"
+        )
 
 
 async def concurrent_fetches(
@@ -389,6 +504,8 @@ async def amain(args: argparse.Namespace) -> int:
     ok = True
     if "fetch" in args.parts:
         ok = await bench_fetch(args.block_kib, args.repeats)
+    if "progress" in args.parts:
+        await bench_progress(args.block_kib, args.repeats)
     with tempfile.TemporaryDirectory() as tmp:
         if "switch" in args.parts:
             await bench_switch(Path(tmp), args.switches)
@@ -407,9 +524,14 @@ def main() -> int:
     p.add_argument("--switches", type=int, default=12)
     p.add_argument("--requests", type=int, default=2000)
     p.add_argument(
-        "--parts", nargs="+", default=["fetch", "switch", "overhead"], choices=["fetch", "switch", "overhead"]
+        "--parts",
+        nargs="+",
+        default=["fetch", "progress", "switch", "overhead"],
+        choices=["fetch", "progress", "switch", "overhead"],
     )
-    p.add_argument("--serve-pool", nargs=2, type=int, metavar=("BLOCKS", "BYTES"), help=argparse.SUPPRESS)
+    p.add_argument(
+        "--serve-pool", nargs=3, type=int, metavar=("BLOCKS", "BYTES", "DELAY_US"), help=argparse.SUPPRESS
+    )
     args = p.parse_args()
     if args.serve_pool:
         asyncio.run(serve_pool(*args.serve_pool))

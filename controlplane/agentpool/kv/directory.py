@@ -251,7 +251,14 @@ class Directory:
             del state.pending[node]  # the branch was rewritten since: its next placement decides
             changes.branches.add(state.branch_id)
             return
-        if not self.index.has_node(node) or not self.index.holds_all(node, state.path[: move.blocks]):
+        if not self.index.has_node(node):
+            return
+        n = move.blocks
+        # the path's last block is the one likeliest missing (a prefill stores the path whole): a
+        # store of another branch's blocks then costs one lookup per pending move, not a path's walk
+        if n and self.index.last_access(node, state.path[n - 1]) is None:
+            return
+        if not self.index.holds_all(node, state.path[:n]):
             return
         del state.pending[node]
         phase = self._phases[node]

@@ -190,9 +190,15 @@ class Node:
         items: list[PrefillBatchItem] = []
         sync = 0.0
         keep: deque[Request] = deque()
-        while self.queue:
-            r = self.queue.popleft()
-            if budget <= 0 or r.fetch_ready_at > now + _EPS:
+        queue = self.queue
+        ready_by = now + _EPS
+        while queue:
+            if budget <= 0:  # the chunk is full: the rest stays queued, in order (no scan of it)
+                keep.extend(queue)
+                queue.clear()
+                break
+            r = queue.popleft()
+            if r.fetch_ready_at > ready_by:
                 keep.append(r)
                 continue
             todo = r.uncached_tokens - r.done_uc

@@ -49,19 +49,29 @@ class EquationTimes:
 
 
 class NoisyTimes:
-    """``base`` times ``max(0.1, 1 + sigma * N(0, 1))``, one draw per iteration asked."""
+    """``base`` times ``max(0.1, 1 + sigma * N(0, 1))``, one draw per iteration asked.
 
-    __slots__ = ("_normal", "base", "sigma")
+    The normal draws come from ``rng`` in blocks of :attr:`BLOCK` (one call per block instead of
+    one per iteration): a numpy ``Generator`` gives the same sequence either way."""
+
+    __slots__ = ("_draws", "_rng", "base", "sigma")
+    BLOCK = 512
 
     def __init__(self, base: IterationTimes, sigma: float, rng: np.random.Generator) -> None:
         if not 0.0 <= sigma < 1.0:
             raise ValueError(f"noise sigma must be in [0, 1), got {sigma}")
         self.base = base
         self.sigma = sigma
-        self._normal = rng.standard_normal
+        self._rng = rng
+        self._draws: list[float] = []  # drawn, not used yet (last one first)
 
     def _factor(self) -> float:
-        return max(0.1, 1.0 + self.sigma * float(self._normal())) if self.sigma else 1.0
+        if not self.sigma:
+            return 1.0
+        draws = self._draws
+        if not draws:
+            draws.extend(reversed(self._rng.standard_normal(self.BLOCK).tolist()))
+        return max(0.1, 1.0 + self.sigma * draws.pop())
 
     def prefill_s(self, batch: Sequence[PrefillBatchItem]) -> float:
         return self.base.prefill_s(batch) * self._factor()

@@ -303,7 +303,8 @@ def effective_service_s(node: NodeState, ctx: PolicyContext) -> float:
     """
     m = node.model
     u = node.unreported
-    unreported = eq3_of_sums(m, u.t_uc, u.t_c, u.pairs)
+    # Eq. 3 of nothing is 0.0 (coefficients are finite): skipped for the shared empty queue
+    unreported = 0.0 if u is EMPTY_QUEUE else eq3_of_sums(m, u.t_uc, u.t_c, u.pairs)
     age = node.report_age_s
     if age is not None and age <= ctx.max_report_age_s:
         q = node.queue

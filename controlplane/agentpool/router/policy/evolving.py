@@ -122,6 +122,7 @@ class EvolvingPolicy:
         scores: dict[str, float] = {}
         parts: dict[str, tuple[float, _Own]] = {}
         nan = False
+        # the loop runs for every candidate of every request: _ttft is written out (same operations)
         for n in candidates:
             nid = n.node_id
             local = prefix(nid, NO_PREFIX).total
@@ -130,7 +131,8 @@ class EvolvingPolicy:
             if own is None:
                 own = owns[key] = _own(request, local, n.model, ctx)
             wait = effective_service_s(n, ctx)
-            score = scores[nid] = _ttft(wait, own)
+            exposed = own.tau_s - wait
+            score = scores[nid] = wait + own.service_s + (exposed if exposed > 0.0 else 0.0) + own.copy_s
             parts[nid] = (wait, own)
             if score != score:
                 nan = True

@@ -20,8 +20,17 @@ The algorithm:
    nodes move is fixed by a deterministic ranking (see :func:`_mover_order`).
 3. Gains ``g_i = Θ(candidate; w̄_i, q̄_i) - Θ(current; w̄_i, q̄_i)`` (Eq. 6) on every slice.
 4. A candidate qualifies if ``mean(g) > z·sd(g)/sqrt(m)`` (z = 2; sd is the sample standard
-   deviation, ddof = 1). Switch to the qualifying candidate with the largest mean gain; ties go
+   deviation, ddof = 1) and its decode nodes hold the running contexts wherever the current
+   split's do (below). Switch to the qualifying candidate with the largest mean gain; ties go
    to the candidate that moves fewer nodes, then to the smaller prefill count.
+
+Decode capacity needs KV room. A node with a known decode KV capacity (``PlannerNode.kv_capacity_tokens``,
+tokens of GPU memory for running requests) runs at most ``capacity / kv`` requests at once, where
+``kv = t_uc + t_c + t_out`` is the slice's average request's KV (prompt and output, the room the
+router reserves): its ``mu_D`` uses ``B = min(q̄/|D|, capacity / kv)``. A split *holds* a slice when
+its decode nodes' capacities add up to at least ``q̄ · kv``; a candidate that leaves more slices
+short of KV room than the current split does is not feasible and never qualifies (its evidence is
+still reported). Nodes without a capacity (``inf``, the default) are not limited: Eq. 4 as written.
 """
 
 from __future__ import annotations
@@ -59,10 +68,13 @@ class PlannerNode:
     role: Role  # PREFILL or DECODE: the planner runs once disaggregation has started
     draining: bool = False
     pinned: bool = False
+    kv_capacity_tokens: float = math.inf  # decode KV room of its GPU memory (inf: not limited)
 
     def __post_init__(self) -> None:
         if self.role is Role.BOTH:
             raise ValueError(f"node {self.name!r} serves both phases: the planner places prefill or decode")
+        if not self.kv_capacity_tokens > 0:
+            raise ValueError(f"node {self.name}: KV capacity must be positive, got {self.kv_capacity_tokens}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +155,7 @@ class Candidate:
     mean_gain: float
     std_error: float
     qualifies: bool
+    kv_short_slices: int = 0  # slices whose running contexts its decode nodes cannot hold
 
     @property
     def moves(self) -> int:
@@ -221,7 +234,14 @@ def plan(inp: PlannerInput, policy: PlannerPolicy) -> SplitDecision:
     }
     cur_p, cur_d = by_role[Role.PREFILL], by_role[Role.DECODE]
     s = SliceArrays.of(kept)
-    p_arrays, d_arrays = NodeArrays.of([n.model for n in cur_p]), NodeArrays.of([n.model for n in cur_d])
+    p_arrays = NodeArrays.of([n.model for n in cur_p], [n.kv_capacity_tokens for n in cur_p])
+    d_arrays = NodeArrays.of([n.model for n in cur_d], [n.kv_capacity_tokens for n in cur_d])
+    # KV room: what the running contexts need per slice, and the decode capacity of each split
+    kv_demand = s.occupancy * s.kv_per_request
+    p_caps = [n.kv_capacity_tokens for n in cur_p]
+    d_caps = [n.kv_capacity_tokens for n in cur_d]
+    d_room = sum(d_caps)
+    current_short = _kv_short(d_room, kv_demand)
     p_rates = p_arrays.prefill_rates(s)  # (|P|, m)
     d_as_p_rates = d_arrays.prefill_rates(s)  # (|D|, m): decode nodes' prefill rates if moved
     prefill_sum = p_rates.sum(axis=0)
@@ -249,6 +269,8 @@ def plan(inp: PlannerInput, policy: PlannerPolicy) -> SplitDecision:
             rates = d_arrays.decode_rates(s, len(cur_d) - j)
             new_decode = rates.sum(axis=0) - rates[up[:j]].sum(axis=0)
             to_p, to_d = tuple(cur_d[i].name for i in up[:j]), ()
+            moved = {int(i) for i in up[:j]}
+            room = sum(c for i, c in enumerate(d_caps) if i not in moved)  # no inf - inf
         else:
             j = len(cur_p) - p
             new_prefill = prefill_sum - down_prefill[j - 1]
@@ -256,9 +278,11 @@ def plan(inp: PlannerInput, policy: PlannerPolicy) -> SplitDecision:
             moved_decode = p_arrays.decode_rates(s, k)[down[:j]].sum(axis=0)
             new_decode = _decode_sum(d_arrays, s, k) + moved_decode
             to_p, to_d = (), tuple(cur_p[i].name for i in down[:j])
+            room = d_room + sum(p_caps[i] for i in down[:j])
         gains = np.minimum(new_prefill, new_decode) - current
         mean = float(gains.mean())
         se = float(gains.std(ddof=1)) / math.sqrt(m)
+        short = _kv_short(room, kv_demand)
         candidates.append(
             Candidate(
                 prefill_count=p,
@@ -267,7 +291,8 @@ def plan(inp: PlannerInput, policy: PlannerPolicy) -> SplitDecision:
                 gains=tuple(float(g) for g in gains),
                 mean_gain=mean,
                 std_error=se,
-                qualifies=mean > policy.significance * se,
+                qualifies=mean > policy.significance * se and short <= current_short,
+                kv_short_slices=short,
             )
         )
 
@@ -278,6 +303,9 @@ def plan(inp: PlannerInput, policy: PlannerPolicy) -> SplitDecision:
         why = (
             "no candidate split within the min nodes per phase and pinned nodes"
             if best is None
+            else f"best candidate {best.prefill_count}P: its decode nodes cannot hold the running "
+            f"contexts on {best.kv_short_slices} of {m} slices (the current split: {current_short})"
+            if best.kv_short_slices > current_short and best.mean_gain > policy.significance * best.std_error
             else f"best candidate {best.prefill_count}P has mean gain {best.mean_gain:.4g}/s, "
             f"not above {policy.significance:g} x standard error {best.std_error:.4g}/s"
         )
@@ -333,6 +361,14 @@ def initial_roles(
 def _rank_key(c: Candidate) -> tuple[float, int, int]:
     """Largest mean gain first; then fewer moves; then the smaller prefill count."""
     return (c.mean_gain, -c.moves, -c.prefill_count)
+
+
+def _kv_short(room: float, demand: FloatArray) -> int:
+    """Slices on which decode KV room ``room`` (tokens, summed over a split's decode nodes) is less
+    than the running contexts need."""
+    if room == math.inf:
+        return 0
+    return int(np.count_nonzero(demand > room))
 
 
 def _decode_sum(arrays: NodeArrays, s: SliceArrays, decode_nodes: int) -> FloatArray:

@@ -29,6 +29,13 @@ class SliceArrays:
     t_acc: FloatArray
     occupancy: FloatArray
 
+    @property
+    def kv_per_request(self) -> FloatArray:
+        """KV tokens a decoding request holds at most: its prompt and its output (the room the
+        router reserves when it binds a request to a decode node), per slice."""
+        result: FloatArray = self.t_uc + self.t_c + self.t_out
+        return result
+
     @staticmethod
     def of(slices: Sequence[WorkSlice]) -> SliceArrays:
         def col(values: list[float]) -> FloatArray:
@@ -59,11 +66,19 @@ class NodeArrays:
     log_miss: FloatArray  # log(1 - k/E) per node; 0 where every expert is read (dense or k == E)
     all_experts: npt.NDArray[np.bool_]  # phi == 1: a dense model, or k == E
     t_fwd: FloatArray
+    kv_capacity: FloatArray | None = None  # decode KV tokens a node holds (None: not limited)
 
     @staticmethod
-    def of(models: Sequence[NodeModel]) -> NodeArrays:
-        def col(values: list[float]) -> FloatArray:
+    def of(models: Sequence[NodeModel], kv_capacity: Sequence[float] | None = None) -> NodeArrays:
+        """``kv_capacity``: each node's decode KV room in tokens (``inf``: not limited); None: no
+        node is limited (Eq. 4 as the paper writes it)."""
+
+        def col(values: Sequence[float]) -> FloatArray:
             return np.asarray(values, dtype=np.float64).reshape(-1, 1)
+
+        if kv_capacity is not None and len(kv_capacity) != len(models):
+            raise ValueError(f"{len(kv_capacity)} KV capacities for {len(models)} nodes")
+        limited = kv_capacity is not None and any(c < np.inf for c in kv_capacity)
 
         return NodeArrays(
             c0=col([m.prefill.c0 for m in models]),
@@ -78,6 +93,7 @@ class NodeArrays:
             log_miss=col([_log_miss(m) for m in models]),
             all_experts=np.asarray([_log_miss(m) == 0.0 for m in models], dtype=np.bool_).reshape(-1, 1),
             t_fwd=col([m.decode.t_fwd for m in models]),
+            kv_capacity=col(kv_capacity) if limited and kv_capacity is not None else None,
         )
 
     def prefill_rates(self, s: SliceArrays) -> FloatArray:
@@ -100,11 +116,17 @@ class NodeArrays:
     def decode_rates(self, s: SliceArrays, decode_nodes: int) -> FloatArray:
         """``mu_D`` (Eq. 4 inverted) of every node at ``B = q̄/decode_nodes``, shape (n, m).
 
-        With no request in decode (``q̄ = 0``) a node completes nothing: rate 0.
+        With no request in decode (``q̄ = 0``) a node completes nothing: rate 0. A node with a KV
+        capacity runs at most the requests whose KV it holds: ``B = min(q̄/decode_nodes,
+        capacity / kv_per_request)`` (the rest wait for KV room and add nothing to its rate).
         """
         if decode_nodes < 1:
             raise ValueError(f"decode rates need at least one decode node, got {decode_nodes}")
-        batch = s.occupancy / float(decode_nodes)
+        batch: FloatArray = s.occupancy / float(decode_nodes)
+        if self.kv_capacity is not None:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                room = np.where(s.kv_per_request > 0, self.kv_capacity / s.kv_per_request, np.inf)
+            batch = np.minimum(batch, room)
         # B*t_acc / (T_iter(B)*t_out): requests completed per second; a vanishing batch gives ~0.
         with np.errstate(divide="ignore", invalid="ignore"):
             rates = batch * s.t_acc / (self.decode_iteration_times(batch) * s.t_out)

@@ -25,6 +25,7 @@ from agentpool.planner.core import (
     initial_roles,
     plan,
 )
+from agentpool.planner.throughput import NodeArrays, SliceArrays
 
 POLICY = PlannerPolicy()
 
@@ -242,3 +243,65 @@ def test_initial_roles_keep_pins_and_fill_prefill_in_name_order() -> None:
         initial_roles(names, {}, prefill=5, policy=POLICY)
     with pytest.raises(ValueError, match="not in the pool"):
         initial_roles(names, {"x": Role.DECODE}, prefill=1, policy=POLICY)
+
+
+# ---- decode KV room ----------------------------------------------------------------------------
+
+
+def _with_kv(ns: tuple[PlannerNode, ...], capacity: float) -> tuple[PlannerNode, ...]:
+    return tuple(dataclasses.replace(n, kv_capacity_tokens=capacity) for n in ns)
+
+
+def test_a_split_whose_decode_nodes_cannot_hold_the_running_contexts_is_not_chosen() -> None:
+    # OSWorld-like at 60 requests in flight: each holds 12K + 80K + 300 tokens of KV, 5.5M in all.
+    slices = tuple(noisy_slices(OSWORLD, 10, 0.02, np.random.default_rng(5)))
+    demand = [s.decode_occupancy * (s.work.t_uc + s.work.t_c + s.work.t_out) for s in slices]
+    unlimited = plan(PlannerInput(nodes=nodes(prefill=2), slices=slices), POLICY)
+    assert unlimited.chosen is not None and unlimited.chosen.prefill_count == 6  # 3 decode nodes
+    # 1.6M tokens of decode KV per node: 3 nodes (4.8M) cannot hold the contexts, 4 (6.4M) can
+    capacity = 1.6e6
+    assert 3 * capacity < min(demand) and 4 * capacity > max(demand)
+    d = plan(PlannerInput(nodes=_with_kv(nodes(prefill=2), capacity), slices=slices), POLICY)
+    assert d.outcome is Outcome.SWITCH, d.reason
+    assert d.chosen is not None and d.chosen.prefill_count == 5
+    for c in d.candidates:
+        assert c.kv_short_slices == (10 if c.prefill_count >= 6 else 0), c
+        if c.prefill_count >= 6:
+            assert not c.qualifies
+
+
+def test_kv_room_caps_the_decode_batch_of_eq4() -> None:
+    # Putnam-like, decode-heavy: 300 requests of 38K tokens; 8 decode nodes of 1M tokens hold 26 each
+    s = WorkSlice(*PUTNAM)
+    arrays = NodeArrays.of([NODE] * 8, [1.0e6] * 8)
+    per_node = 1.0e6 / (s.work.t_uc + s.work.t_c + s.work.t_out)
+    assert per_node < s.decode_occupancy / 8
+    rates = arrays.decode_rates(SliceArrays.of([s]), 8)
+    assert rates[:, 0] == pytest.approx([NODE.decode_rate(s.work, per_node)] * 8, rel=1e-12)
+    # without a capacity (or an infinite one) the batch is q̄/|D|, as Eq. 4 writes it
+    for free in (NodeArrays.of([NODE] * 8), NodeArrays.of([NODE] * 8, [float("inf")] * 8)):
+        assert free.decode_rates(SliceArrays.of([s]), 8)[:, 0] == pytest.approx(
+            [NODE.decode_rate(s.work, s.decode_occupancy / 8)] * 8, rel=1e-12
+        )
+
+
+def test_infinite_kv_capacity_decides_as_before() -> None:
+    for seed in range(10):
+        slices = tuple(noisy_slices(OSWORLD if seed % 2 else PUTNAM, 10, 0.08, np.random.default_rng(seed)))
+        a = plan(PlannerInput(nodes=nodes(prefill=4), slices=slices), POLICY)
+        b = plan(PlannerInput(nodes=_with_kv(nodes(prefill=4), float("inf")), slices=slices), POLICY)
+        assert a == b
+
+
+def test_a_pool_already_short_of_kv_room_may_still_add_decode_nodes() -> None:
+    # Putnam-like with 5P4D: 4 decode nodes of 2M tokens hold 210 of the 300 running contexts
+    slices = tuple(noisy_slices(PUTNAM, 10, 0.02, np.random.default_rng(9)))
+    d = plan(PlannerInput(nodes=_with_kv(nodes(prefill=5), 2.0e6), slices=slices), POLICY)
+    assert d.outcome is Outcome.SWITCH, d.reason
+    assert d.chosen is not None and d.chosen.prefill_count < 5
+    assert d.chosen.kv_short_slices <= 10
+
+
+def test_kv_capacity_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="KV capacity"):
+        PlannerNode("n0", NODE, Role.DECODE, kv_capacity_tokens=0.0)

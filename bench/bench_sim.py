@@ -28,6 +28,7 @@ from typing import Any
 
 from agentpool.sim.cli import compare
 from agentpool.sim.planners import ModelSource, PlannerSettings
+from agentpool.sim.presets import preset
 from agentpool.sim.report import markdown_table
 from agentpool.sim.run import (
     Scenario,
@@ -368,37 +369,67 @@ def smetric(args: argparse.Namespace) -> None:
 
 
 def scale(args: argparse.Namespace) -> None:
-    """App. D.2: 64 nodes, 10 agents per GPU; static PD at the paper's reference split 24P40D."""
+    """App. D.2: 64 nodes, 10 agents per GPU; static PD at the paper's reference split 24P40D.
+
+    ``--scale-nodes N`` keeps D.2's shape at N nodes (10 agents per GPU, 24/64 of the nodes
+    prefilling); one system with ``--jobs 1`` prints a progress line (simulated minute, wall time,
+    requests) every simulated minute, so a run cut short still says how far it got."""
+    nodes = args.scale_nodes
+    gpus = preset(Scenario().preset).truth.hardware.gpus
+    prefill = round(nodes * 24 / 64)
+    agents = 10 * gpus * nodes
     sc = Scenario(
         trace=args.trace,
-        agents=2560,
+        agents=agents,
         warmup_s=args.warmup,
         duration_s=args.duration,
         ramp_s=args.ramp,
-        static_prefill_nodes=24,
-        sim=SimConfig(nodes=64, prefill_nodes=24),
+        static_prefill_nodes=prefill,
+        sim=SimConfig(nodes=nodes, prefill_nodes=prefill),
     )
     systems = [s.strip() for s in args.scale_systems.split(",") if s.strip()]
     t = time.perf_counter()
-    res = compare(sc, systems, quiet=True, jobs=args.jobs)
+    cpu = time.process_time()
+    if len(systems) == 1 and args.jobs == 1:
+        convs = load_conversations(sc)
+        end = sc.warmup_s + sc.duration_s
+
+        def progress(done: float) -> None:
+            print(
+                f"  simulated {done * end / 60:.0f} of {end / 60:.0f} min, "
+                f"{time.perf_counter() - t:.0f} s wall, {time.process_time() - cpu:.0f} s CPU",
+                flush=True,
+            )
+
+        res = [run_system(systems[0], sc, convs, progress=progress)]
+    else:
+        res = compare(sc, systems, quiet=True, jobs=args.jobs)
     wall = time.perf_counter() - t
+    cpu = time.process_time() - cpu
+    gpu_count = gpus * nodes
     for r in res:
         print(
-            f"256 GPUs (64 nodes), 2,560 agents, {r['system']}: {r['requests_simulated']} requests, "
-            f"{r['wall_s']:.0f} s of simulation"
+            f"{gpu_count:,} GPUs ({nodes} nodes), {agents:,} agents, {r['system']}: "
+            f"{r['requests_simulated']} requests, {r['wall_s']:.0f} s of simulation"
         )
-    print(f"whole comparison: {wall:.0f} s wall with {min(args.jobs, len(systems))} job(s)")
-    _print("256 GPUs", res)
+    print(
+        f"whole comparison: {wall:.0f} s wall, {cpu:.0f} s CPU of this process, with "
+        f"{min(args.jobs, len(systems))} job(s)"
+    )
+    _print(f"{gpu_count} GPUs", res)
     if args.write:
+        minutes = (sc.warmup_s + sc.duration_s) / 60
         _write(
-            "scale",
-            "App. D.2 setting: 64 nodes (256 GB300 GPUs), 10 agents per GPU",
-            [(f"{', '.join(systems)}; 2,560 agents", sc, res)],
+            args.name or "scale",
+            f"App. D.2 setting: {nodes} nodes ({gpu_count:,} GB300 GPUs), 10 agents per GPU",
+            [(f"{', '.join(systems)}; {agents:,} agents", sc, res)],
             f"Wall time of the whole comparison (including trace loading): {wall:.0f} s on this machine "
             f"(2 cores, {min(args.jobs, len(systems))} simulation(s) at once; each run's own time is its "
-            "'wall s'). Agents start evenly over the ramp, so the first requests (long uncached prompts) "
-            "do not arrive in one burst. Planned systems start from 24P40D; static-cache-aware stays at "
-            "24P40D, the split the paper normalizes D.2's throughput to.",
+            f"'wall s'; {cpu:.0f} s CPU in the bench process, which with one job runs the simulation "
+            f"itself). {minutes:g} simulated minutes, {args.ramp:g} s ramp. Agents start evenly over the "
+            f"ramp, so the first requests (long uncached prompts) do not arrive in one burst. Planned "
+            f"systems start from {prefill}P{nodes - prefill}D; static-cache-aware stays there (at 64 "
+            "nodes, 24P40D: the split the paper normalizes D.2's throughput to).",
         )
 
 
@@ -492,6 +523,7 @@ def main(argv: list[str] | None = None) -> int:
         default="agentpool,static-cache-aware,dynamo-like",
         help="scale: systems (comma-separated)",
     )
+    p.add_argument("--scale-nodes", type=int, default=64, help="scale: nodes (10 agents per GPU)")
     p.add_argument("--noises", type=float, nargs="*", default=[0.02, 0.05, 0.10], help="fit: noise levels")
     p.add_argument(
         "--fractions",
@@ -510,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
         "--seeds", type=int, nargs="*", default=None, help="cc, smetric: mean and spread over these seeds"
     )
     p.add_argument("--systems", default=None, help="cc --seeds, smetric: systems (comma-separated)")
-    p.add_argument("--name", default=None, help="cc --seeds, smetric: results file name (sim_NAME.md)")
+    p.add_argument("--name", default=None, help="cc --seeds, smetric, scale: results file name (sim_NAME.md)")
     p.add_argument("--write", action="store_true", help="store the results under bench/results/")
     args = p.parse_args(argv)
     {

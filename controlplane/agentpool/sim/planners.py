@@ -11,9 +11,9 @@
   until then they use the preset's Eq. 1/2 coefficients (the paper's fit) as a prior. ``preset``
   keeps that prior throughout. Neither is the truth: the simulated nodes run on the preset's
   roofline model (:mod:`agentpool.node.roofline`), and the planner log reports the fitted models'
-  error against it (:mod:`agentpool.sim.fiterror`). The
-  simulated pool is homogeneous and starts disaggregated, so the fit pools the records of all
-  nodes per phase (the live planner warms up colocated and fits each node); a window whose records
+  error against it (:mod:`agentpool.sim.fiterror`), per node. As the live planner does, each node
+  is fitted on its own records (:class:`OnlineFit`); the simulated pool starts disaggregated, so a
+  phase a node never ran is fitted on every node's records of that phase. A window whose records
   cannot be fitted is logged and the next window tries again with more records.
 
   What ``q̄`` counts (``SimConfig.occupancy``). Read literally ("requests in decode"), ``q̄`` makes
@@ -51,6 +51,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -78,7 +79,7 @@ from agentpool.planner.core import (
     split_throughput,
 )
 from agentpool.sim.dynamo import DynamoLoadPlanner, DynamoSettings
-from agentpool.sim.fiterror import fit_error
+from agentpool.sim.fiterror import FitError, fit_error
 from agentpool.sim.simulator import Simulator
 from agentpool.sim.systems import PlannerKind
 
@@ -155,6 +156,7 @@ def _planner_nodes(sim: Simulator) -> tuple[PlannerNode, ...]:
             sim.models[n.index],
             n.role,
             draining=sim.switching and n.status is not NodeStatus.SERVING,
+            kv_capacity_tokens=float(n.kv_capacity_tokens),  # decode capacity needs KV room
         )
         for n in sim.nodes
     )
@@ -171,8 +173,29 @@ def _last_switch(sim: Simulator) -> LastSwitch | None:
     return LastSwitch(applied, max(done, default=applied))
 
 
+@dataclass(frozen=True, slots=True)
+class NodeFitted:
+    """One node's fitted models, where each phase's records came from, and its error vs the truth."""
+
+    node: str
+    prefill: PrefillFit
+    decode: DecodeFit
+    prefill_own: bool  # fitted on the node's own records (else: on every node's, see OnlineFit)
+    decode_own: bool
+    error: FitError
+
+
 class OnlineFit:
-    """Collects the nodes' iterations as noisy records until a fit of both phases succeeds."""
+    """Collects each node's iterations as noisy records, then fits every node's models on its own
+    records, by the live planner's NNLS (:func:`~agentpool.models.fitting.fit_prefill` and
+    ``fit_decode``, which :func:`~agentpool.models.fitting.fit_nodes` runs per node).
+
+    The live planner warms up colocated, so each node has records of both phases; the simulated
+    pool starts disaggregated, so a node has records of the phase it serves only. A phase with
+    fewer than :attr:`MIN_RECORDS` records of the node's own is fitted on the records of all nodes
+    (the node never ran it; the planner needs its rate should it move there), and the node's entry
+    in the log says so. The fit runs once both phases have :attr:`MIN_RECORDS` records in all,
+    then the models stay frozen, as the live planner's do."""
 
     MIN_RECORDS = 20  # per phase, like a warmup that saw enough batches
 
@@ -182,8 +205,8 @@ class OnlineFit:
         self.sim = sim
         self.noise = noise
         self.rng = np.random.default_rng(seed)
-        self.prefill: list[PrefillIterationRecord] = []
-        self.decode: list[DecodeIterationRecord] = []
+        self.prefill: dict[str, list[PrefillIterationRecord]] = {}
+        self.decode: dict[str, list[DecodeIterationRecord]] = {}
         self.done = False
         self._others = {node.index: node.on_iteration for node in sim.nodes}  # hooks set before: kept
         for node in sim.nodes:
@@ -202,49 +225,106 @@ class OnlineFit:
     def record(self, it: Iteration) -> None:
         if it.batch and it.running == 0:  # a pure prefill iteration (mixed ones fit neither model)
             seconds = noisy(it.prefill_s, self.noise, self.rng)
-            self.prefill.append(PrefillIterationRecord(it.node, it.start, it.batch, seconds))
+            rec = PrefillIterationRecord(it.node, it.start, it.batch, seconds)
+            self.prefill.setdefault(it.node, []).append(rec)
         elif not it.batch and it.iterations >= 1.0:  # a decode stretch: one record of its iteration time
             seconds = noisy(it.decode_s, self.noise, self.rng)
-            self.decode.append(DecodeIterationRecord(it.node, it.start, it.running, seconds))
+            self.decode.setdefault(it.node, []).append(
+                DecodeIterationRecord(it.node, it.start, it.running, seconds)
+            )
 
-    def try_fit(self) -> tuple[PrefillFit, DecodeFit] | str:
-        """Fit both phases and give every node the fitted coefficients, or say why not yet."""
-        if len(self.prefill) < self.MIN_RECORDS or len(self.decode) < self.MIN_RECORDS:
-            return f"not enough iterations to fit yet: {len(self.prefill)} prefill, {len(self.decode)} decode"
+    def try_fit(self) -> list[NodeFitted] | str:
+        """Fit every node and give it its models, or say why not yet."""
+        n_p = sum(map(len, self.prefill.values()))
+        n_d = sum(map(len, self.decode.values()))
+        if n_p < self.MIN_RECORDS or n_d < self.MIN_RECORDS:
+            return f"not enough iterations to fit yet: {n_p} prefill, {n_d} decode"
         d = self.sim.preset.decode
-        pf = fit_prefill(self.prefill)
-        df = fit_decode(self.decode, MoeShape(d.experts_active, d.experts_total, d.t_fwd))
+        shape = MoeShape(d.experts_active, d.experts_total, d.t_fwd)
+        pooled_p: PrefillFit | None = None
+        pooled_d: DecodeFit | None = None
+        out: list[NodeFitted] = []
         models = self.sim.models
-        for i, m in enumerate(models):
-            models[i] = replace(m, prefill=pf.model, decode=df.model)
+        for node in self.sim.nodes:
+            own_p = self.prefill.get(node.name, [])
+            own_d = self.decode.get(node.name, [])
+            if len(own_p) >= self.MIN_RECORDS:
+                pf = fit_prefill(own_p)
+            else:
+                pooled_p = pooled_p or fit_prefill([r for rs in self.prefill.values() for r in rs])
+                pf = pooled_p
+            if len(own_d) >= self.MIN_RECORDS:
+                df = fit_decode(own_d, shape)
+            else:
+                pooled_d = pooled_d or fit_decode([r for rs in self.decode.values() for r in rs], shape)
+                df = pooled_d
+            err = fit_error(self.sim.truth, pf.model, df.model, self.sim.preset.gpu_kv_tokens)
+            own = (len(own_p) >= self.MIN_RECORDS, len(own_d) >= self.MIN_RECORDS)
+            out.append(NodeFitted(node.name, pf, df, own[0], own[1], err))
+            models[node.index] = replace(models[node.index], prefill=pf.model, decode=df.model)
         for node in self.sim.nodes:
             node.on_iteration = self._others[node.index]
         self.done = True
-        return pf, df
+        return out
 
 
-def _fit_log(sim: Simulator, at: float, fitted: tuple[PrefillFit, DecodeFit] | str) -> dict[str, float | str]:
+def _fit_log(sim: Simulator, at: float, fitted: list[NodeFitted] | str) -> dict[str, Any]:
     if isinstance(fitted, str):
         return {"at": at, "outcome": "fit", "reason": fitted}
-    pf, df = fitted
-    p, d = pf.model, df.model
-    err = fit_error(sim.truth, p, d, sim.preset.gpu_kv_tokens)
-    sim.metrics.fit_error = err.as_dict()
+    errs = [f.error for f in fitted]
+
+    def mean(xs: list[float]) -> float:
+        return sum(xs) / len(xs)
+
+    summary = {
+        "prefill_mean": mean([e.prefill_mean for e in errs]),  # means over nodes of each node's error
+        "prefill_max": max(e.prefill_max for e in errs),  # the worst point of the worst node
+        "prefill_batch_mean": mean([e.batch_mean for e in errs]),
+        "decode_mean": mean([e.decode_mean for e in errs]),
+        "decode_max": max(e.decode_max for e in errs),
+        "prefill_mean_worst_node": max(e.prefill_mean for e in errs),
+        "decode_mean_worst_node": max(e.decode_mean for e in errs),
+        "nodes": float(len(fitted)),
+        "nodes_prefill_own": float(sum(f.prefill_own for f in fitted)),
+        "nodes_decode_own": float(sum(f.decode_own for f in fitted)),
+    }
+    sim.metrics.fit_error = summary
+    held_p = [f.prefill.report.mape_held_out for f in fitted if f.prefill_own]
+    held_d = [f.decode.report.mape_held_out for f in fitted if f.decode_own]
     return {
         "at": at,
         "outcome": "fit",
         "error_vs_truth": (
-            f"prefill {100 * err.prefill_mean:.1f}% mean ({100 * err.prefill_max:.1f}% max), "
-            f"batches {100 * err.batch_mean:.1f}%, decode {100 * err.decode_mean:.1f}% mean "
-            f"({100 * err.decode_max:.1f}% max)"
+            f"per node, mean over {len(fitted)} nodes (worst node): prefill "
+            f"{100 * summary['prefill_mean']:.1f}% ({100 * summary['prefill_mean_worst_node']:.1f}%), "
+            f"batches {100 * summary['prefill_batch_mean']:.1f}%, decode {100 * summary['decode_mean']:.1f}% "
+            f"({100 * summary['decode_mean_worst_node']:.1f}%); worst point: prefill "
+            f"{100 * summary['prefill_max']:.1f}%, decode {100 * summary['decode_max']:.1f}%"
         ),
         "reason": (
-            f"fitted online: prefill c0={p.c0:.4g} c1={p.c1:.4g} c2={p.c2:.4g} c3={p.c3:.4g} "
-            f"(held-out MAPE {100 * pf.report.mape_held_out:.1f}% of {pf.report.records_held_out}), "
-            f"decode d0={d.d0:.4g} d1={d.d1:.4g} d2={d.d2:.4g} "
-            f"(held-out MAPE {100 * df.report.mape_held_out:.1f}% of {df.report.records_held_out})"
+            f"fitted online per node: prefill on own records on {len(held_p)} nodes (held-out MAPE "
+            f"{_pct_range(held_p)}), decode on own records on {len(held_d)} nodes (held-out MAPE "
+            f"{_pct_range(held_d)}); the others' phase fitted on every node's records of it"
         ),
+        "per_node": [
+            {
+                "node": f.node,
+                "prefill": f"c0={f.prefill.model.c0:.4g} c1={f.prefill.model.c1:.4g} "
+                f"c2={f.prefill.model.c2:.4g} c3={f.prefill.model.c3:.4g}",
+                "decode": f"d0={f.decode.model.d0:.4g} d1={f.decode.model.d1:.4g} d2={f.decode.model.d2:.4g}",
+                "prefill_records": "own" if f.prefill_own else "all nodes",
+                "decode_records": "own" if f.decode_own else "all nodes",
+                **f.error.as_dict(),
+            }
+            for f in fitted
+        ],
     }
+
+
+def _pct_range(xs: list[float]) -> str:
+    if not xs:
+        return "-"
+    return f"{100 * min(xs):.1f}-{100 * max(xs):.1f}%"
 
 
 def _evolving(sim: Simulator, s: PlannerSettings) -> Tick:

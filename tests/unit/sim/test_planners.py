@@ -134,12 +134,20 @@ def _fitted_run(noise: float) -> tuple[dict[str, object], dict[str, object]]:
 @pytest.mark.parametrize(("noise", "tolerance"), [(0.0, 1e-6), (0.05, 0.15)])
 def test_online_fit_recovers_the_preset_coefficients(noise: float, tolerance: float) -> None:
     first, r = _fitted_run(noise)
-    assert first["outcome"] == "fit" and str(first["reason"]).startswith("fitted online")
-    values = dict(part.split("=") for part in str(first["reason"]).replace(",", "").split() if "=" in part)
-    # the prefill terms the trace exercises, and the decode model at typical batches
-    for name, true in (("c0", GLM.prefill.c0), ("c1", GLM.prefill.c1), ("c2", GLM.prefill.c2)):
-        assert float(values[name]) == pytest.approx(true, rel=tolerance), name
+    assert first["outcome"] == "fit" and str(first["reason"]).startswith("fitted online per node")
+    per_node = first["per_node"]
+    assert isinstance(per_node, list) and len(per_node) == 9
+    for entry in per_node:  # every node fitted; prefill nodes on their own records
+        own = entry["node"] in {"n0", "n1", "n2", "n3", "n4", "n5"}
+        assert entry["prefill_records"] == ("own" if own else "all nodes"), entry
+        assert entry["prefill_mean"] < 0.05 + tolerance
+        values = dict(part.split("=") for part in str(entry["prefill"]).split())
+        # the prefill terms the trace exercises
+        for name, true in (("c0", GLM.prefill.c0), ("c1", GLM.prefill.c1), ("c2", GLM.prefill.c2)):
+            assert float(values[name]) == pytest.approx(true, rel=tolerance), (entry["node"], name)
     assert r["requests_simulated"] > 100
+    summary = r["summary"]
+    assert isinstance(summary, dict) and summary["fit_error"]["nodes"] == 9
 
 
 def test_online_fit_waits_for_enough_iterations() -> None:
@@ -163,11 +171,23 @@ def test_online_fit_gives_every_node_the_fitted_models_and_stops_recording() -> 
         batch = (PrefillBatchItem(t_uc=500.0 * k, t_c=300.0 * (k % 7), t_rst=100.0 * (k % 3)),)
         t = p.iteration_time(list(batch))
         fit.record(Iteration("n0", float(k), k + t, batch, t, 0.0, 0, 0.0, 1.0, 0.0))
+        # n1 is 30% slower: a node of its own, fitted on its own records
+        fit.record(Iteration("n1", float(k), k + 1.3 * t, batch, 1.3 * t, 0.0, 0, 0.0, 1.0, 0.0))
         dt = d.iteration_time(k)
         fit.record(Iteration("n5", float(k), k + 3 * dt, (), 0.0, 0.0, k, dt, 3.0, 0.0))
     fitted = fit.try_fit()
     assert not isinstance(fitted, str) and fit.done
-    for m in sim.models:  # every node, prefill and decode alike, now plans and routes with the fit
-        assert m.prefill == fitted[0].model and m.decode == fitted[1].model
-        assert m.prefill.c1 == pytest.approx(GLM.prefill.c1, rel=1e-6)
+    by_node = {f.node: f for f in fitted}
+    assert sorted(by_node) == sorted(n.name for n in sim.nodes)
+    for n in sim.nodes:  # every node, prefill and decode alike, now plans and routes with its fit
+        f = by_node[n.name]
+        assert sim.models[n.index].prefill == f.prefill.model and sim.models[n.index].decode == f.decode.model
+        assert f.prefill_own == (n.name in ("n0", "n1")) and f.decode_own == (n.name == "n5")
+    assert by_node["n0"].prefill.model.c1 == pytest.approx(GLM.prefill.c1, rel=1e-6)
+    assert by_node["n1"].prefill.model.c1 == pytest.approx(1.3 * GLM.prefill.c1, rel=1e-6)
+    # a node that never prefilled gets the fit of every node's prefill records: between the two
+    pooled = by_node["n3"].prefill.model.c1
+    assert GLM.prefill.c1 < pooled < 1.3 * GLM.prefill.c1
+    assert by_node["n0"].decode.model == by_node["n5"].decode.model  # n5's records are all there are
+    assert by_node["n5"].decode.model.d2 == pytest.approx(GLM.decode.d2, rel=1e-6)
     assert all(n.on_iteration is None for n in sim.nodes)

@@ -30,7 +30,13 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agentpool.engine.blockdata import first_mismatch
-from agentpool.engine.errors import BadRequestError, FetchError, NotServingError, UnknownTransferError
+from agentpool.engine.errors import (
+    BadRequestError,
+    FetchError,
+    NotServingError,
+    PoolFullError,
+    UnknownTransferError,
+)
 from agentpool.engine.hostpool import HostPool
 from agentpool.engine.lease_channel import MAX_LEASE_BLOCKS, LeaseChannel, LeaseServer
 from agentpool.engine.nixl_transport import NixlTransport
@@ -232,7 +238,10 @@ class PeerFetcher:
             if not len(hashes) == len(parents) == len(slots):
                 raise FetchError(f"bad lease answer from {peer_url}: lengths differ")
             want = [i for i, h in enumerate(hashes) if h not in self.pool]
-            res = self.pool.reserve(len(want))
+            try:
+                res = self.pool.reserve(len(want))
+            except PoolFullError as e:  # pinned blocks leave no room: recompute instead
+                raise FetchError(f"no room for {len(want)} blocks from {peer_url}: {e}") from None
             pairs = [(res.slots[k], slots[i]) for k, i in enumerate(want)]
             try:
                 moved = await self.transport.read(ch.pool, pairs, self.timeout_s)

@@ -243,3 +243,17 @@ async def test_peer_killed_with_an_open_channel_fails_fast(local) -> None:  # ty
     with pytest.raises(FetchError):
         await asyncio.wait_for(fetcher.fetch_prefix(url, hashes), 10)
     assert len(pool) == 2 and pool.free_slots == 62
+
+
+async def test_no_room_in_the_local_pool_is_a_fetch_error(peer, local) -> None:  # type: ignore[no-untyped-def]
+    _, url, hashes = peer
+    pool, fetcher = local
+    mine = list(range(1, 65))
+    pool.store_generated(ROOT_HASH, mine, 0.0)
+    pool.pin(mine)  # every slot pinned: nothing can be evicted to make room
+    with pytest.raises(FetchError, match="no room"):
+        await fetcher.fetch_prefix(url, hashes[:4])
+    pool.unpin(mine)
+    assert len(pool) == 64 and pool.free_slots == 0
+    res = await fetcher.fetch_prefix(url, hashes[:4])  # the peer's lease was released: it serves again
+    assert res.blocks == hashes[:4]

@@ -93,6 +93,42 @@ CASES: list[tuple[str, list[NodeState], RequestView, PolicyContext, dict[str, fl
         {},
         "b",
     ),
+    (
+        "colocated: the session's node has no KV room to decode it: migrate to one that has",
+        [
+            node("a", role=Role.BOTH, queue=SOME, kv_room=20_000),
+            node("b", role=Role.BOTH, queue=SOME),
+            node("c", role=Role.BOTH, kv_room=10_000),
+        ],
+        FOLLOW_UP,
+        CTX,
+        {},
+        "b",
+    ),
+    (
+        "colocated: a first turn goes to the least loaded node that can decode it",
+        [node("a", role=Role.BOTH, kv_room=0), node("b", role=Role.BOTH, queue=SOME)],
+        request(24_000, turn=1),
+        CTX,
+        {},
+        "b",
+    ),
+    (
+        "colocated, no node has KV room: least added load (the session's node)",
+        [node("a", role=Role.BOTH, queue=SOME, kv_room=0), node("b", role=Role.BOTH, kv_room=0)],
+        FOLLOW_UP,
+        CTX,
+        {},
+        "a",
+    ),
+    (
+        "prefill nodes need no KV room: the decode node is chosen after the prefill",
+        [node("a", queue=SOME, kv_room=0), node("b")],
+        FOLLOW_UP,
+        CTX,
+        {},
+        "a",
+    ),
 ]
 
 

@@ -13,6 +13,15 @@
     i = argmin load_n
     return i if meets_i else argmin cost_n(L - hits_n, L)               migrate, or least added load
 
+Colocated nodes (role BOTH) decode what they prefill, so ``meets_n`` also asks for KV room there:
+``kv_room_n >= L + expected output``. Without it the request, once prefilled, waits for running
+decodes to finish, and its TPOT misses the SLO however short the prefill queue. This is what keeps
+the SLO-aware migration working under overload: there a sticky node's prefill queue can still look
+short while its GPU memory is full of its sessions' decodes, and sticking piled sessions onto such
+nodes (measured: TPS within SLO 4.6x below lmetric's at twice the peak load, bench_sim smetric).
+``argmin load_n`` prefers nodes with that room (a first turn or a migration goes where it can
+decode); the least-added-load branch stays KV$-aware as in the paper.
+
 Ties (the argmins above, and best after load): equal seconds of load are broken by the requests on
 the node (queued prefills plus running decodes), then by the KV it holds in use, then by a
 rendezvous hash of (request id, node id): stable for one request (a retry sees the same order),
@@ -46,6 +55,7 @@ from agentpool.router.policy.contract import (
     queue_depth,
     require_candidates,
 )
+from agentpool.router.policy.decode import kv_tokens_needed
 
 NAME = "smetric"
 
@@ -78,6 +88,12 @@ def estimate(request: RequestView, node: NodeState, ctx: PolicyContext) -> NodeE
         iterations = math.ceil((effective_queued_tokens(node, ctx) + length - hit) / node.model.t_bar)
         queued += iterations * node.model.decode.d2 * node.running_decode
     return NodeEstimate(hit=hit, own_cost_s=own, load_s=queued + own)
+
+
+def has_decode_room(request: RequestView, node: NodeState) -> bool:
+    """Whether ``node`` can decode ``request`` as soon as it is prefilled: always on a prefill node
+    (its decode node is chosen later); on a colocated node, KV room for the prompt and its output."""
+    return node.role is not Role.BOTH or node.kv_room_tokens >= kv_tokens_needed(request)
 
 
 def tie_rank(request: RequestView, node: NodeState, ctx: PolicyContext) -> tuple[int, int, int, str]:
@@ -122,19 +138,19 @@ class SMetricPolicy:
         def tie(nid: str) -> tuple[int, int, int, str]:
             return tie_rank(request, by_id[nid], ctx)
 
+        full = {n.node_id: float(not has_decode_room(request, n)) for n in candidates}  # 1.0: no room
         best = _argmin({nid: (neg_hits[nid], load[nid]) for nid in load}, tie)
-        least = _argmin({nid: (v,) for nid, v in load.items()}, tie)
+        least = _argmin({nid: (full[nid], v) for nid, v in load.items()}, tie)
         hit = int(-neg_hits[best])
         expected = self.knobs.hit_ratio * request.expected_hit
         if request.turn == 1 or hit == 0 or hit < expected:
             why = "first turn" if request.turn == 1 else f"session not cached (hit {hit} < {expected:.0f})"
             return self._decision(request, least, f"{why}: least loaded", load)
-        if load[best] <= deadline:
+        if load[best] <= deadline and not full[best]:
             return self._decision(request, best, f"stick: load {load[best]:.3f}s <= {deadline:.3f}s", load)
-        if load[least] <= deadline:
-            return self._decision(
-                request, least, f"migrate: {best} would miss {deadline:.3f}s, {least} meets it", load
-            )
+        if load[least] <= deadline and not full[least]:
+            why = f"no KV room on {best}" if full[best] else f"{best} would miss {deadline:.3f}s"
+            return self._decision(request, least, f"migrate: {why}, {least} meets it", load)
         added = _argmin({nid: (own[nid], load[nid]) for nid in load}, tie)
         return self._decision(request, added, f"no node meets {deadline:.3f}s: least added load", load)
 

@@ -5,7 +5,7 @@ strings such as `250ms`, `2s`, `10m`, `1h30m` (see :mod:`agentpool.api.values`).
 converts to the plain values the planner and router take (:mod:`agentpool.api.settings`).
 """
 
-from agentpool.api.auth import AuthSpec, SecretKeySelector
+from agentpool.api.auth import AuthSpec, DirectoryTlsSpec, SecretKeySelector
 from agentpool.api.base import ApiModel, CrossFieldRule
 from agentpool.api.control import (
     POLICY_NAMES,
@@ -53,6 +53,8 @@ from agentpool.api.status import (
     ROLES,
     AgentServingPoolStatus,
     Condition,
+    ConfigStatus,
+    LoadedConfig,
     ModelFitStatus,
     NodeStatus,
     Reason,
@@ -80,8 +82,10 @@ __all__ = [
     "AuthSpec",
     "CacheAwareKnobs",
     "Condition",
+    "ConfigStatus",
     "CopyPriceSpec",
     "CrossFieldRule",
+    "DirectoryTlsSpec",
     "DynamoKnobs",
     "EngineSpec",
     "ExistingRedisSpec",
@@ -91,6 +95,7 @@ __all__ = [
     "InitialSplitSpec",
     "KvPoolSpec",
     "LinearKnobs",
+    "LoadedConfig",
     "ManagedRedisSpec",
     "MinNodesSpec",
     "ModelFitStatus",

@@ -33,6 +33,8 @@ class Reason(StrEnum):
     """Progressing=True: nodes are switching phase after a planner decision."""
     DRAINING = "Draining"
     """Progressing=True: engines that a scale-down removes finish their work before they go."""
+    CONFIG_LOADING = "ConfigLoading"
+    """Progressing=True: the router or the planner still runs an older generation's settings."""
     CONTROL_PLANE_STARTING = "ControlPlaneStarting"
     """Ready=False: the router or the KV directory is not available yet."""
     STABLE = "Stable"
@@ -96,7 +98,8 @@ class SwitchStatus(ApiModel):
     """Phase switches the planner has made."""
 
     total: int = Field(default=0, ge=0)
-    """Switch decisions since the pool was created."""
+    """Switch decisions since the pool was created, as the planner counts them (each one, however
+    close together)."""
     last_time: datetime | None = Field(default=None, strict=False)
     """When the last switch was decided."""
     last_from: str | None = Field(default=None, max_length=64)
@@ -105,6 +108,30 @@ class SwitchStatus(ApiModel):
     """Split after the last switch, e.g. `4P5D`."""
     last_reason: str | None = Field(default=None, max_length=1024)
     """The planner's reason for the last switch (its `PhaseSplitChanged` Event)."""
+
+
+class LoadedConfig(ApiModel):
+    """Which generation's settings the replicas of one part run."""
+
+    loaded_generation: int | None = Field(default=None, ge=0)
+    """The oldest generation any replica runs (None: none has reported one yet)."""
+    newest_generation: int | None = Field(default=None, ge=0)
+    """The newest generation any replica runs."""
+    replicas: int = Field(default=0, ge=0)
+    """Replicas that reported."""
+
+
+class ConfigStatus(ApiModel):
+    """The router's and planner's settings: the generation the ConfigMap holds and the ones they
+    run, as the planner reports them (it polls every router; none runs in a colocated pool, so
+    there the parts' own generations are not reported)."""
+
+    desired_generation: int | None = Field(default=None, ge=0)
+    """`metadata.generation` whose settings the ConfigMap holds."""
+    router: LoadedConfig | None = None
+    """What the router replicas run."""
+    planner: LoadedConfig | None = None
+    """What the active planner runs."""
 
 
 class PrefillFit(ApiModel):
@@ -159,6 +186,8 @@ class AgentServingPoolStatus(ApiModel):
     config_generation: int | None = Field(default=None, ge=0)
     """`metadata.generation` whose router and planner settings the pool's ConfigMap holds; the
     router and planner re-read it within seconds, without a restart."""
+    config: ConfigStatus | None = None
+    """The settings generation the ConfigMap holds and the ones the router and planner run."""
     split: SplitStatus | None = None
     """Current split: the roles the engines report serving."""
     desired_split: SplitStatus | None = None

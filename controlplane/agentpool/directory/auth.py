@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -98,6 +99,32 @@ def channel_credentials(
         raise ConfigurationError("a client certificate needs its key, and a key its certificate")
     return grpc.ssl_channel_credentials(
         root_certificates=ca, private_key=client_key, certificate_chain=client_cert
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ClientTls:
+    """A directory client's TLS material (PEM), as :class:`agentpool.directory.client.DirectoryClient`
+    takes it: the CA it trusts and, for mutual TLS, its certificate and key."""
+
+    root_certificates: bytes | None = None
+    client_cert: bytes | None = None
+    client_key: bytes | None = None
+
+
+def read_client_tls(
+    ca_file: Path | None, cert_file: Path | None = None, key_file: Path | None = None
+) -> ClientTls:
+    """The files the router, planner and engines name (blocking reads: call it before serving or in
+    a thread); ConfigurationError for an unreadable or non-PEM file, or half a certificate pair."""
+    if (cert_file is None) != (key_file is None):
+        raise ConfigurationError(
+            "a client certificate file needs its key file, and a key file its certificate"
+        )
+    return ClientTls(
+        None if ca_file is None else _read_pem(ca_file, "directory CA"),
+        None if cert_file is None else _read_pem(cert_file, "client certificate"),
+        None if key_file is None else _read_pem(key_file, "client key"),
     )
 
 

@@ -52,8 +52,8 @@ from agentpool.planner.core import (
 )
 from agentpool.planner.inbox import PlannerInbox
 from agentpool.planner.metrics import PlannerMetrics
-from agentpool.planner.roles import ObjectRef, PodRoleState, RoleBoard
-from agentpool.planner.state import PlannerState, StateStore
+from agentpool.planner.roles import ObjectRef, PodRoleState, RoleBoard, split_label
+from agentpool.planner.state import PlannerState, StateStore, SwitchRecord
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +137,7 @@ class PlannerController:
         self.fits_failed = 0
         self.fits: dict[str, NodeFit] = {}
         self.last: Evaluation | None = None
+        self.switches = SwitchRecord()  # every switch counted (saved with the state)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Resume or warm up and fit, start from the split, then evaluate every window until ``stop``.
@@ -214,6 +215,7 @@ class PlannerController:
             return False
         self._models = models
         self._fitted_at = saved.fitted_at
+        self.switches = saved.switches
         if saved.last_switch_at is not None:
             self._last_switch = LastSwitch(
                 saved.last_switch_at,
@@ -250,6 +252,7 @@ class PlannerController:
                 self._fitted_at,
                 None if sw is None else sw.applied_at,
                 None if sw is None else sw.settled_at,
+                self.switches,
             )
         )
 
@@ -350,6 +353,14 @@ class PlannerController:
             self._last_switch = LastSwitch(end)
             moves = {n: Role.PREFILL.value for n in decision.to_prefill}
             moves |= {n: Role.DECODE.value for n in decision.to_decode}
+            before = {p.name: p.desired_role for p in pods}
+            self.switches = SwitchRecord(
+                total=self.switches.total + 1,
+                last_at=end,
+                last_from=split_label(before.values()),
+                last_to=split_label({**before, **moves}.values()),
+                last_reason=_event_message(decision, excluded)[:1024],
+            )
             # engines of an earlier switch the directory has not heard of yet are still announced
             unannounced = {} if self._pending is None else self._pending.unannounced
             self._pending = PendingSwitch(end, moves, unannounced)

@@ -17,12 +17,16 @@
 - Models out: every router gets each node's fitted model after the fit and after every
   window (:mod:`agentpool.planner.router_models`), with the bearer token of
   ``--router-token-file`` (the routers' ``reportToken``).
-- Directory: with ``--directory HOST:PORT`` (token: ``--directory-token-file``) the planner tells
-  the KV directory when an engine serves its new phase (``SwitchPhase``; D->P resets its counts).
+- Directory: with ``--directory HOST:PORT`` (token: ``--directory-token-file``; TLS:
+  ``--directory-ca-file``, mutual TLS: ``--directory-client-cert-file``/``--directory-client-key-file``)
+  the planner tells the KV directory when an engine serves its new phase (``SwitchPhase``; D->P
+  resets its counts).
 - Settings: ``--settings FILE`` and/or the flags (flags win); the file is re-read while running
   (:mod:`agentpool.planner.settings_file`).
 - State across restarts: ConfigMap ``--state-configmap`` (default ``<pool>-planner-state``;
-  ``""`` turns it off) (:mod:`agentpool.planner.state`).
+  ``""`` turns it off) (:mod:`agentpool.planner.state`). The same ConfigMap gets, whenever it
+  changes, the settings generation the planner and each router run (``loaded.json``), for the
+  operator's status.
 - Metrics: ``--metrics-port`` (0: none) serves ``agentpool_planner_*``.
 
 SIGTERM or SIGINT stops it cleanly (exit 0); a startup failure exits 1.
@@ -46,6 +50,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from prometheus_client import CollectorRegistry, start_http_server
 
+from agentpool.directory.auth import read_client_tls
 from agentpool.directory.client import DirectoryClient
 from agentpool.models import MoeShape, OccupancyCount
 from agentpool.planner.controller import PlannerController, PlannerError
@@ -56,7 +61,7 @@ from agentpool.planner.roles import ServedRoles
 from agentpool.planner.router_models import ModelBroadcast
 from agentpool.planner.router_source import RouterWorkSource
 from agentpool.planner.settings_file import PlannerSettings
-from agentpool.planner.state import ConfigMapStateStore
+from agentpool.planner.state import ConfigMapStateStore, LoadedGenerations
 from agentpool.secret_file import read_optional_secret
 
 log = logging.getLogger("agentpool.planner")
@@ -94,6 +99,11 @@ def parser() -> argparse.ArgumentParser:
         "--directory", default=None, help="KV directory HOST:PORT, told when an engine switches phase"
     )
     p.add_argument("--directory-token-file", type=Path, default=None, help="the directory's token")
+    p.add_argument("--directory-ca-file", type=Path, default=None, help="CA (PEM): TLS to the directory")
+    p.add_argument(
+        "--directory-client-cert-file", type=Path, default=None, help="client certificate (PEM): mutual TLS"
+    )
+    p.add_argument("--directory-client-key-file", type=Path, default=None, help="its private key (PEM)")
     auth = p.add_mutually_exclusive_group()
     auth.add_argument("--in-cluster", action="store_true", help="use the pod's service account")
     auth.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: the usual lookup)")
@@ -162,6 +172,12 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> int:
         directory_token = await asyncio.to_thread(
             read_optional_secret, args.directory_token_file, "directory token"
         )
+        directory_tls = await asyncio.to_thread(
+            read_client_tls,
+            args.directory_ca_file,
+            args.directory_client_cert_file,
+            args.directory_client_key_file,
+        )
         api = await asyncio.to_thread(api_client, args)
     except (ValueError, ConfigException, OSError) as e:
         log.error("planner not started: %s", e)
@@ -173,6 +189,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> int:
         pool = await pool_ref(api, args)
         inbox = PlannerInbox(keep_s=args.inbox_keep_s)
         state_name = f"{args.pool}-planner-state" if args.state_configmap is None else args.state_configmap
+        store = ConfigMapStateStore(api, args.namespace, state_name, pool) if state_name else None
         served = ServedRoles()  # from the routers' work batches
         controller = PlannerController(
             pods=PodRoles(api, args.namespace, args.selector or f"agentpool.io/pool={args.pool}", served),
@@ -181,7 +198,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> int:
             pool=pool,
             metrics=PlannerMetrics(registry),
             shape=shape,
-            state=ConfigMapStateStore(api, args.namespace, state_name, pool) if state_name else None,
+            state=store,
         )
         async with contextlib.AsyncExitStack() as stack:
             session = await stack.enter_async_context(aiohttp.ClientSession())
@@ -189,7 +206,13 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> int:
             controller.models_out = broadcast
             if args.directory:
                 controller.directory = await stack.enter_async_context(
-                    DirectoryClient(args.directory, token=directory_token)
+                    DirectoryClient(
+                        args.directory,
+                        token=directory_token,
+                        root_certificates=directory_tls.root_certificates,
+                        client_cert=directory_tls.client_cert,
+                        client_key=directory_tls.client_key,
+                    )
                 )
             routers = None
             if args.router_selector:
@@ -203,12 +226,45 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> int:
                 discover=routers,
                 served=served,
             )
-            code = await drive(controller, source, settings, stop, (ApiException, PlannerError, ValueError))
+            reporter = None
+            if store is not None:
+                report = report_loaded(store, settings, source, stop, args.poll_interval_s)
+                reporter = asyncio.create_task(report)
+            try:
+                code = await drive(
+                    controller, source, settings, stop, (ApiException, PlannerError, ValueError)
+                )
+            finally:
+                stop.set()
+                if reporter is not None:
+                    await reporter
         if code == 0:
             log.info("planner stopped")
         return code
     finally:
         await asyncio.to_thread(api.close)
+
+
+async def report_loaded(
+    store: ConfigMapStateStore,
+    settings: PlannerSettings,
+    source: RouterWorkSource,
+    stop: asyncio.Event,
+    interval_s: float,
+) -> None:
+    """Every ``interval_s`` until ``stop``: which settings generation the planner and each router
+    run, saved when it changed (a failed write is logged and tried again next time)."""
+    written: LoadedGenerations | None = None
+    while not stop.is_set():
+        loaded = LoadedGenerations(planner=settings.generation, routers=source.config_generations())
+        if loaded != written:
+            try:
+                await store.save_loaded(loaded)
+                written = loaded
+            except ApiException as e:
+                log.warning("loaded generations not reported (%s %s)", e.status, e.reason)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=interval_s)
 
 
 async def drive(

@@ -15,13 +15,24 @@ says it serves) and whether a user pinned it, and it writes only desired roles a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 ROLE_ANNOTATION = "agentpool.io/role"
 PINNED_ANNOTATION = "agentpool.io/role-pinned"
 OBSERVED_ROLE_ANNOTATION = "agentpool.io/observed-role"
+
+
+def split_label(roles: Iterable[str | None], colocated_pool: bool = False) -> str:
+    """The split of ``roles`` as ``kubectl get`` shows it: ``4P5D``, ``4P4D1C`` while one node
+    serves both phases, ``9C`` for a colocated pool (whose nodes all serve both)."""
+    counts = Counter(roles)
+    prefill, decode, both = counts["prefill"], counts["decode"], counts["both"]
+    if colocated_pool and not prefill and not decode:
+        return f"{both}C"
+    return f"{prefill}P{decode}D" + (f"{both}C" if both else "")
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,6 +46,7 @@ class RouterCursor:
     dropped: int = 0
     records: int = 0
     models_version: int | None = None  # the fitted models' version the router last said it uses
+    config_generation: int | None = None  # the pool generation of the config it last said it runs
     failures_in_row: int = 0
 
 
@@ -125,6 +126,11 @@ class RouterWorkSource:
             await self._models.sync({r.url: r.models_version for r in self.routers if r.failures_in_row == 0})
         return sum(counts)
 
+    def config_generations(self) -> dict[str, int | None]:
+        """The configuration generation each router last said it runs, by URL (the routers that
+        answered at least once)."""
+        return {r.url: r.config_generation for r in self.routers if r.cursor is not None}
+
     def set_urls(self, urls: Sequence[str]) -> None:
         """Poll exactly ``urls`` from now on: known routers keep their cursors, new ones start from
         their oldest entry, gone ones are forgotten (and get no more model sets)."""
@@ -184,6 +190,7 @@ class RouterWorkSource:
         router.cursor = batch.next
         router.failures_in_row = 0
         router.models_version = batch.models_version
+        router.config_generation = batch.config_generation
         self._inbox.add_requests(r.record() for r in batch.requests)
         self._inbox.add_occupancy(s.sample(router.url) for s in batch.occupancy)
         self._inbox.add_iterations(self.iterations.new(batch.iterations))

@@ -2,7 +2,9 @@
 
 The file (YAML or JSON) holds :class:`agentpool.planner.config.PlannerConfig` fields by name
 (``window_s``, ``slices``, ``warmup_s``, ``cooldown_s``, ``min_prefill``, ``min_decode``,
-``initial_prefill``, ``enabled``, ``occupancy``); unknown keys are an error. Flags given on the
+``initial_prefill``, ``enabled``, ``occupancy``), and optionally ``generation``: the pool
+generation the operator rendered the file for, which the planner reports as the one it runs
+(:attr:`PlannerSettings.generation`); unknown keys are an error. Flags given on the
 command line win over the file, the file over the defaults. The file is re-read every
 ``reload_s`` in a worker thread (no blocking I/O on the event loop); a change applies at the
 next window. A file that stops parsing or validating is logged and the last good configuration
@@ -26,6 +28,18 @@ from agentpool.planner.config import PlannerConfig
 log = logging.getLogger(__name__)
 
 FIELDS = frozenset(f.name for f in dataclasses.fields(PlannerConfig))
+GENERATION_KEY = "generation"
+
+
+def split_generation(values: Mapping[str, Any]) -> tuple[dict[str, Any], int | None]:
+    """The file's settings without ``generation``, and the generation (None when absent)."""
+    rest = dict(values)
+    generation = rest.pop(GENERATION_KEY, None)
+    if generation is not None and (
+        isinstance(generation, bool) or not isinstance(generation, int) or generation < 0
+    ):
+        raise ValueError(f"planner settings: generation must be a non-negative integer, got {generation!r}")
+    return rest, generation
 
 
 def build_config(file_values: Mapping[str, Any], flags: Mapping[str, Any]) -> PlannerConfig:
@@ -60,7 +74,8 @@ class PlannerSettings:
         self.path = path
         self.reload_s = reload_s
         self._text: str | None = None
-        self._config = build_config(read_file(path) if path is not None else {}, self._flags)
+        values, self.generation = split_generation(read_file(path) if path is not None else {})
+        self._config = build_config(values, self._flags)
 
     def __call__(self) -> PlannerConfig:
         return self._config
@@ -70,11 +85,12 @@ class PlannerSettings:
         if self.path is None:
             return False
         try:
-            values = await asyncio.to_thread(read_file, self.path)
+            values, generation = split_generation(await asyncio.to_thread(read_file, self.path))
             config = build_config(values, self._flags)
         except ValueError as e:
             log.error("planner settings not applied, keeping the last good ones: %s", e)
             return False
+        self.generation = generation  # the file is in force, whether or not a value changed
         if config == self._config:
             return False
         log.info("planner settings changed: %s", config)

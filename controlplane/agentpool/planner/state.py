@@ -1,4 +1,5 @@
-"""What the planner keeps across restarts: the fitted node models and the last switch time.
+"""What the planner keeps across restarts (the fitted node models, the last switch time, the
+switch count) and what it reports for the pool's status (the configuration generations in force).
 
 Without it a restarted planner would set every node back to colocated, wait out a new warmup
 (30 minutes by default) and split the pool again from the initial split, throwing away the
@@ -14,6 +15,12 @@ writes are rare.
 
 A saved state is used only if its MoE shape matches the planner's; otherwise (or if it cannot be
 parsed) the planner warms up as on a first start.
+
+The same ConfigMap is what the operator reads for the pool's status (no other API access is
+needed for it): ``state.json`` counts the planner's switches exactly (:class:`SwitchRecord`,
+saved with every switch, so two switches between two status refreshes count as two), and
+``loaded.json`` (:class:`LoadedGenerations`) says which pool generation's settings the planner and
+each router it polls run, written only when that changes.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from agentpool.wire.fits import WireNodeModel
 log = logging.getLogger(__name__)
 
 STATE_KEY = "state.json"
+LOADED_KEY = "loaded.json"
 
 
 class _Wire(BaseModel):
@@ -49,6 +57,27 @@ class SavedShape(_Wire):
 SavedNodeModel = WireNodeModel  # one definition of a node's model on the wire and in the state
 
 
+class SwitchRecord(_Wire):
+    """The planner's switches since the pool was created: how many, and the last one (its time,
+    wall-clock seconds; the split before and after, e.g. ``3P3D`` -> ``2P4D``; the planner's
+    reason, as in its ``PhaseSplitChanged`` Event)."""
+
+    total: int = Field(default=0, ge=0)
+    last_at: float | None = None
+    last_from: str | None = Field(default=None, max_length=64)
+    last_to: str | None = Field(default=None, max_length=64)
+    last_reason: str | None = Field(default=None, max_length=1024)
+
+
+class LoadedGenerations(_Wire):
+    """The pool generation whose settings each part runs: the planner (its settings file's
+    ``generation``) and each router it polls, by URL (its last work batch's
+    ``config_generation``). None: the part's file names no generation."""
+
+    planner: int | None = Field(default=None, ge=0)
+    routers: dict[str, int | None] = Field(default_factory=dict)
+
+
 class PlannerState(_Wire):
     """``fitted_at``, ``last_switch_at`` (applied) and ``last_switch_settled_at`` (the last moved
     node served its new phase; None while one drains) are wall-clock seconds (the planner's clock).
@@ -60,6 +89,7 @@ class PlannerState(_Wire):
     last_switch_at: float | None = None
     last_switch_settled_at: float | None = None
     models: dict[str, SavedNodeModel]
+    switches: SwitchRecord = SwitchRecord()
 
     @staticmethod
     def of(
@@ -68,8 +98,10 @@ class PlannerState(_Wire):
         fitted_at: float,
         last_switch_at: float | None,
         last_switch_settled_at: float | None = None,
+        switches: SwitchRecord | None = None,
     ) -> PlannerState:
         return PlannerState(
+            switches=switches if switches is not None else SwitchRecord(),
             shape=SavedShape(
                 experts_active=shape.experts_active, experts_total=shape.experts_total, t_fwd=shape.t_fwd
             ),
@@ -116,9 +148,7 @@ class ConfigMapStateStore:
             raise
         raw = (cm.data or {}).get(STATE_KEY)
         if raw is None:
-            log.warning(
-                "configmap %s/%s has no %s: no saved planner state", self.namespace, self.name, STATE_KEY
-            )
+            log.info("configmap %s/%s has no %s: no saved state", self.namespace, self.name, STATE_KEY)
             return None
         try:
             return PlannerState.model_validate_json(raw)
@@ -129,7 +159,14 @@ class ConfigMapStateStore:
             return None
 
     async def save(self, state: PlannerState) -> None:
-        data = {STATE_KEY: state.model_dump_json()}
+        await self._save({STATE_KEY: state.model_dump_json()})
+
+    async def save_loaded(self, loaded: LoadedGenerations) -> None:
+        """Report which generation each part runs (``loaded.json``; the state is left alone)."""
+        await self._save({LOADED_KEY: loaded.model_dump_json()})
+
+    async def _save(self, data: dict[str, str]) -> None:
+        """Merge ``data`` into the ConfigMap's (other keys stay), creating it if it is missing."""
         try:
             await asyncio.to_thread(
                 self._core.patch_namespaced_config_map,

@@ -26,6 +26,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from agentpool.directory.auth import ConfigurationError as TlsFilesError
+from agentpool.directory.auth import read_client_tls
 from agentpool.kv import Directory
 from agentpool.router.auth import TOKEN_FILE_ENV, AuthConfigError, ReportAuth
 from agentpool.router.config import ConfigError, ConfigFile
@@ -38,18 +40,32 @@ log = logging.getLogger("agentpool.router")
 
 
 def directory_view(
-    spec: str, page_size: int, token_file: Path | None = None, ca_file: Path | None = None
+    spec: str,
+    page_size: int,
+    token_file: Path | None = None,
+    ca_file: Path | None = None,
+    client_cert_file: Path | None = None,
+    client_key_file: Path | None = None,
 ) -> DirectoryView:
-    """The directory the router asks; call it inside the running event loop (gRPC channels bind to it)."""
+    """The directory the router asks; call it inside the running event loop (gRPC channels bind to it).
+    ``ca_file``: TLS, trusting that CA; ``client_cert_file``/``client_key_file``: mutual TLS."""
     if spec == "inprocess":
-        if token_file is not None or ca_file is not None:
-            raise SystemExit("--directory-token-file/--directory-ca-file need --directory HOST:PORT")
+        if any(f is not None for f in (token_file, ca_file, client_cert_file, client_key_file)):
+            raise SystemExit(
+                "--directory-token-file and the --directory-*-file TLS files need --directory HOST:PORT"
+            )
         return InProcessDirectoryView(Directory(page_size), time.monotonic)
     from agentpool.router.grpc_directory import GrpcDirectoryView
 
     token = read_optional_secret(token_file, "directory token")
-    certs = ca_file.read_bytes() if ca_file is not None else None
-    return GrpcDirectoryView(spec, token=token, root_certificates=certs)
+    tls = read_client_tls(ca_file, client_cert_file, client_key_file)
+    return GrpcDirectoryView(
+        spec,
+        token=token,
+        root_certificates=tls.root_certificates,
+        client_cert=tls.client_cert,
+        client_key=tls.client_key,
+    )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -64,6 +80,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--directory-ca-file", type=Path, default=None, help="CA certificate (PEM): use TLS to the directory"
     )
+    p.add_argument(
+        "--directory-client-cert-file", type=Path, default=None, help="client certificate (PEM): mutual TLS"
+    )
+    p.add_argument("--directory-client-key-file", type=Path, default=None, help="its private key (PEM)")
     p.add_argument(
         "--report-token-file",
         type=Path,
@@ -105,7 +125,14 @@ def report_auth(args: argparse.Namespace, env: dict[str, str]) -> ReportAuth:
 async def serve(args: argparse.Namespace, auth: ReportAuth) -> None:
     config_file = ConfigFile(args.config)
     config = await asyncio.to_thread(config_file.load)
-    view = directory_view(args.directory, config.page_size, args.directory_token_file, args.directory_ca_file)
+    view = directory_view(
+        args.directory,
+        config.page_size,
+        args.directory_token_file,
+        args.directory_ca_file,
+        args.directory_client_cert_file,
+        args.directory_client_key_file,
+    )
     service = RouterService(config, view, config_file=config_file, report_auth=auth)
     server = await serve_http(service, args.host, args.port)
     try:
@@ -142,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
         auth = report_auth(args, dict(os.environ))
         with asyncio.Runner(loop_factory=factory) as runner:
             runner.run(serve(args, auth))
-    except (AuthConfigError, ConfigError, SecretFileError) as e:
+    except (AuthConfigError, ConfigError, SecretFileError, TlsFilesError) as e:
         raise SystemExit(f"agentpool.router: {e}") from e
 
 

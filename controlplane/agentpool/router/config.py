@@ -105,6 +105,9 @@ class DiscoveryConfig(_Strict):
 
 
 class RouterConfig(_Strict):
+    # the AgentServingPool generation this config was rendered for (set by the operator); the
+    # router passes it on in its work batches, so the pool's status can say which one it runs
+    generation: int | None = Field(None, ge=0)
     model: str = "agentpool"
     tokenizer: str = "builtin"
     policy: str = "evolving"
@@ -178,10 +181,12 @@ def config_from_settings(
     nodes: Sequence[NodeConfig],
     tokenizer: str = "builtin",
     page_size: int = 64,
+    generation: int | None = None,
 ) -> RouterConfig:
     """The router's config from the pool spec's plain settings (for the operator to render)."""
     return RouterConfig.model_validate(
         {
+            "generation": generation,
             "model": model,
             "tokenizer": tokenizer,
             "policy": router.policy,

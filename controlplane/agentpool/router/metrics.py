@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar, cast
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
@@ -74,6 +74,11 @@ class RouterMetrics:
         )
         self.config_reloads = Counter(
             "agentpool_router_config_reloads_total", "Configuration reloads", ["result"], registry=r
+        )
+        self.config_generation = Gauge(
+            "agentpool_router_config_generation",
+            "Pool generation of the configuration in force (-1: the config names none)",
+            registry=r,
         )
         self.rejected_reports = Counter(
             "agentpool_router_rejected_reports_total",

@@ -71,6 +71,7 @@ class RouterService:
         self.dispatcher = Dispatcher(
             self.nodes, self.engines, directory, self.metrics, self.routing, router_id=self.router_id
         )
+        self._show_generation(config)
         self._reload_task: asyncio.Task[None] | None = None
         self.discovery = Discovery(self.nodes, lambda: self.routing.config, self.metrics)
 
@@ -118,9 +119,16 @@ class RouterService:
         self.engines.connect_s, self.engines.first_event_s = t.connect_s, t.first_event_s
         self.engines.between_events_s = t.between_events_s
         switched = self.nodes.configure(config.nodes, config.node_model)
+        self._show_generation(config)
         for node in switched:
             log.info("node %s changed role: draining its old phase", node)
         return switched
+
+    def _show_generation(self, config: RouterConfig) -> None:
+        """The pool generation this config is for, in the work batches (for the planner) and on
+        ``/metrics`` (-1: the config names none)."""
+        self.dispatcher.work_log.config_generation = config.generation
+        self.metrics.config_generation.set(-1 if config.generation is None else config.generation)
 
     def _read_changed_config(self) -> tuple[RouterConfig, Tokenizer | None] | None:
         """The config file's new contents (and its tokenizer if that changed), or None if unchanged.

@@ -23,6 +23,8 @@ seen finish. This module keeps them and answers ``GET /agentpool/v1/work?since=<
   node and phase on average (a sample: the rest would crowd the request records out of the ring).
 - ``models_version``: the version of the planner's fitted models the router uses
   (:mod:`agentpool.wire.fits`), carried in every batch.
+- ``config_generation``: the pool generation of the configuration the router runs, carried in
+  every batch (set by the service at start and at every reload).
 - Served roles: :meth:`WorkLog.served_role` with the role each engine's load report says it
   serves; every batch carries the latest per engine (the planner's only source of it). One small
   entry per engine id that ever reported (the planner looks up only the pods that exist).
@@ -116,6 +118,7 @@ class WorkLog:
         self._seq = 0
         self._entries: deque[_Finished | _Sample | _Iteration] = deque(maxlen=capacity)
         self.models_version: int | None = None
+        self.config_generation: int | None = None
         self._served: dict[str, WireServedRole] = {}
         self._pending: OrderedDict[str, _Pending] = OrderedDict()
 
@@ -226,6 +229,7 @@ class WorkLog:
             occupancy=occupancy,
             iterations=iterations,
             models_version=self.models_version,
+            config_generation=self.config_generation,
             served=sorted(self._served.values(), key=lambda s: s.node),
             dropped=dropped,
             reset=reset,

@@ -87,6 +87,8 @@ class WorkBatch(_Wire):
 
     ``models_version``: the version of the planner's fitted models the router uses
     (:mod:`agentpool.wire.fits`; None before the first push), so the planner knows whom to update.
+    ``config_generation``: the pool generation of the configuration the router runs (its config
+    file's ``generation``; None when the file has none), which the planner shows the operator.
     """
 
     router: str
@@ -96,6 +98,7 @@ class WorkBatch(_Wire):
     occupancy: list[WireOccupancy] = Field(default_factory=list)
     iterations: list[WireNodeIteration] = Field(default_factory=list)
     models_version: int | None = None
+    config_generation: int | None = Field(default=None, ge=0)
     served: list[WireServedRole] = Field(default_factory=list)
     dropped: int = Field(default=0, ge=0)
     reset: bool = False

@@ -10,6 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
+from agentpool.directory.auth import ConfigurationError as TlsFilesError
 from agentpool.engine.config import ConfigError, load_config
 from agentpool.engine.errors import BackendUnavailable
 from agentpool.secret_file import SecretFileError
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("nixl").setLevel(logging.WARNING)
     try:
         return asyncio.run(_serve(args))
-    except (ConfigError, SecretFileError, BackendUnavailable) as e:
+    except (ConfigError, SecretFileError, BackendUnavailable, TlsFilesError) as e:
         print(f"engine: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

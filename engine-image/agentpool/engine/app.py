@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from agentpool.directory.auth import read_client_tls
 from agentpool.directory.client import DirectoryClient
 from agentpool.engine.backend import Backend, BackendParts
 from agentpool.engine.backends import BACKENDS
@@ -65,8 +66,14 @@ class EngineApp:
             timeout_s=cfg.fetch.timeout_s,
         )
         if cfg.directory is not None:
+            d = cfg.directory
+            tls = read_client_tls(d.ca_file, d.client_cert_file, d.client_key_file)
             self.directory = DirectoryClient(
-                cfg.directory.target, token=read_optional_secret(cfg.directory.token_file, "directory token")
+                d.target,
+                token=read_optional_secret(d.token_file, "directory token"),
+                root_certificates=tls.root_certificates,
+                client_cert=tls.client_cert,
+                client_key=tls.client_key,
             )
         parts = BackendParts(cfg, self.pool, self.exporter, fetcher, self.metrics, self.directory)
         self.backend: Backend = BACKENDS[cfg.backend](parts)

@@ -11,7 +11,8 @@ role: both                     # the role served at start: prefill | decode | bo
 roleFile: /etc/agentpool/role  # desired role as a file (downward-API volume or a plain file)
 kube: {namespace: ns, pod: node-0}  # desired role from the pod's agentpool.io/role annotation
 routers: [{url: "http://router:8000", tokenFile: /secrets/report-token}]
-directory: {target: "directory:50061", tokenFile: /secrets/directory-token}
+directory: {target: "directory:50061", tokenFile: /secrets/directory-token}  # + caFile, clientCertFile,
+                               # clientKeyFile: TLS (mutual with a client certificate)
 peers: {node-1: "http://node-1:8080"}         # node id -> engine URL, for fetches from host pools
 peerUrlTemplate: "http://{node}.engines:8080"  # for peers not listed
 pageSize: 64
@@ -64,6 +65,11 @@ class RouterTarget(_Model):
 class DirectoryTarget(_Model):
     target: str = Field(min_length=3, pattern=r"^[^\s]+:\d+$")
     token_file: Path | None = None
+    ca_file: Path | None = None
+    """TLS to the directory, trusting this CA (PEM)."""
+    client_cert_file: Path | None = None
+    """Mutual TLS: the engine's client certificate (PEM), with ``clientKeyFile``."""
+    client_key_file: Path | None = None
     heartbeat_s: float = Field(0.5, gt=0, le=1.0)
     """The directory purges a node silent for 3 s; its contract asks for a heartbeat every second."""
     reconnect_s: float = Field(0.5, gt=0)

@@ -44,7 +44,12 @@ def plain(value: Any) -> Any:
 
 
 def post_event(body: Mapping[str, Any], reason: str, message: str, warning: bool = False) -> None:
-    (kopf.warn if warning else kopf.info)(cast(kopf.Body, body), reason=reason, message=message[:1024])
+    """An Event about the pool. `kopf.event`, not `kopf.info`: that one is dropped below
+    `settings.posting.level` (WARNING here, for kopf's own log lines), and so would every Normal
+    Event of ours be."""
+    kopf.event(
+        cast(kopf.Body, body), type="Warning" if warning else "Normal", reason=reason, message=message[:1024]
+    )
 
 
 def connection_info(config: k8s.Configuration) -> kopf.ConnectionInfo:

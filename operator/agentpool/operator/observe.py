@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -11,9 +13,7 @@ from agentpool.api import AgentServingPoolSpec
 from agentpool.operator.kube import KubeApi
 from agentpool.operator.names import DIRECTORY, ENGINE, GENERATION_ANNOTATION, REDIS, ROUTER, PoolRef
 from agentpool.operator.status import Observed, PodView
-from agentpool.planner.state import STATE_KEY, PlannerState
-
-SWITCH_EVENT_REASON = "PhaseSplitChanged"
+from agentpool.planner.state import LOADED_KEY, STATE_KEY, LoadedGenerations, PlannerState
 
 
 def _available(obj: Mapping[str, Any] | None, field: str) -> bool:
@@ -25,30 +25,26 @@ async def engine_pods(api: KubeApi, pool: PoolRef) -> dict[str, dict[str, Any]]:
     return {str(p["metadata"]["name"]): p for p in pods}
 
 
-async def planner_state(api: KubeApi, pool: PoolRef) -> PlannerState | None:
+@dataclass(frozen=True, slots=True)
+class PlannerReport:
+    """What the planner's state ConfigMap says: its saved state (models, switch count) and the
+    settings generations the planner and the routers run."""
+
+    state: PlannerState | None = None
+    loaded: LoadedGenerations | None = None
+
+
+async def planner_report(api: KubeApi, pool: PoolRef) -> PlannerReport:
+    """The planner's ConfigMap, each key None when missing or unreadable (a planner writes them)."""
     cm = await api.get("ConfigMap", pool.namespace, pool.planner_state)
-    text = ((cm or {}).get("data") or {}).get(STATE_KEY)
-    if not text:
-        return None
-    try:
-        return PlannerState.model_validate_json(text)
-    except ValidationError:
-        return None
-
-
-async def last_switch_reason(api: KubeApi, pool: PoolRef) -> str | None:
-    """The message of the planner's latest `PhaseSplitChanged` Event about the pool."""
-    found = await api.list_events(pool.namespace, pool.name)
-    ours = [
-        e
-        for e in found
-        if e.get("reason") == SWITCH_EVENT_REASON
-        and (e.get("involvedObject") or {}).get("uid") in (None, pool.uid)
-    ]
-    if not ours:
-        return None
-    latest = max(ours, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
-    return str(latest.get("message") or "")[:1024] or None
+    data = (cm or {}).get("data") or {}
+    state: PlannerState | None = None
+    loaded: LoadedGenerations | None = None
+    with contextlib.suppress(ValidationError):
+        state = PlannerState.model_validate_json(data[STATE_KEY]) if data.get(STATE_KEY) else None
+    with contextlib.suppress(ValidationError):
+        loaded = LoadedGenerations.model_validate_json(data[LOADED_KEY]) if data.get(LOADED_KEY) else None
+    return PlannerReport(state, loaded)
 
 
 async def observe(
@@ -68,14 +64,15 @@ async def observe(
         )
     config = await api.get("ConfigMap", pool.namespace, pool.config_map)
     generation = ((config or {}).get("metadata", {}).get("annotations") or {}).get(GENERATION_ANNOTATION)
+    report = await planner_report(api, pool)
     return Observed(
         pods={name: PodView.of(pod) for name, pod in pods.items()},
         router_ready=_available(router, "availableReplicas"),
         directory_ready=_available(directory, "availableReplicas"),
         redis_ready=redis_ready,
         config_generation=int(generation) if generation is not None and generation.isdigit() else None,
-        planner_state=await planner_state(api, pool),
-        last_switch_reason=await last_switch_reason(api, pool),
+        planner_state=report.state,
+        loaded=report.loaded,
         draining=draining,
         children_changed=children_changed,
     )

@@ -291,10 +291,12 @@ class Reconciler:
         written = await self._write_status(parsed, body, status)
         if written and status.switches is not None and status.switches.total > before:
             s = status.switches
+            more = s.total - before
             self.events(
                 body,
                 "PhaseSplitSwitched",
-                f"{s.last_from} -> {s.last_to}: {s.last_reason or 'planner decision'}",
+                f"{s.last_from} -> {s.last_to}: {s.last_reason or 'planner decision'}"
+                + (f" (the last of {more} switches since the previous status)" if more > 1 else ""),
             )
         return written
 

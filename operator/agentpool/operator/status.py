@@ -17,6 +17,8 @@ from agentpool.api import (
     AgentServingPoolSpec,
     AgentServingPoolStatus,
     Condition,
+    ConfigStatus,
+    LoadedConfig,
     ModelFitStatus,
     NodeStatus,
     Reason,
@@ -26,7 +28,8 @@ from agentpool.api import (
 from agentpool.api.status import DecodeFit, PrefillFit
 from agentpool.operator.builders.config import initial_role
 from agentpool.operator.names import DRAIN_ANNOTATION, OBSERVED_ROLE_ANNOTATION, ROLE_ANNOTATION
-from agentpool.planner.state import PlannerState
+from agentpool.planner.roles import split_label
+from agentpool.planner.state import LoadedGenerations, PlannerState
 
 ROLES = ("prefill", "decode", "both")
 FAILING_WAIT_REASONS = frozenset(
@@ -81,7 +84,8 @@ class Observed:
     redis_ready: bool
     config_generation: int | None
     planner_state: PlannerState | None = None
-    last_switch_reason: str | None = None
+    loaded: LoadedGenerations | None = None
+    """The settings generations the planner and routers run, as the planner reports them."""
     draining: tuple[str, ...] = ()
     """Engines a scale-down waits for."""
     children_changed: bool = False
@@ -90,12 +94,48 @@ class Observed:
 
 def split_status(roles: Sequence[str], colocated_pool: bool) -> SplitStatus:
     counts = Counter(roles)
-    prefill, decode, both = counts["prefill"], counts["decode"], counts["both"]
-    if colocated_pool and not prefill and not decode:
-        label = f"{both}C"
-    else:
-        label = f"{prefill}P{decode}D" + (f"{both}C" if both else "")
-    return SplitStatus(prefill=prefill, decode=decode, colocated=both, label=label)
+    return SplitStatus(
+        prefill=counts["prefill"],
+        decode=counts["decode"],
+        colocated=counts["both"],
+        label=split_label(roles, colocated_pool),
+    )
+
+
+def _loaded(generations: Sequence[int | None]) -> LoadedConfig:
+    known = [g for g in generations if g is not None]
+    return LoadedConfig(
+        loaded_generation=min(known) if known else None,
+        newest_generation=max(known) if known else None,
+        replicas=len(generations),
+    )
+
+
+def config_status(config_generation: int | None, loaded: LoadedGenerations | None) -> ConfigStatus:
+    """The generation the ConfigMap holds and, where a planner reports them, the ones it and the
+    routers run (a colocated pool has no planner: only the ConfigMap's is known)."""
+    if loaded is None:
+        return ConfigStatus(desired_generation=config_generation)
+    return ConfigStatus(
+        desired_generation=config_generation,
+        router=_loaded(list(loaded.routers.values())),
+        planner=_loaded([loaded.planner]),
+    )
+
+
+def config_lag(config: ConfigStatus) -> str | None:
+    """Which part still runs older settings than the ConfigMap's (None: none that reported)."""
+    want = config.desired_generation
+    if want is None:
+        return None
+    behind = [
+        f"{what} runs generation {'unknown' if part.loaded_generation is None else part.loaded_generation}"
+        for what, part in (("router", config.router), ("planner", config.planner))
+        if part is not None
+        and part.replicas
+        and (part.loaded_generation is None or part.loaded_generation < want)
+    ]
+    return f"{', '.join(behind)}; the ConfigMap holds {want}" if behind else None
 
 
 def model_fit(spec: AgentServingPoolSpec, state: PlannerState | None) -> ModelFitStatus | None:
@@ -140,18 +180,18 @@ def _condition(
     )
 
 
-def _switches(
-    previous: AgentServingPoolStatus | None, desired: SplitStatus, reason: str | None, now: datetime
-) -> SwitchStatus:
-    before = previous.switches if previous is not None and previous.switches is not None else SwitchStatus()
-    old = previous.desired_split if previous is not None else None
-    same_size = old is not None and (old.prefill + old.decode + old.colocated) == (
-        desired.prefill + desired.decode + desired.colocated
-    )
-    if old is None or old.label == desired.label or not same_size:
-        return before
+def _switches(previous: AgentServingPoolStatus | None, state: PlannerState | None) -> SwitchStatus:
+    """The planner's own count (saved with every switch); without a planner state, what the status
+    said before (a colocated pool, or a planner that has not saved yet)."""
+    if state is None:
+        return previous.switches if previous is not None and previous.switches is not None else SwitchStatus()
+    record = state.switches
     return SwitchStatus(
-        total=before.total + 1, last_time=now, last_from=old.label, last_to=desired.label, last_reason=reason
+        total=record.total,
+        last_time=None if record.last_at is None else datetime.fromtimestamp(record.last_at, UTC),
+        last_from=record.last_from,
+        last_to=record.last_to,
+        last_reason=record.last_reason,
     )
 
 
@@ -192,6 +232,8 @@ def pool_status(
     failing = sorted(f"{p.name} ({p.failing})" for p in observed.pods.values() if p.failing)
     control_plane = observed.router_ready and observed.directory_ready and observed.redis_ready
     fit = model_fit(spec, observed.planner_state)
+    config = config_status(observed.config_generation, observed.loaded)
+    lagging = config_lag(config)
 
     if ready_nodes < len(nodes):
         ready = (False, Reason.NODES_STARTING, f"{ready_nodes} of {len(nodes)} engines ready")
@@ -215,6 +257,8 @@ def pool_status(
         progressing = (True, Reason.RECONCILING, f"applying generation {generation}")
     elif ready_nodes < len(nodes):
         progressing = (True, Reason.NODES_STARTING, f"{ready_nodes} of {len(nodes)} engines ready")
+    elif lagging is not None:
+        progressing = (True, Reason.CONFIG_LOADING, lagging)
     elif switching:
         progressing = (True, Reason.SWITCHING, f"switching role: {', '.join(switching)}")
     elif fit is not None and fit.state == "Learning":
@@ -235,11 +279,12 @@ def pool_status(
             _condition("Degraded", *degraded, generation, previous, now),
         ],
         config_generation=observed.config_generation,
+        config=config,
         split=served,
         desired_split=desired_split,
         ready_nodes=ready_nodes,
         nodes=nodes,
-        switches=_switches(previous, desired_split, observed.last_switch_reason, now),
+        switches=_switches(previous, observed.planner_state),
         model_fit=fit,
     )
 

@@ -66,8 +66,11 @@ class BookkeepingEmulator(kmock.KubernetesEmulator):
         data = request.data
         if request.resource is not None and isinstance(data, dict):
             if request.action == enums.action.CREATE:
+                given = data.get("metadata") or {}
+                if not given.get("name") and given.get("generateName"):  # as kopf names its Events
+                    given = {**given, "name": f"{given['generateName']}{uuid.uuid4().hex[:5]}"}
                 meta = {
-                    **(data.get("metadata") or {}),
+                    **given,
                     "uid": str(uuid.uuid4()),
                     "resourceVersion": str(next(self._versions)),
                     "generation": 1,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -131,6 +132,27 @@ async def annotations(cluster: Cluster, pod: str) -> dict[str, str]:
     return dict(got["metadata"].get("annotations") or {})
 
 
+async def planner_reports(
+    cluster: Cluster, switches: dict[str, Any] | None = None, loaded: dict[str, Any] | None = None
+) -> None:
+    """Write what the planner writes to its ConfigMap: its state (with the switch count) and the
+    settings generations it and the routers run."""
+    data: dict[str, str] = {}
+    if switches is not None:
+        shape = {"experts_active": 0, "experts_total": 0, "t_fwd": 1.0}
+        data["state.json"] = json.dumps(
+            {"shape": shape, "fitted_at": 0.0, "models": {}, "switches": switches}
+        )
+    if loaded is not None:
+        data["loaded.json"] = json.dumps(loaded)
+    name = "sim-planner-state"
+    if await cluster.api.get("ConfigMap", cluster.namespace, name) is None:
+        meta = {"name": name, "namespace": cluster.namespace}
+        await cluster.api.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data})
+    else:
+        await cluster.api.merge_patch("ConfigMap", cluster.namespace, name, {"data": data})
+
+
 async def test_create_applies_children_and_reports_progressing(cluster: Cluster, operator: Any) -> None:
     await create_pool(cluster, pool_manifest(cluster))
     await children_exist(cluster)
@@ -142,6 +164,13 @@ async def test_create_applies_children_and_reports_progressing(cluster: Cluster,
     assert ready is not None and ready["status"] == "False"
     sts = await cluster.api.get("StatefulSet", cluster.namespace, "sim-engine")
     assert sts is not None and sts["metadata"]["ownerReferences"][0]["uid"] == obj["metadata"]["uid"]
+
+    async def created_event() -> list[dict[str, Any]]:
+        events = await cluster.api.list_events(cluster.namespace, "sim")
+        return [e for e in events if e.get("reason") == "Created" and e.get("type") == "Normal"]
+
+    (event,) = await eventually(created_event, "a Normal Event about the creations")
+    assert "StatefulSet/sim-engine" in event["message"]
 
 
 async def test_ready_with_the_split_then_an_slo_edit_changes_only_the_config_map(
@@ -158,13 +187,42 @@ async def test_ready_with_the_split_then_an_slo_edit_changes_only_the_config_map
     before = await versions(cluster)
     pods_before = [await annotations(cluster, f"sim-engine-{i}") for i in range(6)]
 
+    # the planner reports which settings generation it and each router run (its own ConfigMap)
+    await planner_reports(cluster, loaded={"planner": 1, "routers": {"r0": 1, "r1": 1}})
+    obj = await status_where(
+        cluster,
+        lambda o: (o["status"].get("config") or {}).get("router") is not None,
+        "the routers' generation",
+    )
+    assert obj["status"]["config"] == {
+        "desiredGeneration": 1,
+        "router": {"loadedGeneration": 1, "newestGeneration": 1, "replicas": 2},
+        "planner": {"loadedGeneration": 1, "newestGeneration": 1, "replicas": 1},
+    }
+
     generation = await edit_spec(cluster, {"slo": {"ttft": {"base": "3s"}, "tpot": "40ms"}})
     assert generation == 2
-    await status_where(
+    obj = await status_where(
         cluster,
         lambda o: o["status"].get("observedGeneration") == 2 and o["status"].get("configGeneration") == 2,
         "generation 2 applied",
     )
+    # until the router and planner say they run it, the status says they lag
+    obj = await status_where(
+        cluster, lambda o: (condition(o, "Progressing") or {}).get("reason") == "ConfigLoading", "the lag"
+    )
+    message = condition(obj, "Progressing")["message"]  # type: ignore[index]
+    assert message == "router runs generation 1, planner runs generation 1; the ConfigMap holds 2"
+    await planner_reports(cluster, loaded={"planner": 2, "routers": {"r0": 2, "r1": 1}})
+    obj = await status_where(
+        cluster, lambda o: o["status"]["config"]["planner"]["loadedGeneration"] == 2, "the planner caught up"
+    )
+    assert condition(obj, "Progressing")["message"].startswith("router runs generation 1;")  # type: ignore[index]
+    await planner_reports(cluster, loaded={"planner": 2, "routers": {"r0": 2, "r1": 2}})
+    obj = await status_where(
+        cluster, lambda o: (condition(o, "Progressing") or {}).get("reason") != "ConfigLoading", "caught up"
+    )
+    assert obj["status"]["config"]["router"] == {"loadedGeneration": 2, "newestGeneration": 2, "replicas": 2}
     after = await versions(cluster)
     assert [k for k in before if before[k] != after[k]] == [("ConfigMap", "sim-config")]
     config = await cluster.api.get("ConfigMap", cluster.namespace, "sim-config")
@@ -172,42 +230,35 @@ async def test_ready_with_the_split_then_an_slo_edit_changes_only_the_config_map
     assert [await annotations(cluster, f"sim-engine-{i}") for i in range(6)] == pods_before
 
 
-async def test_a_planner_switch_shows_in_status_and_is_never_reverted(
+async def test_two_planner_switches_within_one_refresh_count_as_two_and_are_never_reverted(
     cluster: Cluster, operator: Any
 ) -> None:
     await ready_pool(cluster)
-    # the planner moves engine 0 to decode (it patches only the annotation) and says why
+    # the planner switched twice (3P3D -> 4P2D -> 2P4D) between two of the operator's refreshes:
+    # it patched only the role annotation, and saved its count with its state
     await cluster.api.merge_patch(
         "Pod",
         cluster.namespace,
         "sim-engine-0",
         {"metadata": {"annotations": {"agentpool.io/role": "decode"}}},
     )
-    uid = (await pool(cluster))["metadata"]["uid"]
-    await cluster.api.create(
-        {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": "sim.planner-1", "namespace": cluster.namespace},
-            "involvedObject": {
-                "apiVersion": "agentpool.io/v1alpha1",
-                "kind": "AgentServingPool",
-                "name": "sim",
-                "namespace": cluster.namespace,
-                "uid": uid,
-            },
-            "reason": "PhaseSplitChanged",
-            "message": "3P3D -> 2P4D: decode is the bottleneck (gain 1.8 req/s)",
-            "type": "Normal",
-        }
+    await planner_reports(
+        cluster,
+        switches={
+            "total": 2,
+            "last_at": 1_800_000_000.0,
+            "last_from": "4P2D",
+            "last_to": "2P4D",
+            "last_reason": "decode is the bottleneck (gain 1.8 req/s)",
+        },
     )
-    obj = await status_where(
-        cluster, lambda o: o["status"]["desiredSplit"]["label"] == "2P4D", "the new split"
-    )
+    obj = await status_where(cluster, lambda o: o["status"]["switches"]["total"] == 2, "two switches")
+    assert obj["status"]["desiredSplit"]["label"] == "2P4D"
     progressing = condition(obj, "Progressing")
     assert progressing is not None and progressing["reason"] == "Switching"
     switches = obj["status"]["switches"]
-    assert (switches["total"], switches["lastFrom"], switches["lastTo"]) == (1, "3P3D", "2P4D")
+    assert (switches["lastFrom"], switches["lastTo"]) == ("4P2D", "2P4D")
+    assert switches["lastTime"].startswith("2027-01-15T08:00:00")
     assert "decode is the bottleneck" in switches["lastReason"]
     await cluster.engines.serve("sim-engine-0")  # the engine switched
     obj = await status_where(cluster, lambda o: o["status"]["split"]["label"] == "2P4D", "the served split")
@@ -215,7 +266,10 @@ async def test_a_planner_switch_shows_in_status_and_is_never_reverted(
     await edit_spec(cluster, {"router": {"policy": "smetric"}})
     await status_where(cluster, lambda o: o["status"].get("observedGeneration") == 2, "generation 2")
     assert (await annotations(cluster, "sim-engine-0"))["agentpool.io/role"] == "decode"
-    assert (await pool(cluster))["status"]["switches"]["total"] == 1
+    assert (await pool(cluster))["status"]["switches"]["total"] == 2
+    events = await cluster.api.list_events(cluster.namespace, "sim")
+    switched = [e for e in events if e.get("reason") == "PhaseSplitSwitched"]
+    assert len(switched) == 1 and "the last of 2 switches" in switched[0]["message"]
 
 
 async def test_an_unchanged_pool_is_not_written_again(cluster: Cluster) -> None:

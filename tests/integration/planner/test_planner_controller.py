@@ -227,6 +227,9 @@ async def test_warmup_fit_initial_split_then_a_shift_patches_exactly_the_switche
         event["involvedObject"]["kind"] == "AgentServingPool" and event["involvedObject"]["uid"] == "pool-uid"
     )
     assert "2P7D -> 6P3D" in event["message"]
+    record = h.controller.switches  # the exact count the operator shows (saved with the state)
+    assert (record.total, record.last_from, record.last_to, record.last_at) == (1, "2P7D", "6P3D", 3000)
+    assert record.last_reason is not None and record.last_reason in event["message"]
     assert h.registry.get_sample_value("agentpool_planner_prefill_nodes") == 6
     assert h.registry.get_sample_value("agentpool_planner_switched_nodes_total") == 4
 

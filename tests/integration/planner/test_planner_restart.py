@@ -25,7 +25,7 @@ from agentpool.planner.inbox import PlannerInbox
 from agentpool.planner.kube import PodRoles
 from agentpool.planner.metrics import PlannerMetrics
 from agentpool.planner.roles import ServedRoles
-from agentpool.planner.state import ConfigMapStateStore, PlannerState
+from agentpool.planner.state import ConfigMapStateStore, LoadedGenerations, PlannerState
 
 pytestmark = pytest.mark.integration
 
@@ -114,6 +114,23 @@ async def test_state_is_a_configmap_owned_by_the_pool_and_holds_models_and_the_l
     assert state.last_switch_at == 2400 and sorted(state.models) == PODS
     assert state.models["engine-3"].node_model().prefill.c1 == pytest.approx(NODE.prefill.c1, rel=0.05)
     assert json.loads(cm["data"]["state.json"])["version"] == 1
+    assert (state.switches.total, state.switches.last_to) == (1, "6P3D")  # what the operator shows
+    # which generation each part runs goes beside it, and leaves the state alone
+    store = ConfigMapStateStore(env.api, NS, STATE)
+    await store.save_loaded(LoadedGenerations(planner=3, routers={"http://10.0.0.1:8000": 2}))
+    cm = env.state_map()
+    assert cm is not None and PlannerState.model_validate_json(cm["data"]["state.json"]) == state
+    loaded = LoadedGenerations.model_validate_json(cm["data"]["loaded.json"])
+    assert (loaded.planner, loaded.routers) == (3, {"http://10.0.0.1:8000": 2})
+
+
+async def test_the_loaded_report_alone_creates_the_config_map_and_is_no_saved_state(env: Env) -> None:
+    store = ConfigMapStateStore(env.api, NS, STATE, POOL)
+    await store.save_loaded(LoadedGenerations(planner=1))
+    cm = env.state_map()
+    assert cm is not None and set(cm["data"]) == {"loaded.json"}
+    assert cm["metadata"]["ownerReferences"][0]["uid"] == "pool-uid"
+    assert await store.load() is None  # the planner still warms up
 
 
 async def test_a_restarted_planner_resumes_the_split_and_the_cooldown_without_rewarming(env: Env) -> None:
@@ -126,6 +143,7 @@ async def test_a_restarted_planner_resumes_the_split_and_the_cooldown_without_re
     assert len(env.pod_patches()) == patches  # nothing re-colocated, nothing re-split
     assert {n: env.h.role(n) for n in PODS} == roles
     assert env.h.events()[-1]["reason"] == "PlannerResumed"
+    assert restarted.switches.total == 1  # the count goes on from the saved one
     assert "6P3D" in env.h.events()[-1]["message"]
 
     ev = await restarted.evaluate_window(2400, 2460)  # 60 s after the saved switch: cooldown

@@ -15,7 +15,7 @@ from agentpool.api import AgentServingPool, AgentServingPoolSpec
 from agentpool.operator.builders import BuildSettings, InvalidPoolError, children
 from agentpool.operator.builders.secrets import generated_secret, generated_secret_keys, new_secret_values
 from agentpool.operator.names import PoolRef
-from agentpool.planner.settings_file import build_config
+from agentpool.planner.settings_file import build_config, split_generation
 from agentpool.router.config import parse_config
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -220,7 +220,9 @@ def test_planner_beside_the_router(case: Case) -> None:
     assert f"--router-selector=agentpool.io/pool={ref.name},app.kubernetes.io/component=router" in command
     assert "--router-token-file=/var/run/agentpool/report/token" in command
     # the planner reads its settings through its own loader
-    config = build_config(json.loads(cm["data"]["planner.json"]), {})
+    values, generation = split_generation(json.loads(cm["data"]["planner.json"]))
+    assert generation == 1  # what it reports as the generation it runs
+    config = build_config(values, {})
     assert config.initial_prefill == spec.initial_prefill
     assert config.window_s == spec.planner.settings().window_s
 
@@ -326,8 +328,12 @@ def test_an_slo_or_policy_edit_changes_only_the_config_map() -> None:
     assert changed == ["sim-config"]  # not the engines' ConfigMap, not a pod template
     cm = by_kind(after, "ConfigMap")["sim-config"]
     assert cm["metadata"]["annotations"]["agentpool.io/generation"] == "2"
-    assert parse_config(cm["data"]["router.json"], "json").policy == "smetric"
-    assert json.loads(cm["data"]["planner.json"])["cooldown_s"] == 300.0
+    router = parse_config(cm["data"]["router.json"], "json")
+    assert (router.policy, router.generation) == ("smetric", 2)  # the router reports the generation
+    planner = json.loads(cm["data"]["planner.json"])
+    assert (planner["cooldown_s"], planner["generation"]) == (300.0, 2)
+    before_cm = by_kind(before, "ConfigMap")["sim-config"]
+    assert parse_config(before_cm["data"]["router.json"], "json").generation == 1
 
 
 def test_a_scale_changes_engines_and_who_may_be_patched() -> None:

@@ -13,6 +13,7 @@ import yaml
 from agentpool.api import AgentServingPool, AgentServingPoolSpec
 from agentpool.operator.apply import contains
 from agentpool.operator.status import Observed, PodView, invalid_status, pool_status
+from agentpool.planner.state import LoadedGenerations, PlannerState, SavedShape, SwitchRecord
 
 ROOT = Path(__file__).resolve().parents[3]
 SPEC = AgentServingPool.model_validate(yaml.safe_load((ROOT / "examples" / "pool-sim.yaml").read_text())).spec
@@ -77,33 +78,73 @@ def test_a_failing_engine_is_degraded() -> None:
     assert "CrashLoopBackOff" in next(c.message for c in status.conditions if c.type == "Degraded")
 
 
-def test_an_unchanged_cluster_gives_the_same_status_and_switches_count_once() -> None:
+def planner_state(switches: SwitchRecord) -> PlannerState:
+    shape = SavedShape(experts_active=0, experts_total=0, t_fwd=1.0)
+    return PlannerState(shape=shape, fitted_at=0.0, models={}, switches=switches)
+
+
+def test_an_unchanged_cluster_gives_the_same_status_and_switches_are_the_planners_count() -> None:
     first = pool_status(NAMES, SPEC, 1, 1, observed(INITIAL, INITIAL, [True] * 6), None, T0)
     again = pool_status(
         NAMES, SPEC, 1, 1, observed(INITIAL, INITIAL, [True] * 6), first, T0 + timedelta(hours=1)
     )
     assert again == first  # no transition, so no new timestamps: nothing to write
-    moved = ["decode", *INITIAL[1:]]
+    assert first.switches is not None and first.switches.total == 0
+    # two switches between two refreshes (3P3D -> 2P4D -> 3P3D): the split looks unchanged, the
+    # planner's count says two
+    at = (T0 + timedelta(minutes=90)).timestamp()
+    record = SwitchRecord(total=2, last_at=at, last_from="2P4D", last_to="3P3D", last_reason="why")
     switched = pool_status(
         NAMES,
         SPEC,
         1,
         1,
-        observed(moved, INITIAL, [True] * 6, last_switch_reason="why"),
+        observed(INITIAL, INITIAL, [True] * 6, planner_state=planner_state(record)),
         again,
         T0 + timedelta(hours=2),
     )
-    assert switched.switches is not None
-    assert (switched.switches.total, switched.switches.last_from, switched.switches.last_to) == (
-        1,
-        "3P3D",
-        "2P4D",
-    )
-    assert switched.switches.last_reason == "why"
+    s = switched.switches
+    assert s is not None
+    assert (s.total, s.last_from, s.last_to, s.last_reason) == (2, "2P4D", "3P3D", "why")
+    assert s.last_time == T0 + timedelta(minutes=90)
+    # a moved role without a planner count is not a switch (the operator derives none)
+    moved = ["decode", *INITIAL[1:]]
     later = pool_status(
         NAMES, SPEC, 1, 1, observed(moved, moved, [True] * 6), switched, T0 + timedelta(hours=3)
     )
     assert later.switches == switched.switches
+
+
+@pytest.mark.parametrize(
+    ("loaded", "progressing", "router", "planner"),
+    [
+        (None, ("True", "Learning"), None, None),  # no planner report: only the ConfigMap's is known
+        (LoadedGenerations(planner=2, routers={"r0": 2, "r1": 2}), ("True", "Learning"), (2, 2, 2),
+         (2, 2, 1)),
+        (LoadedGenerations(planner=2, routers={"r0": 1, "r1": 2}), ("True", "ConfigLoading"), (1, 2, 2),
+         (2, 2, 1)),
+        (LoadedGenerations(planner=1, routers={"r0": 2}), ("True", "ConfigLoading"), (2, 2, 1), (1, 1, 1)),
+        (LoadedGenerations(planner=None, routers={"r0": 2}), ("True", "ConfigLoading"), (2, 2, 1),
+         (None, None, 1)),  # a planner whose file names no generation runs an unknown one
+        (LoadedGenerations(planner=2, routers={}), ("True", "Learning"), (None, None, 0), (2, 2, 1)),
+    ],
+)  # fmt: skip
+def test_the_generations_the_router_and_planner_run(
+    loaded: LoadedGenerations | None,
+    progressing: tuple[str, str],
+    router: tuple[int | None, int | None, int] | None,
+    planner: tuple[int | None, int | None, int] | None,
+) -> None:
+    obs = observed(INITIAL, INITIAL, [True] * 6, config_generation=2, loaded=loaded)
+    status = pool_status(NAMES, SPEC, 2, 2, obs, None, T0)
+    assert conditions(status)["Progressing"] == progressing
+    assert status.config is not None and status.config.desired_generation == 2
+    for part, want in ((status.config.router, router), (status.config.planner, planner)):
+        got = None if part is None else (part.loaded_generation, part.newest_generation, part.replicas)
+        assert got == want
+    if progressing[1] == "ConfigLoading":
+        message = next(c.message for c in status.conditions if c.type == "Progressing")
+        assert message.endswith("the ConfigMap holds 2") and "runs generation" in message
 
 
 def test_a_colocated_pool() -> None:

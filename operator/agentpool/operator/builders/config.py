@@ -3,7 +3,9 @@ engines' (one file per node).
 
 SLO and policy edits change only this ConfigMap (never a pod template), so no pod restarts: the
 router re-reads `router.json` when it changes, the planner re-reads `planner.json` every few
-seconds. The annotation `agentpool.io/generation` records the pool generation the data is for.
+seconds. The annotation `agentpool.io/generation` records the pool generation the data is for,
+and both files carry it too (`generation`): the router and planner report the one they loaded
+(the router in its work batches, the planner in its state ConfigMap), which the status shows.
 No credential is written here: tokens and passwords stay in Secrets, mounted as files.
 """
 
@@ -23,6 +25,7 @@ from agentpool.operator.builders.settings import (
     ROUTER_CONFIG_KEY,
     TOKEN_FILE,
 )
+from agentpool.operator.builders.tls import client_config, directory_client_tls
 from agentpool.operator.names import (
     DIRECTORY,
     DIRECTORY_PORT,
@@ -34,6 +37,7 @@ from agentpool.operator.names import (
     PoolRef,
 )
 from agentpool.planner.from_spec import planner_config
+from agentpool.planner.settings_file import GENERATION_KEY
 from agentpool.router.config import NodeConfig, config_from_settings, render_config
 from agentpool.router.policy import Role
 
@@ -46,7 +50,7 @@ def initial_role(spec: AgentServingPoolSpec, ordinal: int) -> str:
     return "prefill" if ordinal < spec.initial_prefill else "decode"
 
 
-def router_config(pool: PoolRef, spec: AgentServingPoolSpec) -> str:
+def router_config(pool: PoolRef, spec: AgentServingPoolSpec, generation: int) -> str:
     nodes = [
         NodeConfig(id=pool.engine_pod(i), url=pool.engine_url(i), role=Role(initial_role(spec, i)))
         for i in range(spec.nodes)
@@ -57,15 +61,16 @@ def router_config(pool: PoolRef, spec: AgentServingPoolSpec) -> str:
         model=spec.model.client_name,
         nodes=nodes,
         page_size=spec.kv_pool.page_size,
+        generation=generation,
     )
     return render_config(config)
 
 
-def planner_settings(spec: AgentServingPoolSpec) -> str | None:
+def planner_settings(spec: AgentServingPoolSpec, generation: int) -> str | None:
     """The planner's settings file; None in a colocated pool (no planner runs there)."""
     if spec.mode != "disaggregated":
         return None
-    values = dataclasses.asdict(planner_config(spec))
+    values = {**dataclasses.asdict(planner_config(spec)), GENERATION_KEY: generation}
     return json.dumps(values, default=str, sort_keys=True)
 
 
@@ -97,6 +102,7 @@ def engine_config(pool: PoolRef, spec: AgentServingPoolSpec, ordinal: int) -> st
         "directory": {
             "target": f"{pool.service_host(DIRECTORY)}:{DIRECTORY_PORT}",
             "tokenFile": f"{DIRECTORY_TOKEN_DIR}/{TOKEN_FILE}",
+            **client_config(directory_client_tls(spec)),  # TLS file paths (no key material)
         },
         "peerUrlTemplate": f"http://{{node}}.{pool.service_host(ENGINE)}:{ENGINE_PORT}",
         "pageSize": spec.kv_pool.page_size,
@@ -129,8 +135,8 @@ def engine_config_map(pool: PoolRef, spec: AgentServingPoolSpec) -> dict[str, An
 
 
 def config_map(pool: PoolRef, spec: AgentServingPoolSpec, generation: int) -> dict[str, Any]:
-    data = {ROUTER_CONFIG_KEY: router_config(pool, spec)}
-    planner = planner_settings(spec)
+    data = {ROUTER_CONFIG_KEY: router_config(pool, spec, generation)}
+    planner = planner_settings(spec, generation)
     if planner is not None:
         data[PLANNER_CONFIG_KEY] = planner
     return {

@@ -8,6 +8,8 @@
   planner container: the router container holds no API credential.
 - Redis: a StatefulSet and a Service unless the spec names an existing Redis; its password comes
   from the generated Secret's `redis.conf`, never from its command line.
+- Directory TLS (`spec.auth.directoryTls`): certificate files mounted from the named Secrets, their
+  paths in the flags (`builders.tls`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,12 @@ from agentpool.operator.builders.settings import (
     SA_TOKEN_DIR,
     TOKEN_FILE,
     BuildSettings,
+)
+from agentpool.operator.builders.tls import (
+    client_args,
+    directory_client_tls,
+    directory_server_tls,
+    server_args,
 )
 from agentpool.operator.names import (
     DIRECTORY,
@@ -102,6 +110,10 @@ def directory_deployment(
     env: list[dict[str, Any]] = []
     volumes = [secret_file_volume("directory-token", directory_token(pool, spec))]
     mounts = [mount("directory-token", DIRECTORY_TOKEN_DIR)]
+    tls = directory_server_tls(spec)
+    volumes += tls.volumes
+    mounts += tls.mounts
+    args += server_args(tls)
     existing = spec.redis.existing
     if existing is None:
         args.append(f"--redis-url={redis_url(pool)}")
@@ -183,6 +195,7 @@ def planner_command(pool: PoolRef, spec: AgentServingPoolSpec, settings: BuildSe
         f"--router-token-file={REPORT_TOKEN_DIR}/{TOKEN_FILE}",  # the routers' token for fitted models
         f"--directory={pool.service_host(DIRECTORY)}:{DIRECTORY_PORT}",
         f"--directory-token-file={DIRECTORY_TOKEN_DIR}/{TOKEN_FILE}",
+        *client_args(directory_client_tls(spec)),
         "--in-cluster",
         f"--settings={CONFIG_DIR}/{PLANNER_CONFIG_KEY}",
         f"--state-configmap={pool.planner_state}",
@@ -201,6 +214,7 @@ def planner_command(pool: PoolRef, spec: AgentServingPoolSpec, settings: BuildSe
 
 
 def router_deployment(pool: PoolRef, spec: AgentServingPoolSpec, settings: BuildSettings) -> dict[str, Any]:
+    tls = directory_client_tls(spec)
     router: dict[str, Any] = {
         "name": ROUTER,
         "image": settings.control_plane_image,
@@ -213,6 +227,7 @@ def router_deployment(pool: PoolRef, spec: AgentServingPoolSpec, settings: Build
             f"--directory={pool.service_host(DIRECTORY)}:{DIRECTORY_PORT}",
             f"--directory-token-file={DIRECTORY_TOKEN_DIR}/{TOKEN_FILE}",
             f"--report-token-file={REPORT_TOKEN_DIR}/{TOKEN_FILE}",
+            *client_args(tls),
         ],
         "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}],
         "readinessProbe": http_probe("/ready", "http"),
@@ -222,6 +237,7 @@ def router_deployment(pool: PoolRef, spec: AgentServingPoolSpec, settings: Build
             config_mount(),
             mount("directory-token", DIRECTORY_TOKEN_DIR),
             mount("report-token", REPORT_TOKEN_DIR),
+            *tls.mounts,
         ],
     }
     containers = [router]
@@ -229,6 +245,7 @@ def router_deployment(pool: PoolRef, spec: AgentServingPoolSpec, settings: Build
     volumes = [
         secret_file_volume("directory-token", directory_token(pool, spec)),
         secret_file_volume("report-token", report_token(pool, spec)),
+        *tls.volumes,
     ]
     if spec.mode == "disaggregated":
         config_keys.append(PLANNER_CONFIG_KEY)
@@ -249,6 +266,7 @@ def router_deployment(pool: PoolRef, spec: AgentServingPoolSpec, settings: Build
                     mount("planner-api", SA_TOKEN_DIR),
                     mount("directory-token", DIRECTORY_TOKEN_DIR),
                     mount("report-token", REPORT_TOKEN_DIR),
+                    *tls.mounts,
                 ],
             }
         )

@@ -30,6 +30,7 @@ from agentpool.operator.builders.settings import (
     REPORT_TOKEN_DIR,
     ROLE_FILE,
 )
+from agentpool.operator.builders.tls import directory_client_tls
 from agentpool.operator.names import ENGINE, ENGINE_PORT, ROLE_ANNOTATION, PoolRef
 from agentpool.operator.quantity import mebibytes
 
@@ -77,6 +78,7 @@ def _volumes(pool: PoolRef, spec: AgentServingPoolSpec) -> list[dict[str, Any]]:
         },
         secret_file_volume("report-token", report_token(pool, spec)),
         secret_file_volume("directory-token", directory_token(pool, spec)),
+        *directory_client_tls(spec).volumes,
         {"name": "dshm", "emptyDir": shm},
     ]
 
@@ -102,6 +104,7 @@ def engine_container(pool: PoolRef, spec: AgentServingPoolSpec) -> dict[str, Any
             mount("podinfo", PODINFO_DIR),
             mount("report-token", REPORT_TOKEN_DIR),
             mount("directory-token", DIRECTORY_TOKEN_DIR),
+            *directory_client_tls(spec).mounts,
             {"name": "dshm", "mountPath": "/dev/shm"},
         ],
     }

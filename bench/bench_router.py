@@ -1,6 +1,6 @@
 """Router benchmark: policy decision latency, and router overhead against sglang-router.
 
-``python -m bench.bench_router [--skip-overhead | --skip-decision] [--seconds S] [--uvloop]``
+``python -m bench.bench_router [--skip-overhead | --skip-decision] [--seconds S] [--asyncio]``
 
 1. Decision latency per policy (in-process, pure): ``prefill_candidates`` + ``policy.choose`` on
    8, 64 and 512 prefill nodes with random queues, reports and cached prefixes. Prints p50/p99 in
@@ -10,7 +10,8 @@
    (``python -m agentpool.router``, evolving and round-robin policies, in-process directory,
    builtin tokenizer, a 300-word chat prompt) and
    through ``sglang-router`` (PyPI, Rust, ``round_robin`` and ``cache_aware``) in the same run.
-   With ``--uvloop`` the agentpool router also runs with ``--loop uvloop`` (rows ``...-uvloop``).
+   The router runs on its default loop (uvloop); with ``--asyncio`` also with ``--loop asyncio``
+   (rows ``...-asyncio``).
    Prints requests/s and latency at concurrency 1 and 32, the latency each router adds over the
    direct baseline, and the agentpool/sglang ratios. Engines, routers and the load generator are
    separate processes.
@@ -304,7 +305,7 @@ def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
             p.kill()
 
 
-def router_overhead(seconds: float, engines: int, loops: Sequence[str] = ("asyncio",)) -> None:
+def router_overhead(seconds: float, engines: int, loops: Sequence[str] = ("uvloop",)) -> None:
     print(f"\n## Router overhead on loopback, {engines} instant engines, {seconds:.0f}s per measurement")
     procs: list[subprocess.Popen[bytes]] = []
     tmp = Path(tempfile.mkdtemp(prefix="bench-router-"))
@@ -313,7 +314,7 @@ def router_overhead(seconds: float, engines: int, loops: Sequence[str] = ("async
 
         targets: list[tuple[str, list[str]]] = [("direct", [u + "/v1/chat/completions" for u in engine_urls])]
         for loop in loops:
-            suffix = "" if loop == "asyncio" else f"-{loop}"
+            suffix = "" if loop == "uvloop" else f"-{loop}"
             for policy in ("evolving", "round-robin"):
                 port = start_agentpool(policy, engine_urls, procs, tmp, loop)
                 targets.append(
@@ -344,13 +345,11 @@ def start_agentpool(
     engine_urls: list[str],
     procs: list[subprocess.Popen[bytes]],
     tmp: Path,
-    loop: str = "asyncio",
+    loop: str = "uvloop",
     extra: Sequence[str] = (),
     name: str = "",
 ) -> int:
-    """``python -m agentpool.router`` with ``policy`` over the engines; returns its port once ready.
-
-    ``loop`` other than ``asyncio`` passes ``--loop`` (the default router takes no such flag)."""
+    """``python -m agentpool.router`` with ``policy`` over the engines on ``loop``; its port once ready."""
     port = free_port()
     config = {
         "model": "bench",
@@ -362,8 +361,7 @@ def start_agentpool(
     # the bench engines post no load reports
     args = ["--config", str(path), "--host", "127.0.0.1", "--port", str(port)]
     args.append("--insecure-allow-unauthenticated-reports")
-    if loop != "asyncio":
-        args += ["--loop", loop]
+    args += ["--loop", loop]
     args += extra
     proc = subprocess.Popen(
         [sys.executable, "-m", "agentpool.router", *args],
@@ -451,16 +449,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--engines", type=int, default=4)
 
     parser.add_argument(
-        "--uvloop",
+        "--asyncio",
         action="store_true",
-        help="also run the agentpool router with --loop uvloop (needs: pip install uvloop)",
+        help="also run the agentpool router with --loop asyncio (the default is uvloop)",
     )
     args = parser.parse_args(argv)
     print(f"router benchmark on {os.cpu_count()} CPUs (shared machine: figures are noisy)")
     if not args.skip_decision:
         decision_latency((8, 64, 512))
     if not args.skip_overhead:
-        loops = ("asyncio", "uvloop") if args.uvloop else ("asyncio",)
+        loops = ("uvloop", "asyncio") if args.asyncio else ("uvloop",)
         router_overhead(args.seconds, args.engines, loops)
 
 

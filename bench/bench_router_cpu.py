@@ -3,9 +3,9 @@
 ``python -m bench.bench_router_cpu [--seconds S] [--repeats N] [--engines N] [--skip-replicas]``
 
 1. CPU per request of each router process (user + system from /proc, the process and its
-   descendants) for the agentpool router (asyncio and uvloop loops; and with the gRPC directory,
-   in-memory store, and a branch header per load worker, where the directory's CPU is added) and
-   sglang-router 0.3.2
+   descendants) for the agentpool router (on its default loop, uvloop, and with ``--loop asyncio``;
+   and with the gRPC directory, in-memory store, and a branch header per load worker, where the
+   directory's CPU is added) and sglang-router 0.3.2
    (``pip install sglang-router==0.3.2``; round_robin and cache_aware) on the same instant engines,
    interleaved, ``--repeats`` times, at concurrency 1 and 64, with the agentpool/sglang ratio of each
    repeat.
@@ -82,8 +82,8 @@ def router_cpu(seconds: float, engines: int, repeats: int, concurrencies: Sequen
         engine_urls = start_engines(engines, procs)
         targets: list[tuple[str, list[str]]] = []
         pids: dict[str, int] = {}
-        for loop in ("asyncio", "uvloop"):
-            name = "agentpool-evolving" + ("" if loop == "asyncio" else "-uvloop")
+        for loop in ("uvloop", "asyncio"):
+            name = "agentpool-evolving" + ("" if loop == "uvloop" else "-asyncio")
             port = start_agentpool("evolving", engine_urls, procs, tmp, loop)
             targets.append((name, [f"http://127.0.0.1:{port}/v1/chat/completions"]))
             pids[name] = procs[-1].pid

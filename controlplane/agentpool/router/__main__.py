@@ -2,8 +2,9 @@
 
 ``--directory inprocess`` keeps a KV directory in this process (single-router deployments, demos);
 ``--directory HOST:PORT`` uses the directory service over gRPC (its bearer token from
-``--directory-token-file``). ``--loop uvloop`` runs the router on uvloop (an optional dependency,
-``pip install uvloop``), which cuts the per-request overhead of the event loop.
+``--directory-token-file``). The router runs on uvloop by default (it cut the router's CPU per
+request at concurrency 1 by about a fifth, bench/results/router_cpu.md); ``--loop asyncio`` runs it
+on the standard event loop.
 
 Engine load reports (``POST /agentpool/v1/report``) need ``Authorization: Bearer <token>`` with the
 token in ``--report-token-file`` (or the file named by ``$AGENTPOOL_REPORT_TOKEN_FILE``); the router
@@ -97,9 +98,9 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--loop",
-        choices=("asyncio", "uvloop"),
-        default="asyncio",
-        help="event loop: the standard asyncio one, or uvloop (optional dependency: pip install uvloop)",
+        choices=("uvloop", "asyncio"),
+        default="uvloop",
+        help="event loop: uvloop (the default), or the standard asyncio one",
     )
     return p
 
@@ -155,7 +156,7 @@ def loop_factory(kind: str, parser: argparse.ArgumentParser) -> Callable[[], asy
     try:
         import uvloop
     except ImportError:
-        parser.error("--loop uvloop needs the optional dependency uvloop (pip install uvloop)")
+        parser.error("uvloop is not installed (pip install uvloop), or run with --loop asyncio")
     factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
     return factory
 

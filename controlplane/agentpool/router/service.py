@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import secrets
 import time
-import uuid
 from collections.abc import Sequence
 
 from agentpool.kv import block_hashes
@@ -67,6 +67,9 @@ class RouterService:
         self.nodes.configure(config.nodes, config.node_model)
         self.metrics.registry.register(QueueDepthCollector(lambda: self.nodes.snapshot(time.monotonic())))
         self.router_id = secrets.token_hex(8)  # this process's dispatch numbering (wire.engine)
+        # request ids: this process's random prefix and a counter (unique without a urandom call each)
+        self._id_prefix = secrets.token_hex(8)
+        self._id_seq = itertools.count(1)
         self.report_ack = ReportAck(router_id=self.router_id).model_dump_json().encode()  # the report answer
         self.dispatcher = Dispatcher(
             self.nodes, self.engines, directory, self.metrics, self.routing, router_id=self.router_id
@@ -218,8 +221,9 @@ class RouterService:
     ) -> Prepared:
         resolved = await self.resolve(encoded.token_ids, branch, parent)
         prompt = len(encoded.token_ids)
+        kind = "chatcmpl" if endpoint == "chat" else "cmpl"
         view = RequestView(
-            request_id=f"{'chatcmpl' if endpoint == 'chat' else 'cmpl'}-{uuid.uuid4().hex}",
+            request_id=f"{kind}-{self._id_prefix}{next(self._id_seq):08x}",
             prompt_tokens=prompt,
             turn=encoded.turn,
             new_turn_tokens=min(prompt, encoded.new_turn_tokens),

@@ -60,3 +60,15 @@ def test_out_of_range_tokens_rejected(bad: list[int]) -> None:
 def test_bad_page_size() -> None:
     with pytest.raises(ValueError):
         block_hashes([1, 2, 3], 0)
+
+
+def test_list_and_numpy_paths_agree_and_reject_the_same_ids() -> None:
+    rng = np.random.default_rng(16)
+    for n in (0, 63, 64, 300, 2049):
+        toks = rng.integers(0, 2**32, n, dtype=np.uint64)
+        assert block_hashes(toks.tolist(), 64, parent=5) == block_hashes(toks.astype(np.uint32), 64, parent=5)
+    for bad in ([0] * 64 + [2**32], [0] * 64 + [-1]):  # a bad id in the partial page too
+        with pytest.raises(ValueError):
+            block_hashes(bad, 64)
+        with pytest.raises(ValueError):
+            block_hashes(np.array(bad), 64)

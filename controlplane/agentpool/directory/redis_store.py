@@ -10,13 +10,13 @@ Key layout (``ns`` is the configured namespace, default ``agentpool:dir``):
     end disappear even while the directory is down (the directory also sweeps them, releasing counts).
 ``<ns>:nodes``  HASH node -> phase (``prefill``/``decode``/``both``).
 
-Counts ``R[b, n]`` are the sizes of the ``C`` sets and are rebuilt on load. Each save is one
-``MULTI``/``EXEC`` round trip: per new (or re-written) branch ``DEL`` + ``HSET`` + ``PEXPIRE`` (the row
-replaced whole), per known branch ``HSET`` of the changed fields + ``HDEL`` of the dropped ones +
-``PEXPIRE``, ``DEL`` for ended branches, ``HSET``/``HDEL`` for node phases. The key TTL is the idle
-limit plus ``ttl_margin_s``, so the directory's own idle sweep (which deletes the row) always comes
-first while it runs; a row missing ``v``, ``p`` or ``s`` (a patch that landed after an expiry) is
-skipped on load.
+Counts ``R[b, n]`` are the sizes of the ``C`` sets and are rebuilt on load. Each save (of one or
+more snapshots, in order) is one ``MULTI``/``EXEC`` round trip: per new (or re-written) branch
+``DEL`` + ``HSET`` + ``PEXPIRE`` (the row replaced whole), per known branch ``HSET`` of the changed
+fields + ``HDEL`` of the dropped ones + ``PEXPIRE``, ``DEL`` for ended branches, ``HSET``/``HDEL`` for
+node phases. The key TTL is the idle limit plus ``ttl_margin_s``, so the directory's own idle sweep
+(which deletes the row) always comes first while it runs; a row missing ``v``, ``p`` or ``s`` (a patch
+that landed after an expiry) is skipped on load.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import cast
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -88,10 +89,21 @@ class RedisBranchStore:
             raise StoreUnavailableError(f"redis: {e}") from e
         return {n.decode(): Role(p.decode()) for n, p in raw_phases.items()}, states
 
-    async def save(self, snap: Snapshot) -> None:
-        if not (snap.branches or snap.ended or snap.phases or snap.patches):
+    async def save(self, *snaps: Snapshot) -> None:
+        if not any(snap.branches or snap.ended or snap.phases or snap.patches for snap in snaps):
             return
         pipe = self.client.pipeline(transaction=True)
+        for snap in snaps:
+            self._queue(pipe, snap)
+        try:
+            self.round_trips += 1
+            await pipe.execute()
+        except _REDIS_DOWN as e:
+            raise StoreUnavailableError(f"redis: {e}") from e
+        finally:
+            await pipe.reset()  # type: ignore[no-untyped-call]
+
+    def _queue(self, pipe: Pipeline, snap: Snapshot) -> None:
         for b, row in snap.branches.items():
             key = self.branch_key(b)
             pipe.delete(key)
@@ -110,13 +122,6 @@ class RedisBranchStore:
                 pipe.hdel(self.nodes_key, node)
             else:
                 pipe.hset(self.nodes_key, node, phase)
-        try:
-            self.round_trips += 1
-            await pipe.execute()
-        except _REDIS_DOWN as e:
-            raise StoreUnavailableError(f"redis: {e}") from e
-        finally:
-            await pipe.reset()  # type: ignore[no-untyped-call]
 
     async def ping(self) -> bool:
         try:

@@ -112,6 +112,8 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         self.store_ok = False
         self._reload_needed = False
         self._write_lock = asyncio.Lock()
+        self._queued: list[tuple[Pending, asyncio.Future[StoreUnavailableError | None]]] = []
+        self._flusher: asyncio.Task[None] | None = None
         self._node_locks: dict[str, asyncio.Lock] = {}
         self._background: set[asyncio.Future[Any]] = set()  # resyncs and purges left by their callers
         self._rows = RowTracker()  # writes only the changed fields of known branch rows
@@ -201,27 +203,52 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         return Pending(changes, self._rows.snapshot(self.dir, changes), self._epoch)
 
     async def write(self, pending: Pending, strict: bool = True) -> None:
-        """Persist an encoded write; writes land in the order they were started (one FIFO lock)."""
-        changes, snap, epoch = pending.changes, pending.snap, pending.epoch
-        async with self._write_lock:
-            if epoch != self._epoch:  # diffed against a write that failed: write the rows whole
-                snap = snapshot(self.dir, changes)
-            try:
-                await self.store.save(snap)
-                self.metrics.store_writes.labels("ok").inc()
-            except StoreUnavailableError as e:
-                self.metrics.store_writes.labels("error").inc()
-                self._epoch += 1
-                self._rows.clear()
-                self.store_ok = False
-                self._reload_needed = True
-                self.metrics.store_up.set(0)
-                log.error("directory store write failed: %s", e)
-                if strict:
-                    raise Abort(grpc.StatusCode.UNAVAILABLE, f"store unavailable: {e}") from e
-                return
-        self.watchers.publish(changes.counts)
+        """Persist an encoded write. Writes land in the order they were started: they queue, and one
+        flusher saves everything queued by the time it gets to it in one store round trip (group
+        commit: concurrent Places cost one Redis round trip together). A caller that is cancelled
+        does not cancel its write."""
+        done: asyncio.Future[StoreUnavailableError | None] = asyncio.get_running_loop().create_future()
+        self._queued.append((pending, done))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush(), name="directory-store-writer")
+            self._background.add(self._flusher)
+            self._flusher.add_done_callback(self._background.discard)
+        error = await done
+        if error is not None:
+            if strict:
+                raise Abort(grpc.StatusCode.UNAVAILABLE, f"store unavailable: {error}") from error
+            return
+        self.watchers.publish(pending.changes.counts)
         self._update_gauges()
+
+    async def _flush(self) -> None:
+        while self._queued:
+            async with self._write_lock:  # a reload from the store excludes writes
+                batch, self._queued = self._queued, []
+                await self._save(batch)
+
+    async def _save(self, batch: list[tuple[Pending, asyncio.Future[StoreUnavailableError | None]]]) -> None:
+        """One store round trip for ``batch``; each waiter learns the outcome."""
+        snaps = [
+            p.snap if p.epoch == self._epoch else snapshot(self.dir, p.changes)  # diffed before a failed
+            for p, _ in batch  # write: write the rows whole
+        ]
+        error: StoreUnavailableError | None = None
+        try:
+            await self.store.save(*snaps)
+            self.metrics.store_writes.labels("ok").inc()
+        except StoreUnavailableError as e:
+            error = e
+            self.metrics.store_writes.labels("error").inc()
+            self._epoch += 1
+            self._rows.clear()
+            self.store_ok = False
+            self._reload_needed = True
+            self.metrics.store_up.set(0)
+            log.error("directory store write failed: %s", e)
+        for _, done in batch:
+            if not done.done():  # cancelled with its caller
+                done.set_result(error)
 
     def _require_store(self) -> None:
         if not self.store_ok:

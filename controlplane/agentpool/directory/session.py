@@ -48,14 +48,20 @@ class DirectorySession:
         client: DirectoryClient,
         on_place_error: PlaceErrorHandler = _log_place_error,
         stale_s: float = 1.0,
+        place_delay_s: float = 0.005,
     ) -> None:
         """``on_place_error``: called with each failed Place (its reply, or the stream breaking before
         it went out). ``stale_s``: a Resolve left unanswered this long when its caller gave up means the
         stream is stuck (a directory that went away without closing it): the next operation opens a
-        new one. A Resolve not answered within ``client.timeout_s`` fails with DEADLINE_EXCEEDED."""
+        new one. A Resolve not answered within ``client.timeout_s`` fails with DEADLINE_EXCEEDED.
+        ``place_delay_s``: how long a Place may wait for another operation to travel with (it goes at
+        once with the next Resolve; 0: at once)."""
         self.client = client
         self.on_place_error = on_place_error
         self.stale_s = stale_s
+        self.place_delay_s = place_delay_s
+        self._flush_timer: asyncio.TimerHandle | None = None
+        self._closing = False
         self._open = client.channel.stream_stream(
             "/agentpool.v1.Directory/Route",
             request_serializer=None,
@@ -96,7 +102,10 @@ class DirectorySession:
         )
         self._out.append(op)
         self._out_places += 1
-        self._wake.set()
+        if self.place_delay_s <= 0:
+            self._wake.set()
+        elif self._flush_timer is None:
+            self._flush_timer = asyncio.get_running_loop().call_later(self.place_delay_s, self._wake.set)
 
     async def _ask(self, encode: Callable[[int], bytes]) -> pb.RouteReply:
         self._ensure_open()
@@ -138,11 +147,16 @@ class DirectorySession:
             while True:
                 await self._wake.wait()
                 self._wake.clear()
-                if not self._out:
-                    continue
-                data, self._out = b"".join(self._out), []
-                self._out_places = 0
-                await call.write(data)
+                if self._out:
+                    if self._flush_timer is not None:
+                        self._flush_timer.cancel()
+                        self._flush_timer = None
+                    data, self._out = b"".join(self._out), []
+                    self._out_places = 0
+                    await call.write(data)
+                if self._closing:
+                    await call.done_writing()
+                    return
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
             return  # the call ended: the reader reports how
 
@@ -171,6 +185,9 @@ class DirectorySession:
     def _broken(self, error: DirectoryRpcError) -> None:
         """The stream ended: fail what waits on it; the next operation opens a new one."""
         self._call = None
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
         for t in self._tasks:
             if t is not asyncio.current_task():
                 t.cancel()
@@ -190,14 +207,21 @@ class DirectorySession:
         self._broken(DirectoryRpcError(grpc.StatusCode.UNAVAILABLE, f"Route stream reset: {why}"))
         call.cancel()
 
-    async def close(self) -> None:
+    async def close(self, grace_s: float = 1.0) -> None:
+        """Send what is queued, end the stream; wait at most ``grace_s`` for the directory to answer
+        the last operations (a failed Place is still reported)."""
         call, tasks = self._call, self._tasks
+        if call is None:
+            return
+        self._closing = True
+        self._wake.set()
+        _, pending = await asyncio.wait(tasks, timeout=grace_s)
         self._call, self._tasks = None, []
-        if call is not None:
-            call.cancel()
-        for t in tasks:
+        call.cancel()
+        for t in pending:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        self._closing = False
 
 
 def _error(e: pb.RouteError) -> DirectoryRpcError:

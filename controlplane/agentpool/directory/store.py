@@ -164,8 +164,9 @@ class BranchStore(Protocol):
         """Every persisted node phase and branch row."""
         ...
 
-    async def save(self, snap: Snapshot) -> None:
-        """Write the rows of ``snap`` (each branch row atomically). Raises StoreUnavailableError."""
+    async def save(self, *snaps: Snapshot) -> None:
+        """Write the rows of ``snaps``, in order, in one round trip (each branch row atomically).
+        Raises StoreUnavailableError."""
         ...
 
     async def ping(self) -> bool: ...
@@ -185,21 +186,22 @@ class MemoryBranchStore:
         phases = {n: Role(p) for n, p in self.phases.items()}
         return phases, [decode_branch(b, row) for b, row in self.rows.items() if is_complete(row)]
 
-    async def save(self, snap: Snapshot) -> None:
+    async def save(self, *snaps: Snapshot) -> None:
         self.writes += 1
-        for b in snap.ended:
-            self.rows.pop(b, None)
-        self.rows.update({b: dict(row) for b, row in snap.branches.items()})
-        for b, (put, drop) in snap.patches.items():
-            row = self.rows.setdefault(b, {})
-            row.update(put)
-            for f in drop:
-                row.pop(f, None)
-        for node, phase in snap.phases.items():
-            if phase is None:
-                self.phases.pop(node, None)
-            else:
-                self.phases[node] = phase
+        for snap in snaps:
+            for b in snap.ended:
+                self.rows.pop(b, None)
+            self.rows.update({b: dict(row) for b, row in snap.branches.items()})
+            for b, (put, drop) in snap.patches.items():
+                row = self.rows.setdefault(b, {})
+                row.update(put)
+                for f in drop:
+                    row.pop(f, None)
+            for node, phase in snap.phases.items():
+                if phase is None:
+                    self.phases.pop(node, None)
+                else:
+                    self.phases[node] = phase
 
     async def ping(self) -> bool:
         return True

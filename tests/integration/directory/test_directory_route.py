@@ -11,6 +11,7 @@ from conftest import config_for
 
 from agentpool.directory import framing
 from agentpool.directory.client import DirectoryClient, DirectoryRpcError, NodePublisher
+from agentpool.directory.redis_store import RedisBranchStore
 from agentpool.directory.server import DirectoryConfig, DirectoryServer
 from agentpool.directory.session import DirectorySession
 from agentpool.kv import Role, Tier
@@ -183,3 +184,56 @@ async def test_a_wrong_token_fails_the_resolve_with_unauthenticated(namespace: s
             await session.close()
     finally:
         await srv.stop()
+
+
+async def test_a_lone_quiet_place_goes_out_within_its_delay(
+    client: DirectoryClient, server: DirectoryServer
+) -> None:
+    session = DirectorySession(client, place_delay_s=0.05)
+    try:
+        await client.switch_phase("p1", Phase.BOTH)
+        assert (await session.resolve(CHAIN, None)).page_size == 4  # the stream is open
+        session.place("lone", "p1", CHAIN[:2])
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
+        while "lone" not in server.service.dir.branches:
+            assert loop.time() - sent < 2.0, "the Place never went out"
+            await asyncio.sleep(0.005)
+        assert loop.time() - sent >= 0.04  # it waited for company first
+    finally:
+        await session.close()
+
+
+async def test_closing_the_session_sends_the_places_still_queued(
+    client: DirectoryClient, server: DirectoryServer
+) -> None:
+    errors: list[DirectoryRpcError] = []
+    session = DirectorySession(client, errors.append, place_delay_s=10.0)
+    await client.switch_phase("p1", Phase.BOTH)
+    session.place("queued", "p1", CHAIN[:2])
+    session.place("bad id with spaces", "p1", CHAIN[:2])
+    await session.close()
+    assert server.service.dir.branches.get("queued").counted == {"p1": frozenset(CHAIN[:2])}
+    assert [e.code for e in errors] == [grpc.StatusCode.INVALID_ARGUMENT]  # answered before the end
+
+
+async def test_places_applied_together_share_one_redis_round_trip(
+    client: DirectoryClient, server: DirectoryServer
+) -> None:
+    """Group commit: the Places of one message are saved in one MULTI/EXEC, in order."""
+    store = server.store
+    assert isinstance(store, RedisBranchStore)
+    await client.switch_phase("p1", Phase.BOTH)
+    session = DirectorySession(client)
+    try:
+        before = store.round_trips
+        placed = await asyncio.gather(
+            *(session.place_and_wait(f"g{i}", "p1", CHAIN[: 1 + i % 6]) for i in range(20))
+        )
+        assert all(p.is_new and p.counted_blocks == 1 + i % 6 for i, p in enumerate(placed))
+        assert store.round_trips - before <= 2  # 20 Places (a sweep may add one)
+    finally:
+        await session.close()
+    _, rows = await store.load()  # what Redis holds: every branch, its counts
+    by_id = {r.branch_id: r for r in rows}
+    assert all(by_id[f"g{i}"].counted["p1"] == frozenset(CHAIN[: 1 + i % 6]) for i in range(20))

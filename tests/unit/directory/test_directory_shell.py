@@ -99,10 +99,10 @@ class FlakyStore(MemoryBranchStore):
         super().__init__()
         self.down = False
 
-    async def save(self, snap: Snapshot) -> None:
+    async def save(self, *snaps: Snapshot) -> None:
         if self.down:
             raise StoreUnavailableError("down")
-        await super().save(snap)
+        await super().save(*snaps)
 
     async def ping(self) -> bool:
         return not self.down

@@ -34,8 +34,8 @@ from agentpool.directory.convert import (
 )
 from agentpool.directory.ingest import EventIngest, ServiceLimits, check_node_cap
 from agentpool.directory.metrics import DirectoryMetrics
-from agentpool.directory.steps import run_steps
-from agentpool.directory.store import BranchStore, RowTracker, Snapshot, StoreUnavailableError, snapshot
+from agentpool.directory.steps import run_steps, settled
+from agentpool.directory.store import BranchStore, Pending, RowTracker, StoreUnavailableError, snapshot
 from agentpool.directory.watch import CountWatchers
 from agentpool.kv import Changes, Directory
 from agentpool.v1 import directory_pb2 as pb
@@ -61,15 +61,6 @@ T = TypeVar("T")
 
 if TYPE_CHECKING:
     Ctx = grpc.aio.ServicerContext[Any, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class Pending:
-    """A store write encoded when its changes were made, not yet persisted."""
-
-    changes: Changes
-    snap: Snapshot
-    epoch: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -459,7 +450,7 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         """Run ``work`` as a task that a cancelled caller does not cancel (stop() does)."""
         task = asyncio.ensure_future(work)
         self._background.add(task)
-        task.add_done_callback(_settled)
+        task.add_done_callback(settled)
         task.add_done_callback(self._background.discard)
         return asyncio.shield(task)
 
@@ -507,10 +498,3 @@ class DirectoryService(pb_grpc.DirectoryServicer):
             return
         async for update in self.watchers.stream(node, self.limits.watch_queue, self.limits.snapshot_part):
             yield update
-
-
-def _settled(task: asyncio.Future[Any]) -> None:
-    """Retrieve the outcome of a task whose caller may have gone (no "never retrieved" warning); the
-    caller, if still there, gets the error itself."""
-    if not task.cancelled() and task.exception() is not None:
-        log.debug("background directory work failed: %s", task.exception())

@@ -10,11 +10,13 @@ in the service).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Generator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 R = TypeVar("R")
+log = logging.getLogger(__name__)
 
 SLICE_S = 0.001  # longest run of steps between two turns of the event loop
 PAUSE_S = 0.001  # then the loop waits this long: gRPC's poller thread gets the GIL and hands in RPCs
@@ -31,3 +33,10 @@ async def run_steps(steps: Generator[None, None, R], slice_s: float = SLICE_S, p
         if time.perf_counter() - start >= slice_s:
             await asyncio.sleep(pause_s)
             start = time.perf_counter()
+
+
+def settled(task: asyncio.Future[Any]) -> None:
+    """Retrieve the outcome of a task whose caller may have gone (no "never retrieved" warning); the
+    caller, if still there, gets the error itself."""
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("background directory work failed: %s", task.exception())

@@ -174,6 +174,15 @@ class BranchStore(Protocol):
     async def close(self) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A store write encoded when its changes were made, not yet persisted."""
+
+    changes: Changes
+    snap: Snapshot
+    epoch: int  # the service's write epoch then (a failed write since: the rows are rewritten whole)
+
+
 class MemoryBranchStore:
     """In-process store with the Redis store's encoding (no TTL: the directory's sweep ends idle rows)."""
 

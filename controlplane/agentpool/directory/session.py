@@ -114,19 +114,20 @@ class DirectorySession:
         self._waiting[op_id] = future
         self._out.append(encode(op_id))
         self._wake.set()
-        sent = time.monotonic()
+        call, sent = self._call, time.monotonic()
         try:
             async with asyncio.timeout(self.client.timeout_s):
                 reply = await future
         except TimeoutError:
-            self._reset("no reply within the client's timeout")
+            self._reset(call, "no reply within the client's timeout")
             raise DirectoryRpcError(
                 grpc.StatusCode.DEADLINE_EXCEEDED, "no reply from the directory"
             ) from None
         finally:
-            given_up = self._waiting.pop(op_id, future)
-            if not given_up.done() and time.monotonic() - sent >= self.stale_s:  # caller gave up
-                self._reset(f"no reply for {self.stale_s:g} s")
+            self._waiting.pop(op_id, None)
+            unanswered = future.cancelled() or not future.done()  # the caller gave up waiting
+            if unanswered and time.monotonic() - sent >= self.stale_s:
+                self._reset(call, f"no reply for {self.stale_s:g} s")
         if reply.WhichOneof("result") == "error":
             raise _error(reply.error)
         return reply
@@ -199,9 +200,9 @@ class DirectorySession:
         for _ in range(unsent):
             self.on_place_error(error)
 
-    def _reset(self, why: str) -> None:
-        call = self._call
-        if call is None:
+    def _reset(self, call: Any, why: str) -> None:
+        """Replace ``call`` if it is still the session's stream."""
+        if call is None or call is not self._call:
             return
         log.warning("directory Route stream looks stuck (%s): opening a new one", why)
         self._broken(DirectoryRpcError(grpc.StatusCode.UNAVAILABLE, f"Route stream reset: {why}"))

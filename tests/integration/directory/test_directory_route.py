@@ -4,6 +4,8 @@ quiet Places answer only when they fail, bad operations do not end the stream, a
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import pytest
@@ -237,3 +239,38 @@ async def test_places_applied_together_share_one_redis_round_trip(
     _, rows = await store.load()  # what Redis holds: every branch, its counts
     by_id = {r.branch_id: r for r in rows}
     assert all(by_id[f"g{i}"].counted["p1"] == frozenset(CHAIN[: 1 + i % 6]) for i in range(20))
+
+
+async def test_a_stuck_stream_is_replaced_once_a_caller_gave_up_on_it() -> None:
+    """A peer that takes the stream and never answers (a hung directory): after a Resolve went
+    unanswered for ``stale_s``, the next operation opens a new stream instead of queueing behind."""
+    opened: list[int] = []
+
+    async def swallow(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        opened.append(1)
+        async for _ in requests:
+            pass
+        await asyncio.sleep(3600)
+
+    server = grpc.aio.server()
+    handler = grpc.stream_stream_rpc_method_handler(swallow)
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("agentpool.v1.Directory", {"Route": handler}),)
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with DirectoryClient(f"127.0.0.1:{port}", timeout_s=30) as c:
+            session = DirectorySession(c, stale_s=0.1)
+            for attempt in (1, 2):
+                with pytest.raises(TimeoutError):
+                    async with asyncio.timeout(0.3):  # the router's own directory timeout
+                        await session.resolve(CHAIN, None)
+                for _ in range(100):
+                    if len(opened) == attempt:
+                        break
+                    await asyncio.sleep(0.01)
+                assert len(opened) == attempt  # a fresh stream for the second attempt
+            await session.close(grace_s=0.1)
+    finally:
+        await server.stop(None)

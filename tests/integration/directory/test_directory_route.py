@@ -193,7 +193,7 @@ async def test_a_lone_quiet_place_goes_out_within_its_delay(
 ) -> None:
     session = DirectorySession(client, place_delay_s=0.05)
     try:
-        await client.switch_phase("p1", Phase.BOTH)
+        await client.switch_phase("p1", Role.BOTH)
         assert (await session.resolve(CHAIN, None)).page_size == 4  # the stream is open
         session.place("lone", "p1", CHAIN[:2])
         loop = asyncio.get_running_loop()
@@ -211,7 +211,7 @@ async def test_closing_the_session_sends_the_places_still_queued(
 ) -> None:
     errors: list[DirectoryRpcError] = []
     session = DirectorySession(client, errors.append, place_delay_s=10.0)
-    await client.switch_phase("p1", Phase.BOTH)
+    await client.switch_phase("p1", Role.BOTH)
     session.place("queued", "p1", CHAIN[:2])
     session.place("bad id with spaces", "p1", CHAIN[:2])
     await session.close()
@@ -225,7 +225,7 @@ async def test_places_applied_together_share_one_redis_round_trip(
     """Group commit: the Places of one message are saved in one MULTI/EXEC, in order."""
     store = server.store
     assert isinstance(store, RedisBranchStore)
-    await client.switch_phase("p1", Phase.BOTH)
+    await client.switch_phase("p1", Role.BOTH)
     session = DirectorySession(client)
     try:
         before = store.round_trips

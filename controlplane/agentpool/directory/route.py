@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -22,6 +22,8 @@ from google.protobuf.message import DecodeError
 from agentpool.directory import framing
 from agentpool.directory.convert import InvalidRequestError, QuotaExceededError
 from agentpool.directory.service import Abort, DirectoryService, Placed
+from agentpool.directory.store import Pending
+from agentpool.directory.writer import Written
 from agentpool.v1 import directory_pb2 as pb
 
 if TYPE_CHECKING:
@@ -75,6 +77,8 @@ class RouteSession:
                 self._resolve(op.id, op.resolve)
             elif kind == "place":
                 self._place(op.id, op.place, op.quiet)
+            elif kind == "end_branch":
+                self._end_branch(op.id, op.end_branch)
             else:
                 self._reply(
                     framing.error_reply(op.id, grpc.StatusCode.INVALID_ARGUMENT.value[0], "empty operation")
@@ -100,14 +104,12 @@ class RouteSession:
             self.service.metrics.observe("Place", status.name, time.perf_counter() - t0)
             self._reply(framing.error_reply(op_id, status.value[0], str(e)))
             return
-        # started now (write order = apply order); the write lock keeps them in that order
-        task = asyncio.create_task(self._persist(op_id, placed, quiet, t0))
-        self._writes.add(task)
-        task.add_done_callback(self._writes.discard)
+        done = self.service.enqueue(placed.pending)  # queued now: writes land in apply order
+        self._track(self._placed(op_id, placed, done, quiet, t0))
 
-    async def _persist(self, op_id: int, placed: Placed, quiet: bool, t0: float) -> None:
+    async def _placed(self, op_id: int, placed: Placed, done: Written, quiet: bool, t0: float) -> None:
         try:
-            await self.service.write(placed.pending)
+            await self.service.written(placed.pending, done)
         except Abort as e:
             self.service.metrics.observe("Place", e.code.name, time.perf_counter() - t0)
             self._reply(framing.error_reply(op_id, e.code.value[0], e.reason))
@@ -115,6 +117,36 @@ class RouteSession:
         self.service.metrics.observe("Place", _OK, time.perf_counter() - t0)
         if not quiet:
             self._reply(framing.place_reply(op_id, self.service.place_response(placed)))
+
+    def _end_branch(self, op_id: int, request: pb.EndBranchRequest) -> None:
+        t0 = time.perf_counter()
+        try:
+            response, pending = self.service.end_branch_now(request)
+        except (InvalidRequestError, QuotaExceededError, Abort) as e:
+            status = _status(e)
+            self.service.metrics.observe("EndBranch", status.name, time.perf_counter() - t0)
+            self._reply(framing.error_reply(op_id, status.value[0], str(e)))
+            return
+        done = self.service.enqueue(pending)
+        self._track(self._ended(op_id, response, pending, done, t0))
+
+    async def _ended(
+        self, op_id: int, response: pb.EndBranchResponse, pending: Pending, done: Written, t0: float
+    ) -> None:
+        try:
+            await self.service.written(pending, done)
+        except Abort as e:
+            self.service.metrics.observe("EndBranch", e.code.name, time.perf_counter() - t0)
+            self._reply(framing.error_reply(op_id, e.code.value[0], e.reason))
+            return
+        self.service.metrics.observe("EndBranch", _OK, time.perf_counter() - t0)
+        reply = pb.RouteReplies(replies=[pb.RouteReply(id=op_id, end_branch=response)])
+        self._reply(reply.SerializeToString())
+
+    def _track(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
 
     def _reply(self, encoded: bytes) -> None:
         self._replies.append(encoded)

@@ -35,8 +35,9 @@ from agentpool.directory.convert import (
 from agentpool.directory.ingest import EventIngest, ServiceLimits, check_node_cap
 from agentpool.directory.metrics import DirectoryMetrics
 from agentpool.directory.steps import run_steps, settled
-from agentpool.directory.store import BranchStore, Pending, RowTracker, StoreUnavailableError, snapshot
+from agentpool.directory.store import BranchStore, Pending, StoreUnavailableError
 from agentpool.directory.watch import CountWatchers
+from agentpool.directory.writer import StoreWriter, Written
 from agentpool.kv import Changes, Directory
 from agentpool.v1 import directory_pb2 as pb
 from agentpool.v1 import directory_pb2_grpc as pb_grpc
@@ -102,13 +103,9 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         self.mono = monotonic
         self.store_ok = False
         self._reload_needed = False
-        self._write_lock = asyncio.Lock()
-        self._queued: list[tuple[Pending, asyncio.Future[StoreUnavailableError | None]]] = []
-        self._flusher: asyncio.Task[None] | None = None
         self._node_locks: dict[str, asyncio.Lock] = {}
         self._background: set[asyncio.Future[Any]] = set()  # resyncs and purges left by their callers
-        self._rows = RowTracker()  # writes only the changed fields of known branch rows
-        self._epoch = 0  # bumped by a failed write: snapshots diffed before it are rewritten whole
+        self.writer = StoreWriter(directory, store, self.metrics, self._store_failed)
         self._encoder = ResolveEncoder(directory.page_size)
         self.ingest = EventIngest(directory, self.limits, self.metrics, wall_clock, monotonic)
         self.watchers = CountWatchers(directory, self.metrics)
@@ -120,7 +117,7 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         """Load the agent state from the store (raises StoreUnavailableError) and start the sweeps."""
         phases, branches = await self.store.load()
         self.dir.load_agent_state(phases, branches)
-        self._rows.loaded(branches)
+        self.writer.rows.loaded(branches)
         self.ingest.expect(phases)
         self.store_ok = True
         self.metrics.store_up.set(1)
@@ -140,6 +137,7 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.writer.stop()
         self._tasks = []
 
     async def _store_monitor(self) -> None:
@@ -157,10 +155,10 @@ class DirectoryService(pb_grpc.DirectoryServicer):
             self.metrics.store_up.set(1 if self.store_ok else 0)
 
     async def _reload(self) -> None:
-        async with self._write_lock:
+        async with self.writer.lock:  # no write meanwhile
             phases, branches = await self.store.load()
             self.dir.load_agent_state(phases, branches)
-            self._rows.loaded(branches)
+            self.writer.rows.loaded(branches)
             self.ingest.keep_only(phases)
             self._reload_needed = False
         log.info("directory agent state reloaded from the store: %d branches", len(self.dir.branches))
@@ -191,19 +189,19 @@ class DirectoryService(pb_grpc.DirectoryServicer):
 
     def encode(self, changes: Changes) -> Pending:
         """The store write of ``changes``, encoded now (the rows as the core holds them at this point)."""
-        return Pending(changes, self._rows.snapshot(self.dir, changes), self._epoch)
+        return self.writer.encode(changes)
+
+    def enqueue(self, pending: Pending) -> Written:
+        """Queue an encoded write right after its change (:class:`~.writer.StoreWriter`)."""
+        return self.writer.enqueue(pending)
 
     async def write(self, pending: Pending, strict: bool = True) -> None:
-        """Persist an encoded write. Writes land in the order they were started: they queue, and one
-        flusher saves everything queued by the time it gets to it in one store round trip (group
-        commit: concurrent Places cost one Redis round trip together). A caller that is cancelled
-        does not cancel its write."""
-        done: asyncio.Future[StoreUnavailableError | None] = asyncio.get_running_loop().create_future()
-        self._queued.append((pending, done))
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush(), name="directory-store-writer")
-            self._background.add(self._flusher)
-            self._flusher.add_done_callback(self._background.discard)
+        """Persist an encoded write (:meth:`enqueue`, then :meth:`written`)."""
+        await self.written(pending, self.enqueue(pending), strict)
+
+    async def written(self, pending: Pending, done: Written, strict: bool = True) -> None:
+        """Wait for a queued write; then publish its count changes. ``strict``: raise UNAVAILABLE when
+        the store failed."""
         error = await done
         if error is not None:
             if strict:
@@ -212,34 +210,10 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         self.watchers.publish(pending.changes.counts)
         self._update_gauges()
 
-    async def _flush(self) -> None:
-        while self._queued:
-            async with self._write_lock:  # a reload from the store excludes writes
-                batch, self._queued = self._queued, []
-                await self._save(batch)
-
-    async def _save(self, batch: list[tuple[Pending, asyncio.Future[StoreUnavailableError | None]]]) -> None:
-        """One store round trip for ``batch``; each waiter learns the outcome."""
-        snaps = [
-            p.snap if p.epoch == self._epoch else snapshot(self.dir, p.changes)  # diffed before a failed
-            for p, _ in batch  # write: write the rows whole
-        ]
-        error: StoreUnavailableError | None = None
-        try:
-            await self.store.save(*snaps)
-            self.metrics.store_writes.labels("ok").inc()
-        except StoreUnavailableError as e:
-            error = e
-            self.metrics.store_writes.labels("error").inc()
-            self._epoch += 1
-            self._rows.clear()
-            self.store_ok = False
-            self._reload_needed = True
-            self.metrics.store_up.set(0)
-            log.error("directory store write failed: %s", e)
-        for _, done in batch:
-            if not done.done():  # cancelled with its caller
-                done.set_result(error)
+    def _store_failed(self, error: StoreUnavailableError) -> None:
+        self.store_ok = False
+        self._reload_needed = True  # mirror what the store kept once it is back
+        self.metrics.store_up.set(0)
 
     def _require_store(self) -> None:
         if not self.store_ok:
@@ -366,11 +340,16 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         return await self._run("EndBranch", context, self._end_branch(request))
 
     async def _end_branch(self, request: pb.EndBranchRequest) -> pb.EndBranchResponse:
+        response, pending = self.end_branch_now(request)
+        await self.write(pending)
+        return response
+
+    def end_branch_now(self, request: pb.EndBranchRequest) -> tuple[pb.EndBranchResponse, Pending]:
+        """End the branch in the core at once; its store write for the caller to persist."""
         branch = self._known_branch(request.branch)
         self._require_store()
         nodes = len(self.dir.branches.get(branch).counted)
-        await self._commit(self.dir.end_branch(branch))
-        return pb.EndBranchResponse(released_nodes=nodes)
+        return pb.EndBranchResponse(released_nodes=nodes), self.encode(self.dir.end_branch(branch))
 
     # -- nodes -------------------------------------------------------------------------------
     async def SwitchPhase(self, request: pb.SwitchPhaseRequest, context: Ctx) -> pb.SwitchPhaseResponse:

@@ -1,11 +1,11 @@
-"""A router's session with the directory: Resolves and Places on one ``Route`` stream.
+"""A router's session with the directory: Resolves, Places and EndBranches on one ``Route`` stream.
 
 One unary gRPC call costs the caller about 300 us of CPU in grpc.aio; a router asks twice per request
 (Resolve before routing, Place once a node took the request). On the stream a Resolve is one message
 each way and a Place one message out, not waited for (``quiet``: the directory answers only when it
 failed, and the failure is handed to ``on_place_error``). Operations queued while a message is being
 written go out together in the next one. The directory applies a stream's operations in order, so a
-Place is seen by every later Resolve of the same router.
+Place is seen by every later operation of the same router (an EndBranch of the branch included).
 
     session = DirectorySession(client)
     answer = await session.resolve(hashes, "agent-7")  # read-only
@@ -92,6 +92,11 @@ class DirectorySession:
         request = framing.place_request(branch, node, block_hashes)
         reply = await self._ask(lambda op_id: framing.route_op(op_id, place=request))
         return reply.place
+
+    async def end_branch(self, branch: str) -> int:
+        """End ``branch`` after this stream's Places of it; returns how many nodes it held counts on."""
+        reply = await self._ask(lambda op_id: _end_branch_op(op_id, branch))
+        return int(reply.end_branch.released_nodes)
 
     def place(self, branch: str, node: str, block_hashes: Sequence[int] = ()) -> None:
         """``node`` took a request of ``branch`` (see ``Place`` in the proto); sent, not waited for: a
@@ -227,3 +232,9 @@ class DirectorySession:
 
 def _error(e: pb.RouteError) -> DirectoryRpcError:
     return DirectoryRpcError(_CODES.get(e.code, grpc.StatusCode.UNKNOWN), e.reason)
+
+
+def _end_branch_op(op_id: int, branch: str) -> bytes:
+    op = pb.RouteOp(id=op_id, end_branch=pb.EndBranchRequest(branch=branch))
+    encoded: bytes = pb.RouteBatch(ops=[op]).SerializeToString()
+    return encoded  # a batch of one op: concatenates with the others

@@ -3,7 +3,8 @@
 Resolves and Places travel on one ``Route`` stream (:class:`agentpool.directory.session.DirectorySession`):
 a Resolve is one message each way, a Place one message out that the request does not wait for (the
 directory applies the stream's operations in order, so the next Resolve sees it; a failed Place is
-logged and counted in ``place_errors``). EndBranch and Health are unary calls.
+logged and counted in ``place_errors``). EndBranch travels there too, so it comes after the branch's
+Places; Health is a unary call.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ class GrpcDirectoryView:
 
     async def end_branch(self, branch: str) -> bool:
         try:
-            await self.client.end_branch(branch)
+            await self.session.end_branch(branch)  # on the stream: after the branch's Places
         except DirectoryRpcError as e:
             if e.code == grpc.StatusCode.NOT_FOUND:
                 return False

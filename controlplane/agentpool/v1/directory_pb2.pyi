@@ -192,16 +192,18 @@ class PlaceResponse(_message.Message):
     def __init__(self, version: _Optional[int] = ..., counted_blocks: _Optional[int] = ..., counted_nodes: _Optional[_Iterable[str]] = ..., move_pending: _Optional[bool] = ..., is_new: _Optional[bool] = ..., version_bumped: _Optional[bool] = ..., node_known: _Optional[bool] = ...) -> None: ...
 
 class RouteOp(_message.Message):
-    __slots__ = ("id", "resolve", "place", "quiet")
+    __slots__ = ("id", "resolve", "place", "end_branch", "quiet")
     ID_FIELD_NUMBER: _ClassVar[int]
     RESOLVE_FIELD_NUMBER: _ClassVar[int]
     PLACE_FIELD_NUMBER: _ClassVar[int]
+    END_BRANCH_FIELD_NUMBER: _ClassVar[int]
     QUIET_FIELD_NUMBER: _ClassVar[int]
     id: int
     resolve: ResolveRequest
     place: PlaceRequest
+    end_branch: EndBranchRequest
     quiet: bool
-    def __init__(self, id: _Optional[int] = ..., resolve: _Optional[_Union[ResolveRequest, _Mapping]] = ..., place: _Optional[_Union[PlaceRequest, _Mapping]] = ..., quiet: _Optional[bool] = ...) -> None: ...
+    def __init__(self, id: _Optional[int] = ..., resolve: _Optional[_Union[ResolveRequest, _Mapping]] = ..., place: _Optional[_Union[PlaceRequest, _Mapping]] = ..., end_branch: _Optional[_Union[EndBranchRequest, _Mapping]] = ..., quiet: _Optional[bool] = ...) -> None: ...
 
 class RouteBatch(_message.Message):
     __slots__ = ("ops",)
@@ -218,16 +220,18 @@ class RouteError(_message.Message):
     def __init__(self, code: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class RouteReply(_message.Message):
-    __slots__ = ("id", "resolve", "place", "error")
+    __slots__ = ("id", "resolve", "place", "error", "end_branch")
     ID_FIELD_NUMBER: _ClassVar[int]
     RESOLVE_FIELD_NUMBER: _ClassVar[int]
     PLACE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    END_BRANCH_FIELD_NUMBER: _ClassVar[int]
     id: int
     resolve: ResolveResponse
     place: PlaceResponse
     error: RouteError
-    def __init__(self, id: _Optional[int] = ..., resolve: _Optional[_Union[ResolveResponse, _Mapping]] = ..., place: _Optional[_Union[PlaceResponse, _Mapping]] = ..., error: _Optional[_Union[RouteError, _Mapping]] = ...) -> None: ...
+    end_branch: EndBranchResponse
+    def __init__(self, id: _Optional[int] = ..., resolve: _Optional[_Union[ResolveResponse, _Mapping]] = ..., place: _Optional[_Union[PlaceResponse, _Mapping]] = ..., error: _Optional[_Union[RouteError, _Mapping]] = ..., end_branch: _Optional[_Union[EndBranchResponse, _Mapping]] = ...) -> None: ...
 
 class RouteReplies(_message.Message):
     __slots__ = ("replies",)

@@ -117,7 +117,7 @@ class DirectoryServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Route(self, request_iterator, context):
-        """The router's session: Resolves and Places as operations on one long-lived stream (no call set-up
+        """The router's session: Resolves, Places and EndBranches as operations on one long-lived stream (no call set-up
         per request; several operations travel in one message when they queue up). Operations of one
         stream are applied in the order sent, so a Place is seen by every later Resolve. Each Resolve gets
         a reply; a `quiet` Place gets one only when it failed (the router does not wait for it). A bad

@@ -274,3 +274,22 @@ async def test_a_stuck_stream_is_replaced_once_a_caller_gave_up_on_it() -> None:
             await session.close(grace_s=0.1)
     finally:
         await server.stop(None)
+
+
+async def test_an_end_branch_on_the_stream_comes_after_the_branchs_quiet_places(
+    client: DirectoryClient, server: DirectoryServer
+) -> None:
+    await client.switch_phase("p1", Role.BOTH)
+    session = DirectorySession(client, place_delay_s=10.0)  # the Place waits: only order can save it
+    try:
+        session.place("ending", "p1", CHAIN[:3])
+        assert await session.end_branch("ending") == 1  # it saw the Place: one node released
+        assert "ending" not in server.service.dir.branches
+        assert server.service.dir.counts.counts_view("p1") == {}
+        with pytest.raises(DirectoryRpcError) as err:
+            await session.end_branch("ending")
+        assert err.value.code == grpc.StatusCode.NOT_FOUND
+    finally:
+        await session.close()
+    _, rows = await server.store.load()
+    assert "ending" not in {r.branch_id for r in rows}

@@ -55,6 +55,14 @@ async def branch_exists(client: DirectoryClient, branch: str) -> bool:
     return True
 
 
+async def placed(directory: DirectoryServer, branch: str, within_s: float = 2.0) -> None:
+    """The router sends its Place on its Route stream without waiting for it: it lands shortly."""
+    deadline = asyncio.get_running_loop().time() + within_s
+    while branch not in directory.service.dir.branches:
+        assert asyncio.get_running_loop().time() < deadline, f"the router never placed {branch}"
+        await asyncio.sleep(0.01)
+
+
 async def test_headers_drive_branch_ends_and_prefixes_drive_routing(directory: DirectoryServer) -> None:
     a, b = await StandIn("a", tokens=2).start(), await StandIn("b", tokens=2).start()
     client = DirectoryClient(directory.address)
@@ -79,6 +87,7 @@ async def test_headers_drive_branch_ends_and_prefixes_drive_routing(directory: D
                 assert resp.status == 200
             assert [r.request_id for r in b.received] and not a.received  # the prefix holder won
             assert b.received[0].cached_tokens == len(ids) // PAGE * PAGE
+            await placed(directory, "agent-1")
             assert await branch_exists(client, "agent-1")
 
             end = {"x-agentpool-branch": "agent-1", "x-agentpool-branch-end": "true"}
@@ -93,6 +102,7 @@ async def test_headers_drive_branch_ends_and_prefixes_drive_routing(directory: D
                 f"{router.url}/v1/chat/completions", json=chat_body(text), headers=fork
             ) as resp:
                 assert resp.status == 200
+            await placed(directory, "agent-2")
             assert await branch_exists(client, "agent-2")
             async with http.delete(f"{router.url}/v1/branches/agent-2") as resp:
                 assert resp.status == 200

@@ -311,3 +311,43 @@ def test_resolve_answers_are_cached_entry_encodings_that_parse_as_one_message() 
         )
         assert out.nodes[2].phase == pb.PHASE_UNSPECIFIED and out.page_size == 4 and out.branch.version == 3
     assert pb.ResolveResponse.FromString(enc.encode({}, phases, None)) == pb.ResolveResponse(page_size=4)
+
+
+class GatedStore(MemoryBranchStore):
+    """Saves wait until ``gate`` opens; records how many snapshots each save carried."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.sizes: list[int] = []
+
+    async def save(self, *snaps: Snapshot) -> None:
+        await self.gate.wait()
+        self.sizes.append(len(snaps))
+        await super().save(*snaps)
+
+
+async def test_writes_queued_together_share_one_save_in_order_and_survive_a_cancelled_caller() -> None:
+    store = GatedStore()
+    svc = DirectoryService(Directory(page_size=1), store, timers=ServiceTimers(store_check_interval_s=3600))
+    store.gate.set()
+    await svc.start()
+    try:
+        await svc._commit(svc.dir.register_node("p1", Role.PREFILL))
+        store.gate.clear()
+        store.sizes.clear()
+        first = asyncio.create_task(svc._commit(svc.dir.resolve([1], "a", 1.0).changes))
+        await asyncio.sleep(0)  # the flusher takes the first write and waits at the gate
+        later = [
+            asyncio.create_task(svc._commit(svc.dir.resolve([1, 2 + i], "a", 2.0 + i).changes))
+            for i in range(3)
+        ]
+        await asyncio.sleep(0)
+        later[1].cancel()  # its caller goes away: the write still lands
+        store.gate.set()
+        await asyncio.gather(first, later[0], later[2])
+        assert store.sizes == [1, 3]  # the three queued behind the first went out together
+        row = decode_branch("a", store.rows["a"])
+        assert row.path == (1, 4) and row.version == svc.dir.branches.get("a").version  # the last
+    finally:
+        await svc.stop()

@@ -171,7 +171,8 @@ def test_engine_pods(case: Case) -> None:
     assert role_item["fieldRef"]["fieldPath"] == "metadata.annotations['agentpool.io/role']"
     # the template never sets a role: the planner owns the pods' annotations
     assert "annotations" not in sts["spec"]["template"]["metadata"]
-    assert {p["containerPort"] for p in engine["ports"]} == {8080}
+    # SGLang's disaggregation bootstrap port only where SGLang runs
+    assert {p["containerPort"] for p in engine["ports"]} == ({8080, 8998} if case.gpus else {8080})
     assert engine["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert engine["livenessProbe"]["httpGet"]["path"] == "/health"
     assert sts["spec"]["template"]["spec"]["serviceAccountName"] == f"{ref.name}-engine"

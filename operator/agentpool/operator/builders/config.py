@@ -25,6 +25,7 @@ from agentpool.operator.builders.settings import (
     ROUTER_CONFIG_KEY,
     TOKEN_FILE,
 )
+from agentpool.operator.builders.sglang import sglang_settings
 from agentpool.operator.builders.tls import client_config, directory_client_tls
 from agentpool.operator.names import (
     DIRECTORY,
@@ -74,7 +75,6 @@ def planner_settings(spec: AgentServingPoolSpec, generation: int) -> str | None:
     return json.dumps(values, default=str, sort_keys=True)
 
 
-SGLANG_PORT = 30000
 ENGINE_CONFIG_LIMIT = 900_000
 """Bytes of engine configs one ConfigMap may hold (the API server's limit is 1 MiB)."""
 
@@ -112,13 +112,7 @@ def engine_config(pool: PoolRef, spec: AgentServingPoolSpec, ordinal: int) -> st
     if spec.engine.backend == "sim" and experts is not None:
         values["sim"] = {"expertsActive": experts.active, "expertsTotal": experts.total}
     if spec.engine.backend == "sglang":
-        # the agent launches SGLang on SGLANG_PORT; spec.engine.args go to SGLang
-        values["sglang"] = {
-            "model": spec.model.name,
-            "servedName": spec.model.served_name or spec.model.name,
-            "port": SGLANG_PORT,
-            "args": list(spec.engine.args),
-        }
+        values["sglang"] = sglang_settings(spec)  # the agent launches and drives SGLang
     return json.dumps(values, sort_keys=True)
 
 

@@ -30,6 +30,7 @@ from agentpool.operator.builders.settings import (
     REPORT_TOKEN_DIR,
     ROLE_FILE,
 )
+from agentpool.operator.builders.sglang import BOOTSTRAP_PORT, STARTUP_PROBE_FAILURES, STARTUP_PROBE_PERIOD_S
 from agentpool.operator.builders.tls import directory_client_tls
 from agentpool.operator.names import ENGINE, ENGINE_PORT, ROLE_ANNOTATION, PoolRef
 from agentpool.operator.quantity import mebibytes
@@ -84,19 +85,26 @@ def _volumes(pool: PoolRef, spec: AgentServingPoolSpec) -> list[dict[str, Any]]:
 
 
 def engine_container(pool: PoolRef, spec: AgentServingPoolSpec) -> dict[str, Any]:
-    startup_failures = 360 if spec.engine.backend == "sglang" else 60  # loading a model takes minutes
+    sglang = spec.engine.backend == "sglang"
+    startup_failures = STARTUP_PROBE_FAILURES if sglang else 60  # loading a model takes minutes
+    ports = [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}]
+    if sglang:  # SGLang's disaggregation bootstrap: decode pods connect to it on the prefill pod
+        ports.append({"name": "bootstrap", "containerPort": BOOTSTRAP_PORT, "protocol": "TCP"})
     return {
         "name": ENGINE,
         "image": spec.engine.image,
-        # the agent has no node-id flag: each pod reads its own file (Kubernetes expands $(POD_NAME))
-        "command": ["python", "-m", "agentpool.engine", "--config", f"{CONFIG_DIR}/$(POD_NAME).json"],
+        # the engine image's interpreter (engine-image/Dockerfile: the SGLang image's python3); the
+        # agent has no node-id flag: each pod reads its own file (Kubernetes expands $(POD_NAME))
+        "command": ["python3", "-m", "agentpool.engine", "--config", f"{CONFIG_DIR}/$(POD_NAME).json"],
         "env": [
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         ],
-        "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
+        "ports": ports,
         "resources": engine_resources(spec),
-        "startupProbe": http_probe("/health", "http", period_s=5, failures=startup_failures),
+        "startupProbe": http_probe(
+            "/health", "http", period_s=STARTUP_PROBE_PERIOD_S, failures=startup_failures
+        ),
         "readinessProbe": http_probe("/ready", "http", period_s=2),
         "livenessProbe": http_probe("/health", "http", period_s=10, failures=6),
         "volumeMounts": [

@@ -1,0 +1,75 @@
+"""The engine agent's `sglang` section for a pool with `backend: sglang` (pure).
+
+The agent launches upstream SGLang itself (`python3 -m sglang.launch_server`, from its own argument
+builder) on `127.0.0.1:30000`, subscribes to SGLang's KV events on a local ZMQ socket, and gives
+SGLang the disaggregation bootstrap port that decode pods reach on the prefill pod's IP. The
+operator fills in what comes from the spec: the model, its served name, the tensor-parallel size
+(the node's GPUs, unless `spec.engine.args` sets `--tp-size`) and the extra SGLang arguments.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentpool.api import AgentServingPoolSpec
+
+SGLANG_PORT = 30000
+BOOTSTRAP_PORT = 8998
+KV_EVENTS_ENDPOINT = "tcp://127.0.0.1:5557"
+KV_EVENTS_TOPIC = "kv"
+STARTUP_PROBE_PERIOD_S = 5
+STARTUP_PROBE_FAILURES = 360
+READY_TIMEOUT_S = STARTUP_PROBE_PERIOD_S * STARTUP_PROBE_FAILURES
+"""Model loading may take this long: the agent and the startup probe wait the same 30 minutes."""
+STOP_TIMEOUT_S = 30
+"""SIGTERM to SGLang, then SIGKILL; well within the pod's termination grace period."""
+TP_FLAGS = ("--tp-size", "--tp", "--tensor-parallel-size")
+
+
+def tp_size_in_args(args: list[str]) -> int | None:
+    """The tensor-parallel size `spec.engine.args` sets (`--tp-size 4` or `--tp-size=4`), if any;
+    ValueError for a value that is not a positive integer."""
+    for i, arg in enumerate(args):
+        flag, sep, value = arg.partition("=")
+        if flag not in TP_FLAGS:
+            continue
+        if not sep:
+            value = args[i + 1] if i + 1 < len(args) else ""
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"spec.engine.args: {flag} needs a positive integer, got {value!r}")
+        return int(value)
+    return None
+
+
+def tp_problem(spec: AgentServingPoolSpec) -> str | None:
+    """Why the tensor-parallel size and the node's GPUs disagree (None: they agree)."""
+    if spec.engine.backend != "sglang":
+        return None
+    try:
+        tp = tp_size_in_args(list(spec.engine.args))
+    except ValueError as exc:
+        return str(exc)
+    gpus = spec.engine.gpus_per_node
+    if tp is not None and tp != gpus:
+        return f"spec.engine.args sets a tensor-parallel size of {tp}, but spec.engine.gpusPerNode is {gpus}"
+    return None
+
+
+def sglang_settings(spec: AgentServingPoolSpec) -> dict[str, Any]:
+    """The engine config's `sglang` section (`agentpool.engine` with `backend: sglang`)."""
+    args = list(spec.engine.args)
+    values: dict[str, Any] = {
+        "model": spec.model.name,
+        "servedName": spec.model.client_name,
+        "port": SGLANG_PORT,
+        "kvEventsEndpoint": KV_EVENTS_ENDPOINT,
+        "kvEventsTopic": KV_EVENTS_TOPIC,
+        "bootstrapPort": BOOTSTRAP_PORT,
+        "args": args,
+        "readyTimeoutS": READY_TIMEOUT_S,
+        "stopTimeoutS": STOP_TIMEOUT_S,
+        "requireGpu": True,
+    }
+    if tp_size_in_args(args) is None and spec.engine.gpus_per_node > 0:
+        values["tpSize"] = spec.engine.gpus_per_node
+    return values

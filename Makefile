@@ -16,8 +16,8 @@ lint: ## ruff (checks and formatting), then the import-linter contracts (layers;
 	$(PYTHON) -m ruff format --check .
 	lint-imports
 
-typecheck: ## mypy strict on the package and the benchmarks
-	$(PYTHON) -m mypy -p agentpool
+typecheck: ## mypy strict on every part of the namespace package (control plane, engine, operator) and the benchmarks
+	$(PYTHON) -m mypy -p agentpool -p agentpool.engine -p agentpool.operator
 	$(PYTHON) -m mypy bench
 
 test: ## the whole test suite (unit and integration; needs Redis on 127.0.0.1:6379)

@@ -331,9 +331,16 @@ class NodeTable:
         memo = e.unreported_memo
         if memo is not None and memo[0] == e.prefills_version and memo[1] == after:
             return memo[2]
-        queue = EMPTY_QUEUE
+        # QueuedPrefill.add's sums in the same order (bit for bit), without an object per request:
+        # every dispatch changes the version, so this runs per request over every queued prefill
+        requests, t_uc, t_c, pairs = 0, 0.0, 0.0, 0.0
         for d in e.prefills.values():
             if d.seq > after:
-                queue = queue.add(d.work)
+                w = d.work
+                requests += 1
+                t_uc += w.t_uc
+                t_c += w.t_c
+                pairs += w.attention_pairs
+        queue = QueuedPrefill(requests, t_uc, t_c, pairs) if requests else EMPTY_QUEUE
         e.unreported_memo = (e.prefills_version, after, queue)
         return queue

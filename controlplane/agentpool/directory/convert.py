@@ -10,6 +10,7 @@ from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from operator import eq
 
+from agentpool.errors import InvalidInputError, OverloadedError
 from agentpool.kv import EvictionCandidate, PrefixMatch, Role, Tier, check_branch_id
 from agentpool.kv.branches import InvalidBranchIdError
 from agentpool.v1 import directory_pb2 as pb
@@ -34,12 +35,12 @@ _TIER_TO_PB: dict[Tier, pb.Tier] = {
 }
 
 
-class InvalidRequestError(ValueError):
-    """A request is malformed or too large (INVALID_ARGUMENT)."""
+class InvalidRequestError(InvalidInputError):
+    """A request is malformed or too large (permanent: INVALID_ARGUMENT)."""
 
 
-class QuotaExceededError(Exception):
-    """A client would store more than its cap (RESOURCE_EXHAUSTED)."""
+class QuotaExceededError(OverloadedError):
+    """A client would store more than its cap (temporary: RESOURCE_EXHAUSTED)."""
 
 
 def node_name(value: str) -> str:

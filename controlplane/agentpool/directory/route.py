@@ -21,7 +21,7 @@ from google.protobuf.message import DecodeError
 
 from agentpool.directory import framing
 from agentpool.directory.convert import InvalidRequestError, QuotaExceededError
-from agentpool.directory.service import Abort, DirectoryService, Placed
+from agentpool.directory.service import Abort, DirectoryService, Placed, grpc_status
 from agentpool.directory.store import Pending
 from agentpool.directory.writer import Written
 from agentpool.v1 import directory_pb2 as pb
@@ -32,14 +32,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _OK = grpc.StatusCode.OK.name
-
-
-def _status(e: Exception) -> grpc.StatusCode:
-    if isinstance(e, Abort):
-        return e.code
-    if isinstance(e, QuotaExceededError):
-        return grpc.StatusCode.RESOURCE_EXHAUSTED
-    return grpc.StatusCode.INVALID_ARGUMENT
 
 
 class RouteSession:
@@ -90,7 +82,7 @@ class RouteSession:
         try:
             self._reply(framing.resolve_reply(op_id, self.service.resolve_now(request)))
         except (InvalidRequestError, QuotaExceededError, Abort) as e:
-            status = _status(e)
+            status = grpc_status(e)
             code = status.name
             self._reply(framing.error_reply(op_id, status.value[0], str(e)))
         self.service.metrics.observe("Resolve", code, time.perf_counter() - t0)
@@ -100,7 +92,7 @@ class RouteSession:
         try:
             placed = self.service.place_now(request)
         except (InvalidRequestError, QuotaExceededError, Abort) as e:
-            status = _status(e)
+            status = grpc_status(e)
             self.service.metrics.observe("Place", status.name, time.perf_counter() - t0)
             self._reply(framing.error_reply(op_id, status.value[0], str(e)))
             return
@@ -123,7 +115,7 @@ class RouteSession:
         try:
             response, pending = self.service.end_branch_now(request)
         except (InvalidRequestError, QuotaExceededError, Abort) as e:
-            status = _status(e)
+            status = grpc_status(e)
             self.service.metrics.observe("EndBranch", status.name, time.perf_counter() - t0)
             self._reply(framing.error_reply(op_id, status.value[0], str(e)))
             return

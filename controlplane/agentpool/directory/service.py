@@ -38,6 +38,7 @@ from agentpool.directory.steps import run_steps, settled
 from agentpool.directory.store import BranchStore, Pending, StoreUnavailableError
 from agentpool.directory.watch import CountWatchers
 from agentpool.directory.writer import StoreWriter, Written
+from agentpool.errors import AgentpoolError, grpc_code_name
 from agentpool.kv import Changes, Directory
 from agentpool.v1 import directory_pb2 as pb
 from agentpool.v1 import directory_pb2_grpc as pb_grpc
@@ -77,10 +78,18 @@ class Placed:
 
 
 class Abort(Exception):
+    """Ends an RPC with an explicit gRPC code (the service's own checks)."""
+
     def __init__(self, code: grpc.StatusCode, reason: str) -> None:
         super().__init__(reason)
         self.code = code
         self.reason = reason
+
+
+def grpc_status(e: Abort | AgentpoolError) -> grpc.StatusCode:
+    """The directory's one mapping of errors to gRPC codes: an :class:`Abort` carries its own; a
+    domain error's kind (temporary or permanent, :mod:`agentpool.errors`) picks it from the table."""
+    return e.code if isinstance(e, Abort) else grpc.StatusCode[grpc_code_name(e)]
 
 
 class DirectoryService(pb_grpc.DirectoryServicer):
@@ -231,12 +240,8 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         reason = ""
         try:
             return await work
-        except InvalidRequestError as e:
-            code, reason = grpc.StatusCode.INVALID_ARGUMENT, str(e)
-        except QuotaExceededError as e:
-            code, reason = grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)
-        except Abort as e:
-            code, reason = e.code, e.reason
+        except (AgentpoolError, Abort) as e:
+            code, reason = grpc_status(e), str(e)
         finally:
             self.metrics.observe(method, code.name, time.perf_counter() - t0)
         await context.abort(code, reason)
@@ -405,11 +410,7 @@ class DirectoryService(pb_grpc.DirectoryServicer):
             try:
                 ack = await self.apply_batch(batch)
             except (InvalidRequestError, QuotaExceededError) as e:
-                code = (
-                    grpc.StatusCode.INVALID_ARGUMENT
-                    if isinstance(e, InvalidRequestError)
-                    else grpc.StatusCode.RESOURCE_EXHAUSTED
-                )
+                code = grpc_status(e)
                 self.metrics.requests.labels("PublishEvents", code.name).inc()
                 await context.abort(code, str(e))
                 return
@@ -472,7 +473,7 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         try:
             node = self._known_node(request.node)
         except (InvalidRequestError, Abort) as e:
-            code = e.code if isinstance(e, Abort) else grpc.StatusCode.INVALID_ARGUMENT
+            code = grpc_status(e)
             await context.abort(code, str(e))
             return
         async for update in self.watchers.stream(node, self.limits.watch_queue, self.limits.snapshot_part):

@@ -15,13 +15,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from agentpool.errors import UnavailableError
 from agentpool.kv import BranchState, Changes, Directory, PendingMove, Role
 
 Row = dict[bytes, bytes]
 
 
-class StoreUnavailableError(Exception):
-    """The store cannot be reached; nothing of the failed write is known to be applied."""
+class StoreUnavailableError(UnavailableError):
+    """The store cannot be reached; nothing of the failed write is known to be applied (temporary)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,12 +12,13 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from agentpool.errors import InvalidInputError
 from agentpool.kv.types import KvError, UnknownBranchError
 
 BRANCH_ID_RE = re.compile(r"^[A-Za-z0-9._:/@-]{1,200}$")
 
 
-class InvalidBranchIdError(KvError):
+class InvalidBranchIdError(KvError, InvalidInputError):
     """A branch id is empty, too long or has characters outside ``[A-Za-z0-9._:/@-]``."""
 
 

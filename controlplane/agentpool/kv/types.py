@@ -6,6 +6,8 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from agentpool.errors import AgentpoolError, InvalidInputError, NotFoundError
+
 
 class Tier(enum.IntFlag):
     """Memory tier of a KV block copy on a node (a bit set: a node may hold a block in both)."""
@@ -43,19 +45,19 @@ class PrefixMatch:
     local_blocks: int
 
 
-class KvError(Exception):
+class KvError(AgentpoolError):
     """Root of the KV directory's domain errors."""
 
 
-class UnknownNodeError(KvError):
+class UnknownNodeError(KvError, NotFoundError):
     """The node is not registered with the directory."""
 
 
-class UnknownBranchError(KvError):
+class UnknownBranchError(KvError, NotFoundError):
     """The branch is not in the branch table."""
 
 
-class InvalidEventError(KvError):
+class InvalidEventError(KvError, InvalidInputError):
     """A KV event contradicts the index (e.g. a block re-stored under another parent)."""
 
 

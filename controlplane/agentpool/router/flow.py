@@ -24,6 +24,13 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from agentpool.errors import (
+    AgentpoolError,
+    InvalidInputError,
+    OverloadedError,
+    UnavailableError,
+    UpstreamError,
+)
 from agentpool.models import Work
 from agentpool.router.config import RouterConfig
 from agentpool.router.directory_view import DirectoryError, DirectoryView
@@ -51,11 +58,11 @@ Endpoint = Literal["chat", "completion"]
 log = logging.getLogger(__name__)
 
 
-class FlowError(Exception):
-    """Base of the errors a request flow ends with; the server maps them to HTTP."""
+class FlowError(AgentpoolError):
+    """Base of the errors a request flow ends with; the server maps their kinds to HTTP."""
 
 
-class Overloaded(FlowError):
+class Overloaded(FlowError, OverloadedError):
     """Every eligible node is over its queue limit: answer 429 with Retry-After."""
 
 
@@ -63,19 +70,19 @@ class Overloaded(FlowError):
 _DECODE_ROOM_POLL_S = 0.05
 
 
-class NoCapacity(FlowError):
+class NoCapacity(FlowError, UnavailableError):
     """No node can serve the request now (none configured, all draining or refusing): 503."""
 
 
-class RequestFailed(FlowError):
+class RequestFailed(FlowError, UpstreamError):
     """Engines failed before the first token and the retries are spent: 502."""
 
 
-class StreamBroken(FlowError):
+class StreamBroken(FlowError, UpstreamError):
     """An engine failed after the client got the first token."""
 
 
-class BadRequest(FlowError):
+class BadRequest(FlowError, InvalidInputError):
     """An engine refused the request for its content: the client's fault (400); no engine is blamed."""
 
 

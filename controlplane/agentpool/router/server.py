@@ -26,6 +26,7 @@ import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 
+from agentpool.errors import http_status
 from agentpool.kv import InvalidBranchIdError, check_branch_id
 from agentpool.router import work_log
 from agentpool.router.directory_view import DirectoryError
@@ -87,16 +88,18 @@ class ApiError(Exception):
 
 
 def flow_error(e: FlowError, retry_after: int) -> Response:
+    """The status is the kind's (:func:`agentpool.errors.http_status`); OpenAI's type and code name it."""
+    status = http_status(e)
     if isinstance(e, Overloaded):
-        err = ApiError(429, str(e), "rate_limit_error", "overloaded")
+        err = ApiError(status, str(e), "rate_limit_error", "overloaded")
         return err.response({"Retry-After": str(retry_after)})
     if isinstance(e, NoCapacity):
-        return ApiError(503, str(e), "server_error", "no_capacity").response(
+        return ApiError(status, str(e), "server_error", "no_capacity").response(
             {"Retry-After": str(retry_after)}
         )
     if isinstance(e, BadRequest):
-        return ApiError(400, str(e), "invalid_request_error", "rejected_by_engine").response()
-    return ApiError(502, str(e), "server_error", "engine_failed").response()
+        return ApiError(status, str(e), "invalid_request_error", "rejected_by_engine").response()
+    return ApiError(status, str(e), "server_error", "engine_failed").response()
 
 
 # ---- parsing ------------------------------------------------------------------------------------

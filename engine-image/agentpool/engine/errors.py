@@ -1,53 +1,47 @@
-"""The engine agent's domain errors, mapped to HTTP status codes at the edge (``server.py``)."""
+"""The engine agent's domain errors. Each is temporary (retry) or permanent (report) by its kind in
+:mod:`agentpool.errors`, whose one table gives the HTTP status the edge answers with
+(:mod:`agentpool.engine.http_errors`)."""
 
 from __future__ import annotations
 
-
-class EngineError(Exception):
-    """Root of the engine agent's errors. ``status`` is the HTTP code the edge answers with."""
-
-    status = 500
-
-
-class BadRequestError(EngineError):
-    """Malformed or oversized input from a caller."""
-
-    status = 400
+from agentpool.errors import (
+    AgentpoolError,
+    InvalidInputError,
+    NotFoundError,
+    UnavailableError,
+    UpstreamError,
+)
 
 
-class UnknownTransferError(EngineError):
-    """A transfer id or lease that this engine does not hold (never issued, expired or released)."""
-
-    status = 404
+class EngineError(AgentpoolError):
+    """Root of the engine agent's errors (500 unless a kind below says otherwise)."""
 
 
-class NotServingError(EngineError):
-    """The engine does not serve this phase now (draining, switching or another role)."""
-
-    status = 503
+class BadRequestError(EngineError, InvalidInputError):
+    """Malformed or oversized input from a caller (400)."""
 
 
-class PoolFullError(EngineError):
-    """The host pool has no free or evictable slot for the blocks asked for."""
-
-    status = 503
+class UnknownTransferError(EngineError, NotFoundError):
+    """A transfer id or lease that this engine does not hold (never issued, expired or released; 404)."""
 
 
-class FetchError(EngineError):
-    """Reading blocks from a peer failed (peer gone, transfer error, timeout or wrong bytes).
+class NotServingError(EngineError, UnavailableError):
+    """The engine does not serve this phase now (draining, switching or another role; 503)."""
+
+
+class PoolFullError(EngineError, UnavailableError):
+    """The host pool has no free or evictable slot for the blocks asked for (503)."""
+
+
+class FetchError(EngineError, UpstreamError):
+    """Reading blocks from a peer failed (peer gone, transfer error, timeout or wrong bytes; 502).
 
     Temporary by nature: the caller recomputes the blocks instead."""
 
-    status = 502
+
+class SwitchFailed(EngineError, UpstreamError):
+    """The backend refused a role switch and still serves its old role (502)."""
 
 
-class SwitchFailed(EngineError):
-    """The backend refused a role switch and still serves its old role."""
-
-    status = 502
-
-
-class BackendUnavailable(EngineError):
-    """The configured backend cannot run here (a package or a device it needs is missing)."""
-
-    status = 503
+class BackendUnavailable(EngineError, UnavailableError):
+    """The configured backend cannot run here (a package or a device it needs is missing; 503)."""

@@ -1,4 +1,5 @@
-"""The HTTP edge of the engine's error tree: :class:`EngineError` -> its status with a JSON message."""
+"""The HTTP edge of the engine's error tree: an :class:`EngineError` -> the status of its kind
+(:func:`agentpool.errors.http_status`) with a JSON message."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from agentpool.engine.errors import EngineError
+from agentpool.errors import http_status
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -22,5 +24,5 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return await handler(request)
     except EngineError as e:
         return web.Response(
-            status=e.status, text=error_body(type(e).__name__, str(e)), content_type="application/json"
+            status=http_status(e), text=error_body(type(e).__name__, str(e)), content_type="application/json"
         )

@@ -21,7 +21,7 @@ import kopf
 from kubernetes import client as k8s
 
 from agentpool.api import GROUP, PLURAL, VERSION
-from agentpool.operator.errors import InvalidPool, NotYet
+from agentpool.errors import PermanentError, TemporaryError
 from agentpool.operator.kube import KubeError
 from agentpool.operator.reconcile import Reconciler
 
@@ -90,10 +90,11 @@ def build_registry(
     async def reconcile(body: kopf.Body, retry: int, **_: Any) -> None:
         try:
             await reconciler.reconcile(plain(body))
-        except InvalidPool as exc:
+        except PermanentError as exc:  # InvalidPool: the status says why; no retry until the pool changes
             raise kopf.PermanentError(str(exc)) from exc
-        except NotYet as exc:
-            raise kopf.TemporaryError(str(exc), delay=exc.delay_s) from exc
+        except TemporaryError as exc:  # NotYet: retry after its delay
+            delay = backoff_s(retry) if exc.retry_after_s is None else exc.retry_after_s
+            raise kopf.TemporaryError(str(exc), delay=delay) from exc
         except KubeError as exc:
             post_event(plain(body), "ReconcileFailed", f"will retry: {exc}", warning=True)
             raise kopf.TemporaryError(f"Kubernetes API: {exc}", delay=backoff_s(retry)) from exc

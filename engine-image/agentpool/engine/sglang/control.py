@@ -15,13 +15,12 @@ import aiohttp
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from agentpool.engine.errors import EngineError
+from agentpool.errors import UpstreamError
 from agentpool.node import Role
 
 
-class SglangError(EngineError):
-    """The SGLang server refused or failed a control call."""
-
-    status = 502
+class SglangError(EngineError, UpstreamError):
+    """The SGLang server refused or failed a control call (502)."""
 
 
 class _RankLoad(BaseModel):

@@ -19,15 +19,14 @@ from collections.abc import Sequence
 import aiohttp
 
 from agentpool.engine.errors import EngineError
+from agentpool.errors import UnavailableError
 
 log = logging.getLogger("agentpool.engine.sglang.server")
 _TAIL_LINES = 40
 
 
-class SglangExited(EngineError):
-    """The SGLang server exited (or never became healthy)."""
-
-    status = 503
+class SglangExited(EngineError, UnavailableError):
+    """The SGLang server exited (or never became healthy; 503)."""
 
 
 class SglangProcess:

@@ -14,6 +14,10 @@
    and CPU per request summed over the replicas. (The instant engines send no load reports, so this
    measures the shell's scaling, not report fan-out.)
 
+3. ``--front-door``: only a bare front door answering a fixed JSON body, aiohttp's server against the
+   router's lean one (:mod:`agentpool.router.http_server`), both on uvloop, interleaved; CPU per
+   request at concurrency 1 and 64.
+
 Results: ``bench/results/router_cpu.md``. On a 2-core machine the load generator, the engines and the
 routers share the cores, so replicas cannot scale past the cores the others leave.
 """
@@ -31,7 +35,15 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.bench_router import load, start_agentpool, start_engines, start_sglang, stop_all
+from bench.bench_router import (
+    free_port,
+    load,
+    start_agentpool,
+    start_engines,
+    start_sglang,
+    stop_all,
+    wait_http,
+)
 
 
 def start_directory(procs: list[subprocess.Popen[bytes]], tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -174,14 +186,86 @@ def replicas(seconds: float, engines: int, repeats: int, concurrency: int = 64) 
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+FRONT_DOOR_SCRIPT = r"""
+import asyncio, sys, uvloop
+kind, port = sys.argv[1], int(sys.argv[2])
+BODY = b'{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"content":"ok"}}]}'
+async def main():
+    if kind == "aiohttp":
+        from aiohttp import web
+        async def chat(r):
+            await r.read()
+            return web.Response(body=BODY, content_type="application/json")
+        async def ready(r):
+            return web.Response(text="ok")
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", chat)
+        app.router.add_get("/ready", ready)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+    else:
+        from agentpool.router.http_server import HttpServer, Response, Routes
+        async def chat(r):
+            return Response(200, BODY)
+        async def ready(r):
+            return Response(200, b"ok")
+        routes = Routes()
+        routes.add("POST", "/v1/chat/completions", chat)
+        routes.add("GET", "/ready", ready)
+        await HttpServer(routes, lambda: 1 << 20, lambda: 30.0).start("127.0.0.1", port)
+    await asyncio.Event().wait()
+uvloop.run(main())
+"""
+
+
+def front_door(seconds: float, repeats: int) -> None:
+    """CPU per request of aiohttp's server and the lean one answering a fixed body, interleaved."""
+    print(f"\n## Front door alone: aiohttp vs the lean server ({seconds:.0f}s, {repeats} repeats)")
+    procs: list[subprocess.Popen[bytes]] = []
+    servers: dict[str, tuple[int, int]] = {}
+    try:
+        for kind in ("aiohttp", "lean"):
+            port = free_port()
+            proc = subprocess.Popen([sys.executable, "-c", FRONT_DOOR_SCRIPT, kind, str(port)])
+            procs.append(proc)
+            wait_http(f"http://127.0.0.1:{port}/ready", 30, proc)
+            servers[kind] = (proc.pid, port)
+        per_req: dict[tuple[str, int], list[float]] = {}
+        for rep in range(repeats):
+            for concurrency in (1, 64):
+                for kind, (pid, port) in servers.items():
+                    urls = [f"http://127.0.0.1:{port}/v1/chat/completions"]
+                    asyncio.run(load(urls, concurrency, 0.3, kind))  # warm-up
+                    before = cpu_seconds(pid)
+                    r = asyncio.run(load(urls, concurrency, seconds, kind))
+                    us = (cpu_seconds(pid) - before) / max(1, r.requests) * 1e6
+                    per_req.setdefault((kind, concurrency), []).append(us)
+                    print(
+                        f"  repeat {rep + 1} c={concurrency:<3} {kind:<8} {us:6.0f} us CPU/request",
+                        flush=True,
+                    )
+        for concurrency in (1, 64):
+            old, new = per_req[("aiohttp", concurrency)], per_req[("lean", concurrency)]
+            ratios = ", ".join(f"{b / a:.2f}x" for a, b in zip(old, new, strict=True))
+            medians = f"aiohttp {statistics.median(old):.0f} us, lean {statistics.median(new):.0f} us"
+            print(f"  c={concurrency}: {medians} (median); lean/aiohttp per repeat: {ratios}")
+    finally:
+        stop_all(procs)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_router_cpu")
     parser.add_argument("--seconds", type=float, default=3.0, help="seconds per measurement")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--engines", type=int, default=4)
     parser.add_argument("--skip-replicas", action="store_true")
+    parser.add_argument("--front-door", action="store_true", help="only the bare front-door comparison")
     args = parser.parse_args(argv)
     print(f"router CPU benchmark on {os.cpu_count()} CPUs (shared machine: figures are noisy)")
+    if args.front_door:
+        front_door(args.seconds, args.repeats)
+        return
     router_cpu(args.seconds, args.engines, args.repeats, (1, 64))
     if not args.skip_replicas:
         replicas(args.seconds, args.engines, args.repeats)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -44,6 +44,7 @@ class RouteSession:
         self._writes: set[asyncio.Task[None]] = set()
         self._reading = True
         self._failure: Exception | None = None
+        self._writes_of_batch: list[tuple[Pending, Callable[[Written], Coroutine[Any, Any, None]]]] = []
 
     # -- reading and applying ----------------------------------------------------------------
     async def read(self, batches: AsyncIterator[bytes]) -> None:
@@ -62,7 +63,12 @@ class RouteSession:
             self._wake.set()
 
     def apply(self, batch: pb.RouteBatch) -> None:
-        """Apply ``batch``'s operations in order; replies are queued (Places' after their writes)."""
+        """Apply ``batch``'s operations in order; replies are queued (Places' after their writes).
+        The batch's store writes are queued at its end, in order and in the same step as the changes
+        (so no other write comes between), after the Resolve answers: those go out first, before the
+        store writer spends its time encoding the rows."""
+        writes: list[tuple[Pending, Callable[[Written], Coroutine[Any, Any, None]]]] = []
+        self._writes_of_batch = writes
         for op in batch.ops:
             kind = op.WhichOneof("op")
             if kind == "resolve":
@@ -75,6 +81,8 @@ class RouteSession:
                 self._reply(
                     framing.error_reply(op.id, grpc.StatusCode.INVALID_ARGUMENT.value[0], "empty operation")
                 )
+        for pending, then in writes:
+            self._track(then(self.service.enqueue(pending)))
 
     def _resolve(self, op_id: int, request: pb.ResolveRequest) -> None:
         t0 = time.perf_counter()
@@ -96,8 +104,9 @@ class RouteSession:
             self.service.metrics.observe("Place", status.name, time.perf_counter() - t0)
             self._reply(framing.error_reply(op_id, status.value[0], str(e)))
             return
-        done = self.service.enqueue(placed.pending)  # queued now: writes land in apply order
-        self._track(self._placed(op_id, placed, done, quiet, t0))
+        self._writes_of_batch.append(
+            (placed.pending, lambda done: self._placed(op_id, placed, done, quiet, t0))
+        )
 
     async def _placed(self, op_id: int, placed: Placed, done: Written, quiet: bool, t0: float) -> None:
         try:
@@ -119,8 +128,7 @@ class RouteSession:
             self.service.metrics.observe("EndBranch", status.name, time.perf_counter() - t0)
             self._reply(framing.error_reply(op_id, status.value[0], str(e)))
             return
-        done = self.service.enqueue(pending)
-        self._track(self._ended(op_id, response, pending, done, t0))
+        self._writes_of_batch.append((pending, lambda done: self._ended(op_id, response, pending, done, t0)))
 
     async def _ended(
         self, op_id: int, response: pb.EndBranchResponse, pending: Pending, done: Written, t0: float

@@ -182,7 +182,7 @@ class EventStream:
         """The error of a call that ended: its status when it has one, else a closed stream."""
         code = await self._call.code()
         details = await self._call.details() or ""
-        if code in (grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, None):
+        if code in (grpc.StatusCode.OK, *_CLOSED, None):
             return EventStreamClosedError(f"event stream closed ({details or cause or 'no status'})")
         return DirectoryRpcError(code, details)
 
@@ -217,8 +217,14 @@ class EventStream:
             self._call.cancel()  # already ended: nothing left to close
 
 
+# How a stream ends when its peer or connection goes away: UNAVAILABLE or CANCELLED, and INTERNAL
+# ("Internal error from Core") when gRPC's core tears the stream down mid-frame (seen when the directory
+# is killed). Our server never ends a stream with INTERNAL itself, so reconnecting and resyncing is right.
+_CLOSED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL)
+
+
 def _stream_error(e: grpc.aio.AioRpcError) -> DirectoryRpcError:
-    if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+    if e.code() in _CLOSED:
         return EventStreamClosedError(f"event stream closed ({e.details() or e.code().name})")
     return DirectoryRpcError(e.code(), e.details() or "")
 

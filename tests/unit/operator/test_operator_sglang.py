@@ -94,6 +94,8 @@ def test_each_node_file_loads_in_the_agent_with_the_sglang_section(
         (["--tp-size", "8"], "tensor-parallel size of 8, but spec.engine.gpusPerNode is 4"),
         (["--tp-size"], "--tp-size needs a positive integer"),
         (["--tp=0"], "--tp needs a positive integer"),
+        (["--port", "31000"], "may not set what the engine agent sets: --port"),  # the agent's own check
+        (["--page-size=16", "--kv-events-config", "{}"], "--kv-events-config, --page-size"),
     ],
 )
 def test_a_tensor_parallel_size_that_does_not_fit_the_node_is_an_invalid_pool(

@@ -17,7 +17,7 @@ from agentpool.operator.builders.control import (
 from agentpool.operator.builders.engine import engine_service, engine_stateful_set
 from agentpool.operator.builders.rbac import rbac
 from agentpool.operator.builders.settings import BuildSettings
-from agentpool.operator.builders.sglang import tp_problem
+from agentpool.operator.builders.sglang import launch_problem
 from agentpool.operator.names import MAX_POOL_NAME, PoolRef
 from agentpool.operator.quantity import quantity_value
 
@@ -49,9 +49,9 @@ def deep_problems(pool: PoolRef, spec: AgentServingPoolSpec) -> list[str]:
             f"spec.engine.hostKvSize ({spec.engine.host_kv_size}) is below one KV block "
             f"({MIN_HOST_KV_BYTES} bytes): the engine agent needs a host pool"
         )
-    tp = tp_problem(spec)
-    if tp is not None:
-        problems.append(tp)
+    launch = launch_problem(spec)
+    if launch is not None:
+        problems.append(launch)
     request = (resources.requests or {}).get("memory")
     if memory is not None and request is not None and quantity_value(request) > quantity_value(memory):
         problems.append(

@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from agentpool.api import AgentServingPoolSpec
+from agentpool.engine.sglang.args import LaunchError, SglangLaunch, build_args
+from agentpool.node import Role
 
 SGLANG_PORT = 30000
 BOOTSTRAP_PORT = 8998
@@ -41,17 +43,32 @@ def tp_size_in_args(args: list[str]) -> int | None:
     return None
 
 
-def tp_problem(spec: AgentServingPoolSpec) -> str | None:
-    """Why the tensor-parallel size and the node's GPUs disagree (None: they agree)."""
+def launch_problem(spec: AgentServingPoolSpec) -> str | None:
+    """Why the engine agent would refuse to launch SGLang with this spec (None: it would not): a
+    tensor-parallel size other than the node's GPUs, or `spec.engine.args` that set what the agent
+    sets itself (the agent's own check, :func:`agentpool.engine.sglang.args.build_args`)."""
     if spec.engine.backend != "sglang":
         return None
+    args = list(spec.engine.args)
     try:
-        tp = tp_size_in_args(list(spec.engine.args))
+        tp = tp_size_in_args(args)
     except ValueError as exc:
         return str(exc)
     gpus = spec.engine.gpus_per_node
     if tp is not None and tp != gpus:
         return f"spec.engine.args sets a tensor-parallel size of {tp}, but spec.engine.gpusPerNode is {gpus}"
+    launch = SglangLaunch(
+        model=spec.model.name,
+        role=Role.PREFILL,
+        served_name=spec.model.client_name,
+        tp_size=None if tp is not None or gpus < 1 else gpus,
+        page_size=spec.kv_pool.page_size,
+        extra=tuple(args),
+    )
+    try:
+        build_args(launch)
+    except LaunchError as exc:
+        return f"spec.engine.args: {exc}"
     return None
 
 

@@ -342,6 +342,13 @@ def smetric(args: argparse.Namespace) -> None:
             )
             for r in compare(sc, systems, quiet=True, jobs=args.jobs):
                 runs[(r["system"], agents, seed)] = r
+                m = r["summary"]
+                print(
+                    f"{r['system']} {agents} agents seed {seed}: TPS within SLO {m['tps_within_slo']:.0f}, "
+                    f"req/s {m['throughput_rps']:.3f}, lost reuse {m['lost_kv_reuse']:.1%}, "
+                    f"TPOT {1000 * m['tpot_s']['mean']:.0f} ms, SLO attainment {m['slo_attainment']:.0%}",
+                    flush=True,
+                )
                 slim = {k: v for k, v in r.items() if k != "ttft_samples"}
                 slim.update(agents=agents, seed=seed, scenario=scenario_dict(sc))
                 payload["runs"].append(slim)

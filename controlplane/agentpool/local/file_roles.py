@@ -24,11 +24,12 @@ from pathlib import Path
 
 import aiohttp
 
+from agentpool.kv import Role
 from agentpool.planner.roles import ObjectRef, PodRoleState
 
 log = logging.getLogger(__name__)
 STATE_PATH = "/agentpool/v1/state"
-ROLES = ("prefill", "decode", "both")
+ROLES = tuple(Role)  # the role strings in the files
 
 
 def _read(path: Path) -> str | None:

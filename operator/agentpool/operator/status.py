@@ -26,12 +26,13 @@ from agentpool.api import (
     SwitchStatus,
 )
 from agentpool.api.status import DecodeFit, PrefillFit
+from agentpool.kv import Role
 from agentpool.operator.builders.config import initial_role
 from agentpool.operator.names import DRAIN_ANNOTATION, OBSERVED_ROLE_ANNOTATION, ROLE_ANNOTATION
 from agentpool.planner.roles import split_label
 from agentpool.planner.state import LoadedGenerations, PlannerState
 
-ROLES = ("prefill", "decode", "both")
+ROLES = tuple(Role)  # the role strings in the pods' annotations
 FAILING_WAIT_REASONS = frozenset(
     {"CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "CreateContainerConfigError", "InvalidImageName"}
 )

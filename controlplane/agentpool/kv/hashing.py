@@ -44,14 +44,7 @@ def block_hashes(
             raise ValueError("token ids must be in [0, 2**32)")
         arr = arr.astype(np.uint32)
     data = np.ascontiguousarray(arr[: n_full * page_size], dtype="<u4").tobytes()
-    stride = page_size * 4
-    hashes: list[int] = []
-    h = parent
-    digest = xxhash.xxh3_64_intdigest
-    for i in range(n_full):
-        h = digest(h.to_bytes(8, "little") + data[i * stride : (i + 1) * stride])
-        hashes.append(h)
-    return hashes
+    return _chain(data, n_full, page_size * 4, parent)
 
 
 def _list_hashes(tokens: list[int], page_size: int, parent: int) -> list[int]:
@@ -64,7 +57,11 @@ def _list_hashes(tokens: list[int], page_size: int, parent: int) -> list[int]:
         data = array("I", tokens).tobytes()  # C unsigned int: 4 bytes on Linux
     except (OverflowError, TypeError) as e:  # negative, over 32 bits, or not an int
         raise ValueError(f"token ids must be ints in [0, 2**32): {e}") from e
-    stride = page_size * 4
+    return _chain(data, n_full, page_size * 4, parent)
+
+
+def _chain(data: bytes, n_full: int, stride: int, parent: int) -> list[int]:
+    """The chained xxh3 of ``n_full`` pages of ``stride`` bytes each: every hash covers its parent's."""
     hashes: list[int] = []
     h = parent
     digest = xxhash.xxh3_64_intdigest

@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import json
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import zmq.asyncio
 from aiohttp import ClientSession, web
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "unit" / "engine"))
-from sglang_frames import message, removed, stored
+from sglang_frames import Recorder, message, removed, stored
 
 from agentpool.engine.sglang.control import SglangControl, SglangError
 from agentpool.engine.sglang.events import SglangKvMirror
@@ -26,17 +25,6 @@ from agentpool.kv import Tier, block_hashes
 from agentpool.node import Role
 
 pytestmark = pytest.mark.integration
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.events: list[tuple[str, list[int], Tier]] = []
-
-    def stored(self, parent: int, hashes: Sequence[int], tier: Tier) -> None:
-        self.events.append(("stored", list(hashes), tier))
-
-    def removed(self, hashes: Sequence[int], tier: Tier) -> None:
-        self.events.append(("removed", list(hashes), tier))
 
 
 async def test_the_bridge_follows_a_zmq_publisher_and_resyncs_after_a_gap() -> None:

@@ -7,9 +7,12 @@ msgspec's ``tag=True, omit_defaults=True`` structs encode). ``array_form`` build
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import msgpack
+
+from agentpool.kv import Tier
 
 
 def stored(
@@ -53,3 +56,16 @@ def message(
 ) -> list[bytes]:
     payload = msgpack.packb([ts, events, dp_rank], use_bin_type=True)
     return [topic.encode(), seq.to_bytes(8, "big"), payload]
+
+
+class Recorder:
+    """Records what an ``SglangKvMirror`` tells the directory (its publisher seam)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, list[int], Tier]] = []
+
+    def stored(self, parent: int, hashes: Sequence[int], tier: Tier) -> None:
+        self.events.append(("stored", list(hashes), tier))
+
+    def removed(self, hashes: Sequence[int], tier: Tier) -> None:
+        self.events.append(("removed", list(hashes), tier))

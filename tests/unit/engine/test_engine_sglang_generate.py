@@ -3,10 +3,8 @@ role switch's AllBlocksCleared."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import pytest
-from sglang_frames import cleared, message, stored
+from sglang_frames import Recorder, cleared, message, stored
 
 from agentpool.engine.errors import BadRequestError
 from agentpool.engine.sglang.events import SglangKvMirror, decode_frames
@@ -60,17 +58,6 @@ def test_stream_lines_parse_to_chunks() -> None:
     assert err is not None and err.error == "too long"
     junk = parse_sse_line(b"data: {not json")
     assert junk is not None and junk.error is not None
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.events: list[tuple[str, list[int], Tier]] = []
-
-    def stored(self, parent: int, hashes: Sequence[int], tier: Tier) -> None:
-        self.events.append(("stored", list(hashes), tier))
-
-    def removed(self, hashes: Sequence[int], tier: Tier) -> None:
-        self.events.append(("removed", list(hashes), tier))
 
 
 def test_a_switch_clear_keeps_the_host_tier_and_a_later_clear_does_not() -> None:

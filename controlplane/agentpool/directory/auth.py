@@ -8,6 +8,8 @@ requires and verifies client certificates (mTLS).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -41,6 +43,16 @@ def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),) if token else ()
 
 
+async def _take_first(requests: Any) -> None:
+    """Read a denied stream's first message (for at most a second) before ending it: ending a client
+    stream while its first message is still in flight can reach the client as INTERNAL instead of the
+    status sent (seen under load), so the caller would not learn that its token was wrong."""
+    if not hasattr(requests, "__anext__"):  # a unary request: already read
+        return
+    with contextlib.suppress(TimeoutError, StopAsyncIteration, grpc.aio.AioRpcError):
+        await asyncio.wait_for(anext(requests), timeout=1.0)
+
+
 class TokenAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     """Rejects calls without ``authorization: Bearer <token>`` with UNAUTHENTICATED."""
 
@@ -51,6 +63,7 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
 
         async def deny_stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            await _take_first(request)
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
             yield None
 

@@ -184,8 +184,9 @@ async def test_the_agent_runs_sglang_and_keeps_the_host_blocks_across_a_switch(
             # the switch: drained, paused, switched, continued; the host tier stays in the directory
             role_file.write_text("decode")
 
-            async def decode_now() -> bool:
-                return bool((await state(http, engine.url))["role"] == "decode")
+            async def decode_now() -> bool:  # the role, then the switch's record (written after it)
+                st = await state(http, engine.url)
+                return bool(st["role"] == "decode" and st["switches"][-1].get("to") == "decode")
 
             await wait_until(decode_now, 20, "the switch to decode")
             async with http.get(sg + "/standin/requests") as r:

@@ -86,21 +86,18 @@ class PodRoles:
     async def _publish_observed(self, pod: str, role: str) -> None:
         """Show the served role on the pod (for the operator's status); a failure is logged only:
         the planner's decisions do not depend on it, and the next listing tries again."""
-        body = {"metadata": {"annotations": {OBSERVED_ROLE_ANNOTATION: role}}}
         try:
-            await asyncio.to_thread(
-                self._core.patch_namespaced_pod,
-                name=pod,
-                namespace=self._namespace,
-                body=body,
-                _content_type=MERGE_PATCH,
-            )
+            await self._patch_annotation(pod, OBSERVED_ROLE_ANNOTATION, role)
         except ApiException as e:
             log.warning("observed role of pod %s not shown (%s %s)", pod, e.status, e.reason)
 
     async def set_role(self, pod: str, role: str) -> None:
         """Merge-patch the desired-role annotation of ``pod``; nothing else on the pod changes."""
-        body = {"metadata": {"annotations": {ROLE_ANNOTATION: role}}}
+        await self._patch_annotation(pod, ROLE_ANNOTATION, role)
+
+    async def _patch_annotation(self, pod: str, key: str, value: str) -> None:
+        """Merge-patch one annotation of ``pod`` (the only pod write the planner's Role allows)."""
+        body = {"metadata": {"annotations": {key: value}}}
         await asyncio.to_thread(
             self._core.patch_namespaced_pod,
             name=pod,

@@ -330,6 +330,14 @@ async def test_client_disconnect_mid_stream_stops_the_engine_stream(http: aiohtt
         await stop_all(router, [a])
 
 
+async def long_chat(http: aiohttp.ClientSession, router: Router, i: int) -> int:
+    """The status of a chat completion that asks for 1,000 tokens (more than a decode node's room)."""
+    body = chat_body(f"request {i}", max_tokens=1_000)
+    async with http.post(f"{router.url}/v1/chat/completions", json=body) as resp:
+        await resp.read()
+        return resp.status
+
+
 async def test_prefilled_request_waits_for_decode_kv_room(http: aiohttp.ClientSession) -> None:
     # one decode node with room for one request at a time: the second waits for the first to finish
     p = (await engines("p", tokens=2))[0]
@@ -341,14 +349,7 @@ async def test_prefilled_request_waits_for_decode_kv_room(http: aiohttp.ClientSe
     raw["timeouts"]["decodeWait"] = 5.0
     router = await start_router(type(config).model_validate(raw))
     try:
-
-        async def one(i: int) -> int:
-            body = chat_body(f"request {i}", max_tokens=1_000)
-            async with http.post(f"{router.url}/v1/chat/completions", json=body) as resp:
-                await resp.read()
-                return resp.status
-
-        assert await asyncio.gather(one(1), one(2)) == [200, 200]
+        assert await asyncio.gather(long_chat(http, router, 1), long_chat(http, router, 2)) == [200, 200]
         assert len(d.completed) == 2
     finally:
         await stop_all(router, [p, d])
@@ -366,14 +367,10 @@ async def test_decode_wait_max_bounds_the_wait_for_room(http: aiohttp.ClientSess
     raw["timeouts"]["decodeWaitMax"] = 0.3
     router = await start_router(type(config).model_validate(raw))
     try:
-
-        async def one(i: int) -> int:
-            body = chat_body(f"request {i}", max_tokens=1_000)
-            async with http.post(f"{router.url}/v1/chat/completions", json=body) as resp:
-                await resp.read()
-                return resp.status
-
-        assert sorted(await asyncio.gather(one(1), one(2))) == [200, 503]
+        assert sorted(await asyncio.gather(long_chat(http, router, 1), long_chat(http, router, 2))) == [
+            200,
+            503,
+        ]
         assert len(d.completed) == 1
     finally:
         await stop_all(router, [p, d])

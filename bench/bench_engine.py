@@ -4,10 +4,12 @@
                                  [--parts fetch progress switch overhead]
 
 1. Host-pool fetch: a peer process holds blocks in its NIXL-registered pool; this process fetches a
-   prefix of N blocks as the engine does (lease on the lease channel, NIXL READ, index; with and
-   without the ``sim`` backend's byte check against the block hashes) and, interleaved in the same run
-   and on the same slots, a raw NIXL READ of the same bytes. Throughput (GiB/s, best of the repeats)
-   and median latency by size, with ratios; target: pool >= 80% of raw (median times) at every size.
+   prefix of N blocks as the engine does (one-sided: READs of the peer's slot table, the blocks, the
+   slots' headers; index; with and without the ``sim`` backend's byte check against the block hashes),
+   the previous way (``lease``: a lease on the lease channel, NIXL READ, index, release) and,
+   interleaved in the same run and on the same slots, a raw NIXL READ of the same bytes. Throughput
+   (GiB/s, best of the repeats) and median latency by size, with ratios; target: pool and pool+check
+   >= 80% of raw (median of the paired ratios) at every size; the exit code is 1 when it is missed.
    Four fetches in flight at once as well (a queue of requests fetching their prefixes).
 1b. The NIXL progress thread: CPU of an idle process holding a pool with the thread's delay at 0 (the
    nixl_agent wrapper's fixed value: the thread spins) and at the engine's delay, and the median
@@ -57,7 +59,9 @@ async def serve_pool(blocks: int, block_bytes: int, delay_us: int) -> None:
     """The peer: a pool holding ``blocks`` blocks of one chain, its lease API on 127.0.0.1:0."""
     pool = HostPool(blocks, block_bytes)
     pool.store_generated(ROOT_HASH, chain(blocks), 0.0)
-    transport = NixlTransport("bench-peer", pool.buffer, block_bytes, progress_delay_us=delay_us)
+    transport = NixlTransport(
+        "bench-peer", pool.buffer, block_bytes, progress_delay_us=delay_us, table=pool.table
+    )
     await transport.start()
     app = web.Application(middlewares=[error_middleware])
     exporter = KvExporter(pool, transport)
@@ -95,7 +99,7 @@ async def bench_fetch(block_kib: int, repeats: int) -> bool:
     n_max = max(sizes)
     proc, url = await start_peer(4 * n_max, block_bytes)
     pool = HostPool(4 * n_max, block_bytes)
-    transport = NixlTransport("bench-local", pool.buffer, block_bytes)
+    transport = NixlTransport("bench-local", pool.buffer, block_bytes, table=pool.table)
     await transport.start()
     hashes = chain(4 * n_max)
     met = {"pool": True, "pool+check": True}
@@ -103,30 +107,40 @@ async def bench_fetch(block_kib: int, repeats: int) -> bool:
         async with aiohttp.ClientSession() as http:
             checked = PeerFetcher(pool, transport, http, timeout_s=30.0, verify_stride=512)
             plain = PeerFetcher(pool, transport, http, timeout_s=30.0, verify=False)
+            leased = PeerFetcher(pool, transport, http, timeout_s=30.0, verify=False, direct=False)
+            fetchers = {"pool": plain, "pool+check": checked, "lease": leased}
             async with http.post(url + LEASE_PATH, json={"block_hashes": hashes}) as r:
                 lease = await r.json()
             peer = PoolInfo.from_json(lease["pool"])
             remote_slots = lease["slots"]
-            for f in (checked, plain):
+            for f in fetchers.values():
                 await f.fetch_prefix(url, hashes[:1])  # open the lease channel, connect NIXL
                 pool.remove(list(pool.slot_of))
             print(
-                f"host-pool fetch (lease on the lease channel, NIXL READ, index; +check: the sim backend's "
-                f"byte check, one word per 4 KiB) vs raw NIXL READ of the same slots, {block_kib} KiB "
-                f"blocks, {repeats} repeats, the three in turn (order rotated); GiB/s: best; ms: median; "
-                f"ratio = raw time / pool time: median of the per-repeat ratios (paired), and of the medians"
+                f"host-pool fetch (pool: one-sided, READs of the peer's slot table, the blocks and the "
+                f"slots' headers, index; +check: the sim backend's byte check, one word per 4 KiB; lease: "
+                f"the previous way, a lease on the lease channel, NIXL READ, index, release) vs raw NIXL "
+                f"READ of the same slots, {block_kib} KiB blocks, {repeats} repeats, the four in turn "
+                f"(order rotated); GiB/s: best; ms: median; ratio = raw time / fetch time: median of the "
+                f"per-repeat ratios (paired), and of the medians"
             )
+            kinds = ["raw", "pool", "pool+check", "lease"]
             print(
-                f"{'blocks':>6} {'MiB':>5} | {'raw':>6} {'pool':>6} {'+check':>6} GiB/s | {'raw':>6} "
-                f"{'pool':>6} {'+check':>6} ms | paired: {'pool':>5} {'+check':>6} | of medians: "
-                f"{'pool':>5} {'+check':>6}"
+                f"{'blocks':>6} {'MiB':>5} | "
+                + " ".join(f"{k[-6:]:>6}" for k in kinds)
+                + " GiB/s | "
+                + " ".join(f"{k[-6:]:>6}" for k in kinds)
+                + " ms | paired: "
+                + " ".join(f"{k[-6:]:>6}" for k in kinds[1:])
+                + " | of medians: "
+                + " ".join(f"{k[-6:]:>6}" for k in kinds[1:])
             )
-            kinds = ["raw", "pool", "pool+check"]
             for n in sizes:
                 times: dict[str, list[float]] = {k: [] for k in kinds}
                 for i in range(repeats):
-                    for kind in kinds[i % 3 :] + kinds[: i % 3]:
-                        f = plain if kind == "pool" else checked
+                    rot = i % len(kinds)
+                    for kind in kinds[rot:] + kinds[:rot]:
+                        f = fetchers.get(kind, plain)
                         took = await _one_fetch(kind, n, pool, transport, peer, remote_slots, f, url, hashes)
                         times[kind].append(took)
                 size = n * block_bytes
@@ -141,8 +155,10 @@ async def bench_fetch(block_kib: int, repeats: int) -> bool:
                     + " ".join(f"{size / best[k] / 2**30:>6.2f}" for k in kinds)
                     + "       | "
                     + " ".join(f"{med[k] * 1e3:>6.2f}" for k in kinds)
-                    + f"    |         {paired['pool']:>5.2f} {paired['pool+check']:>6.2f} |             "
-                    + f"{med['raw'] / med['pool']:>5.2f} {med['raw'] / med['pool+check']:>6.2f}"
+                    + "    |         "
+                    + " ".join(f"{paired[k]:>6.2f}" for k in kinds[1:])
+                    + " |             "
+                    + " ".join(f"{med['raw'] / med[k]:>6.2f}" for k in kinds[1:])
                 )
                 for k in met:
                     met[k] = met[k] and paired[k] >= 0.8
@@ -150,10 +166,13 @@ async def bench_fetch(block_kib: int, repeats: int) -> bool:
                 print(
                     f"target: {k} >= 0.80 x raw (paired median) at every size: {'met' if ok else 'NOT met'}"
                 )
+            for k in ("pool", "pool+check"):
+                f = fetchers[k]
+                print(f"{k}: {f.direct_reads} one-sided reads, fallbacks to a lease: {f.fallbacks or 'none'}")
             await lease_round_trips(http, plain, url, hashes[: sizes[0]], repeats)
             await concurrent_fetches(checked, transport, peer, url, hashes, remote_slots, repeats)
-            await checked.close()
-            await plain.close()
+            for f in fetchers.values():
+                await f.close()
     finally:
         proc.kill()
         await proc.wait()

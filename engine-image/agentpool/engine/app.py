@@ -36,7 +36,7 @@ class EngineApp:
         self.metrics = EngineMetrics()
         self.dispatch_seqs = DispatchSeqs()
         self.pool = HostPool(cfg.host_slots, cfg.block_bytes)
-        self.transport = NixlTransport(cfg.node_id, self.pool.buffer, cfg.block_bytes)
+        self.transport = NixlTransport(cfg.node_id, self.pool.buffer, cfg.block_bytes, table=self.pool.table)
         self.exporter = KvExporter(self.pool, self.transport, on_unknown=self.metrics.unknown_transfers.inc)
         self.url = ""
         self.advertised_url: str | None = None
@@ -64,6 +64,7 @@ class EngineApp:
             verify=cfg.fetch.verify,
             verify_stride=cfg.fetch.verify_stride,
             timeout_s=cfg.fetch.timeout_s,
+            on_fallback=lambda why: self.metrics.fetch_direct_misses.labels(why).inc(),
         )
         if cfg.directory is not None:
             d = cfg.directory

@@ -2,8 +2,11 @@
 
 The buffer is what NIXL registers (``nixl_transport.py``): a peer READs a block straight out of
 slot ``s`` at ``base + s * block_bytes``. The index maps block hashes to slots, with each block's
-parent and last access. Blocks pinned by a lease (a peer is reading them, or a prefilled request's KV
-waits for its decode node) are never evicted.
+parent and last access. The slot table (``slottable.py``, registered with NIXL beside the buffer)
+mirrors which block each slot holds, with a generation per slot, so that peers find and validate
+blocks without asking this node: a slot taken for new bytes goes through ``begin_write`` before they
+are written and ``end_write`` once its block is indexed. Blocks pinned by a lease (a peer is reading
+them, or a prefilled request's KV waits for its decode node) are never evicted.
 
 Eviction (Algorithm E.2 ``EvictHost``) follows the directory's branch counts: zero-count blocks first,
 least recently used within a group (``agentpool.kv.eviction``, the one implementation). ``counts``
@@ -24,6 +27,7 @@ import numpy.typing as npt
 
 from agentpool.engine.blockdata import block_matches, check_block_bytes, fill_block
 from agentpool.engine.errors import PoolFullError
+from agentpool.engine.slottable import SlotTable
 from agentpool.kv import ROOT_HASH, HeldBlock, Tier
 from agentpool.kv.eviction import eviction_hashes_counted
 
@@ -55,6 +59,7 @@ class HostPool:
         self.pins: dict[int, int] = {}
         self.counts: dict[int, int] = {}  # positive branch counts from the directory
         self._free: list[int] = list(range(slots))  # a min-heap: reserved runs come out ascending
+        self.table = SlotTable(slots)
 
     # -- state ----------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -160,7 +165,10 @@ class HostPool:
             for h in victims:
                 self._drop(h)
             evicted = victims
-        return Reserved([heapq.heappop(self._free) for _ in range(n)], evicted)
+        taken = [heapq.heappop(self._free) for _ in range(n)]
+        for s in taken:
+            self.table.begin_write(s)  # before any byte of the slot changes
+        return Reserved(taken, evicted)
 
     def release_slots(self, slots: Iterable[int]) -> None:
         """Give back reserved slots that were never committed (a failed fetch)."""
@@ -179,6 +187,7 @@ class HostPool:
             else:
                 self.slot_of[h] = s
                 self.parent_of[h] = parent
+                self.table.end_write(s, h)
                 out.append(h)
             self.access[h] = now + depth * _DEPTH_STEP
         return out
@@ -201,6 +210,7 @@ class HostPool:
         for i, s in zip(todo, res.slots, strict=True):
             h = hashes[i]
             fill_block(self.slot_view(s), h)
+            self.table.end_write(s, h)
             self.slot_of[h] = s
             self.parent_of[h] = hashes[i - 1] if i else parent
             self.access[h] = now + i * _DEPTH_STEP
@@ -217,6 +227,7 @@ class HostPool:
         return out
 
     def _drop(self, h: int) -> None:
+        self.table.unindex(h)
         heapq.heappush(self._free, self.slot_of.pop(h))
         del self.parent_of[h]
         del self.access[h]

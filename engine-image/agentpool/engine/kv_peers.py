@@ -8,10 +8,15 @@ prefilled request's KV is published under its transfer id this way) and released
 the same operations are on HTTP for people and tools: ``POST /agentpool/v1/kv/lease``,
 ``GET``/``DELETE /agentpool/v1/kv/lease/{id}``, their answers with the :class:`PoolInfo` as ``pool``.
 
-Fetching node (``PeerFetcher``): takes a lease, reserves local slots (evicting in the directory's order),
-READs the blocks it lacks with NIXL, checks their bytes (``sim`` backend), indexes them, releases the
-lease. Any failure (peer gone, channel error, NIXL error or timeout, wrong bytes) gives the reserved
-slots back and raises :class:`FetchError`: the caller recomputes.
+Fetching node (``PeerFetcher``): a queued request's prefix is read one-sidedly first: reserve local
+slots (evicting in the directory's order), find the blocks in the peer's slot table, READ them and
+validate them against the table (``NixlTransport.read_indexed``; no lease, the peer's process does no
+work), check their bytes (``sim`` backend), index them. A block the peer's table does not list, or one
+overwritten during the READ, is a miss: counted (``fallbacks``) and the fetch takes the lease path:
+take a lease (the peer pins the blocks and names their slots), READ the blocks it lacks, check, index,
+release the lease. A P->D hand-over always takes the lease path (the prefill node's lease keeps its KV
+until the decode node has it). Any failure (peer gone, channel error, NIXL error or timeout, wrong
+bytes) gives the reserved slots back and raises :class:`FetchError`: the caller recomputes.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from agentpool.engine.errors import (
 from agentpool.engine.hostpool import HostPool
 from agentpool.engine.lease_channel import MAX_LEASE_BLOCKS, LeaseChannel, LeaseServer
 from agentpool.engine.nixl_transport import NixlTransport
+from agentpool.kv import ROOT_HASH
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +185,8 @@ class PeerFetcher:
         verify_stride: int = 1,
         timeout_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
+        direct: bool = True,
+        on_fallback: Callable[[str], None] | None = None,
     ) -> None:
         self.pool = pool
         self.transport = transport
@@ -187,6 +195,10 @@ class PeerFetcher:
         self.verify_stride = verify_stride
         self.timeout_s = timeout_s
         self.clock = clock
+        self.direct = direct  # prefixes read one-sidedly first (False: always a lease)
+        self.on_fallback = on_fallback
+        self.direct_reads = 0
+        self.fallbacks: dict[str, int] = {}  # why a one-sided read fell back to a lease -> count
         self._channels: dict[str, LeaseChannel] = {}  # peer URL -> its open lease channel
         self._connecting: dict[str, asyncio.Lock] = {}
 
@@ -211,11 +223,56 @@ class PeerFetcher:
             ch = self._channels[peer_url] = await LeaseChannel.connect(host, port, self.timeout_s)
             return ch
 
-    async def fetch_prefix(self, peer_url: str, hashes: Sequence[int], ttl_s: float = 30.0) -> FetchResult:
-        """Fetch the leading blocks of ``hashes`` that ``peer_url`` holds (a queued request's prefix)."""
+    async def fetch_prefix(
+        self, peer_url: str, hashes: Sequence[int], ttl_s: float = 30.0, parent: int = ROOT_HASH
+    ) -> FetchResult:
+        """Fetch the leading blocks of ``hashes`` (a chain from ``parent``) that ``peer_url`` holds (a
+        queued request's prefix)."""
         ch = await self._channel(peer_url)
+        evicted: list[int] = []
+        if self.direct:
+            got = await self._read_direct(peer_url, ch, hashes, parent)
+            if isinstance(got, FetchResult):
+                return got
+            evicted = got
         msg = {"op": "lease", "block_hashes": list(hashes), "ttl_s": ttl_s}
-        return await self._read_lease(peer_url, ch, await ch.call(msg, self.timeout_s))
+        return await self._read_lease(peer_url, ch, await ch.call(msg, self.timeout_s), evicted)
+
+    async def _read_direct(
+        self, peer_url: str, ch: LeaseChannel, hashes: Sequence[int], parent: int
+    ) -> FetchResult | list[int]:
+        """The one-sided read of ``hashes``: its result, or (a miss) the blocks evicted meanwhile."""
+        t0 = time.perf_counter()
+        want = list(dict.fromkeys(h for h in hashes if h not in self.pool))
+        try:
+            res = self.pool.reserve(len(want))
+        except PoolFullError as e:  # pinned blocks leave no room: recompute instead
+            raise FetchError(f"no room for {len(want)} blocks from {peer_url}: {e}") from None
+        try:
+            got = await self.transport.read_indexed(ch.pool, want, res.slots, self.timeout_s)
+            if got.miss is None:
+                self._check(peer_url, res.slots, want)
+        except BaseException:
+            self.pool.release_slots(res.slots)
+            raise
+        if got.miss is not None:
+            self.pool.release_slots(res.slots)
+            self.fallbacks[got.miss] = self.fallbacks.get(got.miss, 0) + 1
+            if self.on_fallback is not None:
+                self.on_fallback(got.miss)
+            return res.evicted
+        self.direct_reads += 1
+        now = self.clock()
+        wanted = set(want)
+        slot_of = dict(zip(want, res.slots, strict=True))
+        entries = [
+            (h, hashes[i - 1] if i else parent, slot_of[h]) for i, h in enumerate(hashes) if h in wanted
+        ]
+        self.pool.commit(entries, now)
+        self.pool.touch(hashes, now)
+        return FetchResult(
+            list(hashes), len(hashes) - len(want), res.evicted, got.moved, time.perf_counter() - t0
+        )
 
     async def fetch_transfer(self, peer_url: str, transfer_id: str) -> FetchResult:
         """Fetch the KV a prefill node published under ``transfer_id`` (P->D hand-over)."""
@@ -223,7 +280,17 @@ class PeerFetcher:
         msg = {"op": "describe", "lease": transfer_id}
         return await self._read_lease(peer_url, ch, await ch.call(msg, self.timeout_s))
 
-    async def _read_lease(self, peer_url: str, ch: LeaseChannel, lease: dict[str, Any]) -> FetchResult:
+    def _check(self, peer_url: str, slots: list[int], hashes: list[int]) -> None:
+        """The ``sim`` backend's byte check of blocks ``hashes`` read into ``slots``."""
+        if not self.verify:
+            return
+        bad = first_mismatch(self.pool.buffer, self.pool.block_bytes, slots, hashes, self.verify_stride)
+        if bad is not None:
+            raise FetchError(f"{peer_url} answered wrong bytes for block {hashes[bad]:#x}")
+
+    async def _read_lease(
+        self, peer_url: str, ch: LeaseChannel, lease: dict[str, Any], evicted: Sequence[int] = ()
+    ) -> FetchResult:
         t0 = time.perf_counter()
         lid = lease.get("lease")
         try:
@@ -245,16 +312,7 @@ class PeerFetcher:
             pairs = [(res.slots[k], slots[i]) for k, i in enumerate(want)]
             try:
                 moved = await self.transport.read(ch.pool, pairs, self.timeout_s)
-                if self.verify:
-                    bad = first_mismatch(
-                        self.pool.buffer,
-                        self.pool.block_bytes,
-                        res.slots,
-                        [hashes[i] for i in want],
-                        self.verify_stride,
-                    )
-                    if bad is not None:
-                        raise FetchError(f"{peer_url} answered wrong bytes for block {hashes[want[bad]]:#x}")
+                self._check(peer_url, res.slots, [hashes[i] for i in want])
             except BaseException:
                 self.pool.release_slots(res.slots)
                 raise
@@ -266,7 +324,9 @@ class PeerFetcher:
         finally:
             if isinstance(lid, str):
                 ch.send({"op": "release", "lease": lid})
-        return FetchResult(hashes, len(hashes) - len(want), res.evicted, moved, time.perf_counter() - t0)
+        return FetchResult(
+            hashes, len(hashes) - len(want), [*evicted, *res.evicted], moved, time.perf_counter() - t0
+        )
 
     async def close(self) -> None:
         """Close the lease channels (leases still held expire on the peers)."""

@@ -46,6 +46,13 @@ class EngineMetrics:
             ["kind"],
             registry=r,
         )
+        self.fetch_direct_misses = Counter(
+            "agentpool_engine_fetch_direct_misses_total",
+            "One-sided prefix reads that fell back to a lease, by reason (not_indexed: a block not in "
+            "the peer's slot table; changed: a slot overwritten during the read)",
+            ["reason"],
+            registry=r,
+        )
         self.recomputed_tokens = Counter(
             "agentpool_engine_fetch_recomputed_tokens_total",
             "Tokens recomputed because a fetch failed",

@@ -3,6 +3,8 @@
 Stores the chain of BLOCKS blocks of a fixed token sequence (bytes derived from the hashes), serves the
 lease API on 127.0.0.1:0 and prints ``{"url": ..., "hashes": [...]}`` on one line. ``--garbage``
 overwrites every stored block with zeros after indexing it (a peer that answers wrong bytes).
+``POST /test/replace {"hash": h, "with": g}`` evicts block ``h`` and stores block ``g`` in the slot it
+freed (an eviction and an overwrite racing a reader); it answers both slots.
 """
 
 from __future__ import annotations
@@ -33,12 +35,21 @@ async def main() -> None:
     pool.store_generated(ROOT_HASH, hashes, 0.0)
     if "--garbage" in sys.argv:
         pool.buffer[:] = 0
-    transport = NixlTransport("peer", pool.buffer, block_bytes)
+    transport = NixlTransport("peer", pool.buffer, block_bytes, table=pool.table)
     await transport.start()
     app = web.Application(middlewares=[error_middleware])
     exporter = KvExporter(pool, transport)
     await exporter.serve_channel("127.0.0.1")
     exporter.add_routes(app)
+
+    async def replace(request: web.Request) -> web.Response:
+        body = await request.json()
+        old = pool.slot_of[int(body["hash"])]
+        assert pool.remove([int(body["hash"])])
+        pool.store_generated(ROOT_HASH, [int(body["with"])], 1.0)
+        return web.json_response({"old": old, "new": pool.slot_of[int(body["with"])]})
+
+    app.router.add_post("/test/replace", replace)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

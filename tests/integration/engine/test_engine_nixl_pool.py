@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -67,6 +68,7 @@ async def test_b_reads_a_blocks_and_bytes_match(peer, local) -> None:  # type: i
     pool, fetcher = local
     wanted = [*hashes[:30], 12345]  # the peer holds 30 leading blocks of this path
     res = await fetcher.fetch_prefix(url, wanted)
+    assert fetcher.fallbacks == {"not_indexed": 1}  # 12345 is not in the peer's table: a lease
     assert res.blocks == hashes[:30]
     assert res.bytes == 30 * BLOCK_BYTES
     assert pool.held_prefix(hashes) == 30
@@ -76,7 +78,42 @@ async def test_b_reads_a_blocks_and_bytes_match(peer, local) -> None:  # type: i
     # a second fetch of a longer prefix reads only what is missing
     res2 = await fetcher.fetch_prefix(url, hashes)
     assert res2.held_before == 30 and res2.bytes == 10 * BLOCK_BYTES
+    assert fetcher.direct_reads == 1 and fetcher.fallbacks == {"not_indexed": 1}  # one-sided
     assert all(pool.matches(h) for h in hashes)
+    assert [pool.parent_of[h] for h in hashes[29:]] == hashes[28:-1]
+
+
+@pytest.mark.parametrize("replaced", [0, 3])
+async def test_a_block_overwritten_during_a_one_sided_read_is_detected_and_leased(  # type: ignore[no-untyped-def]
+    peer, local, replaced
+) -> None:
+    """The peer evicts block ``replaced`` and stores another in its slot after the reader looked the
+    block up in the peer's slot table and before it READs the bytes: the reader must see it in the
+    slot's header, fall back to a lease, and keep no wrong bytes (the byte check is off, so only the
+    slot table can catch it)."""
+    _, url, hashes = peer
+    pool, fetcher = local
+    fetcher.verify = False
+    await fetcher.fetch_prefix(url, hashes[:1])  # the channel is open, block 0 held
+    pool.remove(hashes[:1])
+    slots: dict[str, int] = {}
+
+    def overwrite() -> None:  # runs on the NIXL thread between the table READ and the data READ
+        fetcher.transport.after_lookup = None
+        body = json.dumps({"hash": hashes[replaced], "with": 777}).encode()
+        req = urllib.request.Request(url + "/test/replace", data=body, method="POST")
+        with urllib.request.urlopen(req, timeout=5) as r:
+            slots.update(json.load(r))
+
+    fetcher.transport.after_lookup = overwrite
+    res = await fetcher.fetch_prefix(url, hashes[:8])
+    assert slots["old"] == slots["new"]  # the slot the reader was about to read was overwritten
+    assert all(pool.matches(h) for h in list(pool.slot_of))  # no block holds another's bytes
+    assert fetcher.fallbacks == {"changed": 1} and fetcher.direct_reads == 1
+    assert res.blocks == hashes[:replaced]  # the lease: the peer holds the chain up to the evicted block
+    assert pool.held_prefix(hashes) == replaced and len(pool) == replaced
+    assert all(pool.matches(h) for h in hashes[:replaced])
+    assert pool.free_slots == 64 - replaced
 
 
 async def test_reads_of_scattered_slots_land_in_the_slots_named(peer, local) -> None:  # type: ignore[no-untyped-def]
@@ -195,13 +232,18 @@ async def test_a_stalled_peer_times_out_without_hanging(local) -> None:  # type:
         await fetcher.fetch_prefix(url, hashes[:2])  # the channel is open
         fetcher.timeout_s = 0.5
         os.kill(proc.pid, signal.SIGSTOP)
+        # a prefix read one-sidedly needs nothing of the peer's process: a stopped peer still serves
+        res = await asyncio.wait_for(fetcher.fetch_prefix(url, hashes[:6]), 5)
+        assert res.blocks == hashes[:6] and fetcher.direct_reads == 2 and not fetcher.fallbacks
+        assert all(pool.matches(h) for h in hashes[:6])
+        fetcher.direct = False  # a lease needs the peer's process: no answer
         with pytest.raises(FetchError, match="no answer"):
-            await asyncio.wait_for(fetcher.fetch_prefix(url, hashes[2:]), 5)
-        assert len(pool) == 2 and pool.free_slots == 62
+            await asyncio.wait_for(fetcher.fetch_prefix(url, hashes[6:]), 5)
+        assert len(pool) == 6 and pool.free_slots == 58
         os.kill(proc.pid, signal.SIGCONT)
         fetcher.timeout_s = 3.0
         res = await fetcher.fetch_prefix(url, hashes)  # the same channel serves again
-        assert res.held_before == 2 and len(res.blocks) == 20
+        assert res.held_before == 6 and len(res.blocks) == 20
         assert all(pool.matches(h) for h in hashes)
     finally:
         os.kill(proc.pid, signal.SIGCONT)

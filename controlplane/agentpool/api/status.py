@@ -123,8 +123,8 @@ class LoadedConfig(ApiModel):
 
 class ConfigStatus(ApiModel):
     """The router's and planner's settings: the generation the ConfigMap holds and the ones they
-    run, as the planner reports them (it polls every router; none runs in a colocated pool, so
-    there the parts' own generations are not reported)."""
+    run, as the planner reports them (it polls every router). A colocated pool runs no planner:
+    there the operator asks each router replica (`GET /ready`) and `planner` stays unset."""
 
     desired_generation: int | None = Field(default=None, ge=0)
     """`metadata.generation` whose settings the ConfigMap holds."""

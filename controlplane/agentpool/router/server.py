@@ -351,9 +351,12 @@ async def health(service: RouterService, request: Request) -> Response:
 
 async def ready(service: RouterService, request: Request) -> Response:
     ok, checks = await service.ready()
+    # the settings generation this replica runs: the operator reads it where no planner reports it
+    generation = service.dispatcher.work_log.config_generation
     if ok:
-        return json_response({"status": "ready", "checks": checks})
-    return json_response({"status": "not ready", "checks": checks}, status=503)
+        return json_response({"status": "ready", "checks": checks, "configGeneration": generation})
+    body = {"status": "not ready", "checks": checks, "configGeneration": generation}
+    return json_response(body, status=503)
 
 
 async def metrics(service: RouterService, request: Request) -> Response:

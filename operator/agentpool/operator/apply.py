@@ -63,6 +63,18 @@ class ApplyReport:
         return [name for name, outcome in self.outcomes.items() if outcome is not Outcome.UNCHANGED]
 
 
+def merge_patch_between(old: Any, new: Any) -> Any:
+    """The JSON merge patch (RFC 7396) that turns `old` into `new`: keys `new` lacks become null
+    at every depth (a field that became unknown must not keep its stale value), lists and scalars
+    are replaced whole."""
+    if not isinstance(old, Mapping) or not isinstance(new, Mapping):
+        return new
+    patch: dict[str, Any] = {k: None for k in old if k not in new}
+    for key, value in new.items():
+        patch[key] = merge_patch_between(old[key], value) if key in old else value
+    return patch
+
+
 def child_key(obj: Mapping[str, Any]) -> str:
     return f"{obj['kind']}/{obj['metadata']['name']}"
 

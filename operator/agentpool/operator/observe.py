@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from agentpool.api import AgentServingPoolSpec
 from agentpool.operator.kube import KubeApi
 from agentpool.operator.names import DIRECTORY, ENGINE, GENERATION_ANNOTATION, REDIS, ROUTER, PoolRef
+from agentpool.operator.router_readiness import router_generations
 from agentpool.operator.status import Observed, PodView
 from agentpool.planner.state import LOADED_KEY, STATE_KEY, LoadedGenerations, PlannerState
 
@@ -65,6 +66,9 @@ async def observe(
     config = await api.get("ConfigMap", pool.namespace, pool.config_map)
     generation = ((config or {}).get("metadata", {}).get("annotations") or {}).get(GENERATION_ANNOTATION)
     report = await planner_report(api, pool)
+    loaded = report.loaded
+    if spec.mode == "colocated":  # no planner reports what the routers run: ask them
+        loaded = LoadedGenerations(planner=None, routers=await router_generations(api, pool))
     return Observed(
         pods={name: PodView.of(pod) for name, pod in pods.items()},
         router_ready=_available(router, "availableReplicas"),
@@ -72,7 +76,8 @@ async def observe(
         redis_ready=redis_ready,
         config_generation=int(generation) if generation is not None and generation.isdigit() else None,
         planner_state=report.state,
-        loaded=report.loaded,
+        loaded=loaded,
+        planner_runs=spec.mode != "colocated",
         draining=draining,
         children_changed=children_changed,
     )

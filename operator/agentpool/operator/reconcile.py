@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from agentpool.api import AgentServingPool, AgentServingPoolSpec, AgentServingPoolStatus
-from agentpool.operator.apply import ApplyReport, Outcome, apply_child, child_key
+from agentpool.operator.apply import ApplyReport, Outcome, apply_child, child_key, merge_patch_between
 from agentpool.operator.builders import BuildSettings, InvalidPoolError, children
 from agentpool.operator.builders.config import initial_role
 from agentpool.operator.builders.secrets import generated_secret, generated_secret_keys, new_secret_values
@@ -307,7 +307,7 @@ class Reconciler:
         old = {k: v for k, v in (body.get("status") or {}).items() if k != "kopf"}
         if old == new:
             return False
-        patch: dict[str, Any] = {**{k: None for k in old if k not in new}, **new}
+        patch = merge_patch_between(old, new)
         await self.api.merge_patch(
             "AgentServingPool", parsed.ref.namespace, parsed.ref.name, {"status": patch}, "status"
         )

@@ -86,7 +86,10 @@ class Observed:
     config_generation: int | None
     planner_state: PlannerState | None = None
     loaded: LoadedGenerations | None = None
-    """The settings generations the planner and routers run, as the planner reports them."""
+    """The settings generations the planner and routers run, as the planner reports them (in a
+    colocated pool, as the routers answer the operator)."""
+    planner_runs: bool = True
+    """The pool runs a planner (not in a colocated pool)."""
     draining: tuple[str, ...] = ()
     """Engines a scale-down waits for."""
     children_changed: bool = False
@@ -112,15 +115,17 @@ def _loaded(generations: Sequence[int | None]) -> LoadedConfig:
     )
 
 
-def config_status(config_generation: int | None, loaded: LoadedGenerations | None) -> ConfigStatus:
-    """The generation the ConfigMap holds and, where a planner reports them, the ones it and the
-    routers run (a colocated pool has no planner: only the ConfigMap's is known)."""
+def config_status(
+    config_generation: int | None, loaded: LoadedGenerations | None, planner_runs: bool = True
+) -> ConfigStatus:
+    """The generation the ConfigMap holds and, where they are known, the ones the routers and the
+    planner run (a colocated pool runs no planner: `planner` stays unset there)."""
     if loaded is None:
         return ConfigStatus(desired_generation=config_generation)
     return ConfigStatus(
         desired_generation=config_generation,
         router=_loaded(list(loaded.routers.values())),
-        planner=_loaded([loaded.planner]),
+        planner=_loaded([loaded.planner]) if planner_runs else None,
     )
 
 
@@ -233,7 +238,7 @@ def pool_status(
     failing = sorted(f"{p.name} ({p.failing})" for p in observed.pods.values() if p.failing)
     control_plane = observed.router_ready and observed.directory_ready and observed.redis_ready
     fit = model_fit(spec, observed.planner_state)
-    config = config_status(observed.config_generation, observed.loaded)
+    config = config_status(observed.config_generation, observed.loaded, observed.planner_runs)
     lagging = config_lag(config)
 
     if ready_nodes < len(nodes):

@@ -8,10 +8,14 @@ import copy
 import json
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 from conftest import OPERATOR_ARGS, Cluster, OperatorThread, load_example
+from process_helpers import start_router
+
+from agentpool.operator.names import COMPONENT_LABEL, POOL_LABEL, ROUTER
 
 T = TypeVar("T")
 CHILDREN = [
@@ -404,3 +408,57 @@ async def test_a_transient_api_error_is_retried_with_a_back_off(cluster: Cluster
     assert condition(obj, "Degraded")["status"] == "False"  # type: ignore[index]
     events = await cluster.api.list_events(cluster.namespace, "sim")
     assert any(e.get("reason") == "ReconcileFailed" and "503" in e.get("message", "") for e in events)
+
+
+async def router_pod(cluster: Cluster, url: str) -> None:
+    """A running router pod of pool `sim` whose IP and `http` port reach the router at `url` (no
+    controller runs pods here: the test plays the Deployment's)."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    meta = {
+        "name": "sim-router-0",
+        "namespace": cluster.namespace,
+        "labels": {POOL_LABEL: "sim", COMPONENT_LABEL: ROUTER},
+    }
+    container = {"name": "router", "image": "router", "ports": [{"name": "http", "containerPort": int(port)}]}
+    await cluster.api.create(
+        {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"containers": [container]}}
+    )
+    status = {"phase": "Running", "podIP": host}
+    await cluster.api.merge_patch("Pod", cluster.namespace, "sim-router-0", {"status": status}, "status")
+
+
+async def test_a_colocated_pool_shows_the_generation_its_routers_run(
+    cluster: Cluster, operator: Any, tmp_path: Path
+) -> None:
+    """No planner runs in a colocated pool: the operator asks each router replica (`GET /ready`)."""
+    manifest = pool_manifest(cluster)
+    del manifest["spec"]["initialSplit"]
+    manifest["spec"].update(mode="colocated", planner={"enabled": False}, router={"policy": "lmetric"})
+    await create_pool(cluster, manifest)
+    config = tmp_path / "router.json"
+    nodes = [{"id": "sim-engine-0", "url": "http://127.0.0.1:9", "role": "both"}]
+    config.write_text(json.dumps({"model": "m", "policy": "lmetric", "nodes": nodes, "generation": 1}))
+    router, url = await start_router(config, "--insecure-allow-unauthenticated-reports")
+    try:
+        await router_pod(cluster, url)
+        obj = await status_where(
+            cluster,
+            lambda o: (
+                (((o.get("status") or {}).get("config") or {}).get("router") or {}).get("replicas") == 1
+            ),
+            "the router replica's generation",
+        )
+        # the replica runs the ConfigMap's generation; no planner part is shown
+        assert obj["status"]["config"] == {
+            "desiredGeneration": 1,
+            "router": {"loadedGeneration": 1, "newestGeneration": 1, "replicas": 1},
+        }
+    finally:
+        await router.stop()
+    # a replica that stops answering runs an unknown generation, and the status says so
+    await all_engines_serve(cluster)
+    obj = await status_where(
+        cluster, lambda o: (condition(o, "Progressing") or {}).get("reason") == "ConfigLoading", "the lag"
+    )
+    assert obj["status"]["config"]["router"] == {"replicas": 1}
+    assert condition(obj, "Progressing")["message"] == "router runs generation unknown; the ConfigMap holds 1"  # type: ignore[index]

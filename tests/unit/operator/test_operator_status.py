@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from agentpool.api import AgentServingPool, AgentServingPoolSpec
-from agentpool.operator.apply import contains
+from agentpool.operator.apply import contains, merge_patch_between
+from agentpool.operator.router_readiness import RouterPod, running_router
 from agentpool.operator.status import Observed, PodView, invalid_status, pool_status
 from agentpool.planner.state import LoadedGenerations, PlannerState, SavedShape, SwitchRecord
 
@@ -162,6 +163,33 @@ def test_a_colocated_pool() -> None:
     assert [n.observed_role for n in unshown.nodes] == ["both"] * 5 + [None]
     assert unshown.split is not None and unshown.split.label == "5C"
     assert conditions(unshown)["Progressing"] == ("True", "NodesStarting")
+    # the routers' generations, as they answered the operator: no planner part
+    asked = observed(["both"] * 6, ["both"] * 6, [True] * 6, loaded=LoadedGenerations(routers={"r0": 1}))
+    known = pool_status(NAMES, spec, 1, 1, dataclasses.replace(asked, planner_runs=False), None, T0)
+    assert known.config is not None and known.config.planner is None
+    assert known.config.router is not None and known.config.router.loaded_generation == 1
+    assert conditions(known)["Progressing"] == ("False", "Stable")
+    silent = dataclasses.replace(asked, planner_runs=False, loaded=LoadedGenerations(routers={"r0": None}))
+    lagging = pool_status(NAMES, spec, 1, 1, silent, None, T0)
+    assert conditions(lagging)["Progressing"] == ("True", "ConfigLoading")
+
+
+@pytest.mark.parametrize(
+    ("pod", "expected"),
+    [
+        ({"metadata": {"name": "r"}, "status": {"phase": "Running", "podIP": "10.0.0.5"},
+          "spec": {"containers": [{"ports": [{"name": "http", "containerPort": 8123}]}]}},
+         RouterPod("r", "http://10.0.0.5:8123")),
+        ({"metadata": {"name": "r"}, "status": {"phase": "Running", "podIP": "fd00::5"}},
+         RouterPod("r", "http://[fd00::5]:8000")),  # no named port: the router's default
+        ({"metadata": {"name": "r"}, "status": {"phase": "Pending", "podIP": "10.0.0.5"}}, None),
+        ({"metadata": {"name": "r"}, "status": {"phase": "Running"}}, None),
+        ({"metadata": {"name": "r", "deletionTimestamp": "2026-12-01T00:00:00Z"},
+          "status": {"phase": "Running", "podIP": "10.0.0.5"}}, None),
+    ],
+)  # fmt: skip
+def test_which_router_pods_are_asked(pod: dict[str, Any], expected: RouterPod | None) -> None:
+    assert running_router(pod) == expected
 
 
 def test_an_invalid_spec() -> None:
@@ -190,6 +218,21 @@ def test_an_invalid_spec() -> None:
 )
 def test_contains(existing: Any, desired: Any, expected: bool) -> None:
     assert contains(existing, desired) is expected
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "patch"),
+    [
+        ({"a": 1, "b": 2}, {"a": 1}, {"a": 1, "b": None}),
+        # a nested field that became unknown is removed, not left stale
+        ({"config": {"router": {"loaded": 1, "replicas": 1}}}, {"config": {"router": {"replicas": 1}}},
+         {"config": {"router": {"loaded": None, "replicas": 1}}}),
+        ({"l": [{"x": 1}]}, {"l": []}, {"l": []}),  # lists are replaced whole
+        ({"a": {"b": 1}}, {"a": 3}, {"a": 3}),
+    ],
+)  # fmt: skip
+def test_the_status_merge_patch(old: dict[str, Any], new: dict[str, Any], patch: dict[str, Any]) -> None:
+    assert merge_patch_between(old, new) == patch
 
 
 def test_the_retry_back_off() -> None:

@@ -355,6 +355,12 @@ async def test_a_deeper_invalid_spec_is_degraded_without_retries(cluster: Cluste
     assert degraded is not None and degraded["reason"] == "InvalidSpec"
     assert "smaller than spec.engine.hostKvSize (8Gi)" in degraded["message"]
     assert condition(obj, "Ready")["status"] == "False"  # type: ignore[index]
+    # kopf records the handled spec after the handler's status write; wait for that last write
+    obj = await status_where(
+        cluster,
+        lambda o: "agentpool.io/last-handled-configuration" in (o["metadata"].get("annotations") or {}),
+        "kopf's record of the handled spec",
+    )
     version = obj["metadata"]["resourceVersion"]
     await asyncio.sleep(2.0)
     assert (await pool(cluster))["metadata"]["resourceVersion"] == version  # no retry loop

@@ -67,9 +67,7 @@ def first_mismatch(
     if stride < 1:
         raise ValueError("stride must be positive")
     words = buffer.view(np.uint64).reshape(-1, block_bytes // _WORD)[:, ::stride]
-    sampled = words[np.asarray(slots, dtype=np.intp)]
-    expected = np.bitwise_xor(
-        _base(block_bytes, stride)[None, :], np.asarray(hashes, dtype=np.uint64)[:, None]
-    )
-    bad = np.flatnonzero(~np.all(sampled == expected, axis=1))
-    return int(bad[0]) if bad.size else None
+    sampled = words[slots]  # a copy: XOR it in place
+    sampled ^= np.array(hashes, dtype=np.uint64)[:, None]
+    bad = (sampled != _base(block_bytes, stride)).any(axis=1)
+    return int(bad.argmax()) if bad.any() else None

@@ -134,6 +134,8 @@ class NixlTransport:
         self.scratch_blocks = scratch_blocks
         # the table READs land here: ``scratch_blocks`` sets, then as many slot headers
         self._scratch = np.zeros(scratch_blocks * (_SET_WORDS + _HEADER_WORDS), dtype=np.uint64)
+        self._words = self._scratch.view(np.uint8).data.cast("Q")
+        self._arange = np.arange(scratch_blocks, dtype=np.int32)
         self._scratch_sets = 0  # prepared lists over the scratch area
         self._scratch_headers = 0
         self.after_lookup: Callable[[], None] | None = None  # a test seam: runs between two READs
@@ -280,37 +282,35 @@ class NixlTransport:
             return IndexedRead(0)
         if len(hashes) > self.scratch_blocks:
             return IndexedRead(0, "too_many")
-        want = np.asarray(hashes, dtype=np.uint64)
-        slots = np.asarray(local, dtype=np.int32)
-        if slots.min() < 0 or slots.max() >= self._slots():
+        if min(local) < 0 or max(local) >= self._slots():
             raise ValueError("a local slot outside this pool")
+        want = list(hashes)
+        slots = np.asarray(local, dtype=np.int32)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self._read_indexed, peer, want, slots, timeout_s)
 
     def _read_indexed(
-        self, peer: PoolInfo, want: npt.NDArray[np.uint64], local: npt.NDArray[np.int32], timeout_s: float
+        self, peer: PoolInfo, want: list[int], local: npt.NDArray[np.int32], timeout_s: float
     ) -> IndexedRead:
         n = len(want)
         deadline = time.monotonic() + timeout_s
-        scratch = np.arange(n, dtype=np.int32)
+        scratch = self._arange[:n]
         try:
             entry = self._remote(peer)
-            sets = slottable.sets_of(want, peer.sets)
+            sets = np.array([slottable.set_of(h, peer.sets) for h in want], dtype=np.int32)
             self._xfer(peer, self._scratch_sets, scratch, entry.sets, sets, deadline, timeout_s)
-            found = self._scratch[: n * _SET_WORDS].reshape(n, _SET_WORDS)
-            remote, gens = slottable.find(found, want)
-            if remote.min() < 0:
+            found = slottable.find(self._words, want)
+            if found is None:
                 return IndexedRead(0, "not_indexed")
-            if remote.max() >= peer.slots:
+            slots, gens = found
+            if max(slots) >= peer.slots:
                 raise FetchError(f"{peer.agent}'s slot table names a slot outside its pool")
-            remote32 = remote.astype(np.int32)
+            remote = np.array(slots, dtype=np.int32)
             if self.after_lookup is not None:
                 self.after_lookup()
-            self._xfer(peer, self._local, local, entry.dlist, remote32, deadline, timeout_s)
-            self._xfer(peer, self._scratch_headers, scratch, entry.headers, remote32, deadline, timeout_s)
-            off = self.scratch_blocks * _SET_WORDS
-            headers = self._scratch[off : off + n * _HEADER_WORDS]
-            if not slottable.valid(headers, want, gens).all():
+            self._xfer(peer, self._local, local, entry.dlist, remote, deadline, timeout_s)
+            self._xfer(peer, self._scratch_headers, scratch, entry.headers, remote, deadline, timeout_s)
+            if not slottable.valid(self._words[self.scratch_blocks * _SET_WORDS :], want, gens):
                 return IndexedRead(0, "changed")
         except FetchError:
             self._forget(peer)

@@ -28,6 +28,8 @@ the owner's side.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import numpy.typing as npt
 
@@ -39,6 +41,7 @@ _MIN_SETS = 64
 _GOLDEN = 0x9E3779B97F4A7C15
 _M64 = (1 << 64) - 1
 _M32 = (1 << 32) - 1
+_SET_WORDS = WAYS * ENTRY_WORDS
 
 
 def sets_for(slots: int) -> int:
@@ -55,40 +58,42 @@ def set_of(block_hash: int, sets: int) -> int:
     return ((block_hash * _GOLDEN) & _M64) >> (64 - sets.bit_length() + 1)
 
 
-def sets_of(hashes: npt.NDArray[np.uint64], sets: int) -> npt.NDArray[np.int32]:
-    """:func:`set_of` for an array of hashes."""
-    with np.errstate(over="ignore"):
-        mixed = hashes * np.uint64(_GOLDEN)
-    out: npt.NDArray[np.int32] = (mixed >> np.uint64(64 - sets.bit_length() + 1)).astype(np.int32)
-    return out
+def find(entries: Sequence[int], hashes: Sequence[int]) -> tuple[list[int], list[int]] | None:
+    """Slots and generations of ``hashes`` in their READ sets (``entries``: the words of one set per
+    hash, in order), or None when some hash is not indexed. Plain Python over a ``memoryview``: a
+    fetch names a few blocks, fewer than numpy's per-call cost would pay for."""
+    slots: list[int] = []
+    gens: list[int] = []
+    at = 0
+    for h in hashes:
+        for e in range(at, at + _SET_WORDS, ENTRY_WORDS):
+            packed = entries[e + 1]
+            if packed and entries[e] == h:
+                slots.append(packed & _M32)
+                gens.append(packed >> 32)
+                break
+        else:
+            return None
+        at += _SET_WORDS
+    return slots, gens
 
 
-def find(
-    entries: npt.NDArray[np.uint64], hashes: npt.NDArray[np.uint64]
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint64]]:
-    """Slots and generations of ``hashes`` in their READ sets (``entries``: one set per hash, shape
-    ``(n, WAYS * 2)``); slot -1 where a hash is not indexed."""
-    e = entries.reshape(len(hashes), WAYS, ENTRY_WORDS)
-    hit = (e[:, :, 0] == hashes[:, None]) & (e[:, :, 1] != 0)
-    way = np.argmax(hit, axis=1)
-    packed = e[np.arange(len(hashes)), way, 1]
-    found = hit.any(axis=1)
-    slots = np.where(found, (packed & np.uint64(_M32)).astype(np.int64), -1)
-    return slots, packed >> np.uint64(32)
-
-
-def valid(
-    headers: npt.NDArray[np.uint64], hashes: npt.NDArray[np.uint64], gens: npt.NDArray[np.uint64]
-) -> npt.NDArray[np.bool_]:
-    """Which blocks' READ headers (shape ``(n, 2)``) still name them with the generation found."""
-    h = headers.reshape(len(hashes), ENTRY_WORDS)
-    same_gen = (h[:, 1] & np.uint64(_M32)) == gens
-    out: npt.NDArray[np.bool_] = (h[:, 0] == hashes) & same_gen & ((gens & np.uint64(1)) == 0)
-    return out
+def valid(headers: Sequence[int], hashes: Sequence[int], gens: Sequence[int]) -> bool:
+    """Whether every block's READ header (``headers``: two words per block, in order) still names it
+    with the (even) generation found."""
+    at = 0
+    for h, g in zip(hashes, gens, strict=True):
+        if g & 1 or headers[at] != h or headers[at + 1] & _M32 != g:
+            return False
+        at += ENTRY_WORDS
+    return True
 
 
 class SlotTable:
-    """The owner's side: headers and index of ``slots`` slots in one array for NIXL to register."""
+    """The owner's side: headers and index of ``slots`` slots in one array for NIXL to register.
+
+    Written through a memoryview of its 64-bit words (a Python int store per word, cheaper than
+    numpy scalar indexing on the fetch path)."""
 
     def __init__(self, slots: int) -> None:
         self.slots = slots
@@ -96,9 +101,8 @@ class SlotTable:
         self.array: npt.NDArray[np.uint64] = np.zeros(
             (slots + self.sets * WAYS) * ENTRY_WORDS, dtype=np.uint64
         )
-        self._headers = self.array[: slots * ENTRY_WORDS].reshape(slots, ENTRY_WORDS)
-        self._index = self.array[slots * ENTRY_WORDS :].reshape(self.sets, WAYS, ENTRY_WORDS)
-        self._where: dict[int, tuple[int, int]] = {}  # indexed hash -> (set, way)
+        self._w = self.array.view(np.uint8).data.cast("Q")
+        self._where: dict[int, int] = {}  # indexed hash -> word of its entry's hash
         self.unindexed = 0  # blocks whose set was full
 
     @property
@@ -107,41 +111,42 @@ class SlotTable:
         return self.slots * HEADER_BYTES
 
     def generation(self, slot: int) -> int:
-        return int(self._headers[slot, 1])
+        return int(self._w[slot * ENTRY_WORDS + 1])
 
     def begin_write(self, slot: int) -> None:
         """The slot's bytes are about to change: its generation goes odd (if it is not already)."""
-        g = int(self._headers[slot, 1])
+        i = slot * ENTRY_WORDS + 1
+        g = self._w[i]
         if not g & 1:
-            self._headers[slot, 1] = g + 1
+            self._w[i] = g + 1
 
     def end_write(self, slot: int, block_hash: int) -> None:
         """The slot now holds ``block_hash``: name it, make the generation even, index it."""
-        g = int(self._headers[slot, 1])
+        w, i = self._w, slot * ENTRY_WORDS
+        g = w[i + 1]
         if not g & 1:
             raise RuntimeError(f"slot {slot} written without begin_write")
-        self._headers[slot, 0] = block_hash
-        self._headers[slot, 1] = g + 1
+        w[i] = block_hash
+        w[i + 1] = g + 1
         self._insert(block_hash, slot, (g + 1) & _M32)
 
     def unindex(self, block_hash: int) -> None:
         """The block left the pool: readers no longer find it (its slot keeps its bytes until reused)."""
-        where = self._where.pop(block_hash, None)
-        if where is not None:
-            self._index[where[0], where[1], 1] = 0
+        at = self._where.pop(block_hash, None)
+        if at is not None:
+            self._w[at + 1] = 0
 
     def _insert(self, block_hash: int, slot: int, gen32: int) -> None:
         self.unindex(block_hash)
-        s = set_of(block_hash, self.sets)
-        ways = self._index[s]
-        free = np.flatnonzero(ways[:, 1] == 0)
-        if not free.size:
-            self.unindexed += 1
-            return
-        w = int(free[0])
-        ways[w, 0] = block_hash
-        ways[w, 1] = (gen32 << 32) | slot
-        self._where[block_hash] = (s, w)
+        w = self._w
+        base = (self.slots + set_of(block_hash, self.sets) * WAYS) * ENTRY_WORDS
+        for at in range(base, base + WAYS * ENTRY_WORDS, ENTRY_WORDS):
+            if w[at + 1] == 0:  # empty: its hash may change
+                w[at] = block_hash
+                w[at + 1] = (gen32 << 32) | slot
+                self._where[block_hash] = at
+                return
+        self.unindexed += 1
 
 
-__all__ = ["HEADER_BYTES", "SET_BYTES", "WAYS", "SlotTable", "find", "set_of", "sets_for", "sets_of", "valid"]
+__all__ = ["HEADER_BYTES", "SET_BYTES", "WAYS", "SlotTable", "find", "set_of", "sets_for", "valid"]

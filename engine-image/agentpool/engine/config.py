@@ -28,6 +28,7 @@ sglang:                        # backend sglang only (required there): the SGLan
   hostKvGib: 512               # SGLang's host tier (--hicache-size); unset: hostKvBytes in GiB
   kvEventsEndpoint: "tcp://127.0.0.1:5557"   # SGLang binds, the agent subscribes
   bootstrapPort: 8998          # P->D: SGLang's disaggregation bootstrap server
+  chunkedPrefillTokens: 8192   # --chunked-prefill-size (bounds the prefill iteration records)
   args: ["--mem-fraction-static", "0.85"]  # more SGLang flags (not the ones the agent sets)
   readyTimeoutS: 1800          # model load until /health answers 200
 ```
@@ -143,6 +144,9 @@ class SglangSettings(_Model):
     kv_events_endpoint: str = Field("tcp://127.0.0.1:5557", pattern=r"^tcp://[^\s]+:\d+$")
     kv_events_topic: str = Field("kv", min_length=1, max_length=64)
     bootstrap_port: int = Field(8998, gt=0, le=65535)
+    chunked_prefill_tokens: int = Field(8192, ge=64, le=1 << 20)
+    """SGLang's ``--chunked-prefill-size``: the most tokens one prefill pass computes (a prefill
+    batch over it spans passes and gives no iteration record)."""
     args: list[str] = Field(default_factory=list, max_length=256)
     launcher: list[str] = Field(default_factory=lambda: list(DEFAULT_LAUNCHER), min_length=1, max_length=16)
     """The command that starts SGLang, before its arguments. The default runs the installed

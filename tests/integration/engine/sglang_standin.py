@@ -9,7 +9,14 @@ answers ``/health`` with 503 for S seconds (model loading), then serves:
   fields): words ``w0 w1 ...``, streamed as ``data: {json}`` lines with the text so far and
   ``meta_info`` (``cached_tokens`` from its prefix cache), then ``data: [DONE]``; ``stream: false``
   answers one JSON object. A prefill publishes ``BlockStored`` for its new full pages, on ``GPU``
-  and, with ``--enable-hierarchical-cache`` (write-through), on ``CPU_PINNED``;
+  and, with ``--enable-hierarchical-cache`` (write-through), on ``CPU_PINNED``. Requests run in
+  SGLang's kind of loop: a prefill pass for the waiting requests (up to ``--chunked-prefill-size``
+  uncached tokens), else a decode pass for the running ones, each followed by every request's chunk;
+  a pass lasts ``--standin-prefill-s P0,P1`` (``P0 + P1 * uncached tokens``) or
+  ``--standin-decode-s D0,D2`` (``D0 + D2 * running``). With ``--speculative-algorithm`` a decode
+  pass emits 1 or 2 tokens per request in turn, and a finished request's ``meta_info`` has SGLang's
+  ``spec_verify_ct``, ``spec_accept_length`` (completion tokens / verify passes), ``spec_accept_rate``,
+  ``spec_accept_token_num`` and ``spec_draft_token_num``; every finished one has ``e2e_latency``;
 - ``GET /v1/loads``, ``POST /pause_generation``, ``/continue_generation``, ``/pd_role_switch`` (only
   while paused; clears the prefix cache and publishes ``AllBlocksCleared``, as SGLang does),
   ``/abort_request``;
@@ -26,6 +33,7 @@ import json
 import signal
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +51,28 @@ def sglang_hash(parent: int | None, tokens: list[int]) -> int:
     return int.from_bytes(h[:8], "big") >> 1
 
 
+@dataclass(eq=False)
+class Req:
+    body: dict[str, Any]
+    ids: list[int]
+    n: int
+    out: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
+    created: float = field(default_factory=time.time)
+    cached: int = 0
+    done: int = 0
+    verify: int = 0
+
+
 class StandIn:
     def __init__(self, args: argparse.Namespace) -> None:
+        self.chunk = args.chunked_prefill_size
+        self.p0, self.p1 = (float(x) for x in args.standin_prefill_s.split(","))
+        self.d0, self.d2 = (float(x) for x in args.standin_decode_s.split(","))
+        self.spec = args.speculative_algorithm is not None
+        self.draft = args.speculative_num_draft_tokens
+        self.waiting: list[Req] = []
+        self.batch: list[Req] = []
+        self.wake = asyncio.Event()
         self.page = args.page_size
         self.role = args.disaggregation_mode or "null"
         self.write_through = args.enable_hierarchical_cache
@@ -61,7 +89,6 @@ class StandIn:
         self.unpaused.set()
         self.cache: dict[tuple[int, ...], int] = {}  # page-aligned prefix -> SGLang block hash
         self.requests: list[dict[str, Any]] = []
-        self.running = 0
         self.aborted: list[str] = []
         self.calls: list[str] = []
 
@@ -113,6 +140,77 @@ class StandIn:
             await self.publish(events)
         return cached
 
+    def chunk_of(self, q: Req, fin: dict[str, Any] | None) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "id": q.body.get("rid"),
+            "finish_reason": fin,
+            "prompt_tokens": len(q.ids),
+            "completion_tokens": q.done,
+            "cached_tokens": q.cached,
+        }
+        if fin is not None:
+            if self.spec:
+                meta["spec_verify_ct"] = q.verify
+                if q.verify:
+                    drafts = q.verify * (self.draft - 1)
+                    accepted = q.done - 1 - q.verify
+                    meta |= {
+                        "spec_accept_rate": accepted / drafts,
+                        "spec_accept_length": q.done / q.verify,
+                        "spec_accept_token_num": accepted,
+                        "spec_draft_token_num": drafts,
+                    }
+            meta["e2e_latency"] = time.time() - q.created
+        return {"text": "".join(f"w{i} " for i in range(q.done)), "meta_info": meta}
+
+    def emit(self, q: Req) -> bool:
+        """``q``'s chunk after a pass; True when it finished."""
+        fin = {"type": "length", "length": q.n} if q.done >= q.n else None
+        q.out.put_nowait(self.chunk_of(q, fin))
+        return fin is not None
+
+    async def scheduler(self) -> None:
+        """SGLang's loop: a prefill pass for the waiting requests, else a decode pass."""
+        while True:
+            await self.unpaused.wait()
+            for q in [*self.waiting, *self.batch]:
+                if q.body.get("rid") in self.aborted:
+                    q.out.put_nowait(self.chunk_of(q, {"type": "abort", "message": "aborted"}))
+                    self.waiting = [w for w in self.waiting if w is not q]
+                    self.batch = [b for b in self.batch if b is not q]
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()  # a pass lasts its time from here, the stand-in's own work included
+            if self.waiting:
+                passed, uncached = [], 0
+                while self.waiting:
+                    q = self.waiting[0]
+                    if self.role == "decode":  # the KV came by transfer: straight into the batch
+                        self.batch.append(self.waiting.pop(0))
+                        continue
+                    if passed and uncached + len(q.ids) > self.chunk:
+                        break
+                    self.waiting.pop(0)
+                    q.cached = await self.prefill(q.ids)
+                    uncached += len(q.ids) - q.cached
+                    passed.append(q)
+                if passed:
+                    await asyncio.sleep(t0 + self.p0 + self.p1 * uncached - loop.time())
+                    for q in passed:
+                        q.done = 1
+                        if not self.emit(q) and q.body.get("stream"):
+                            self.batch.append(q)
+                continue
+            if self.batch:
+                await asyncio.sleep(t0 + self.d0 + self.d2 * len(self.batch) - loop.time())
+                for q in list(self.batch):
+                    q.verify += 1
+                    q.done = min(q.n, q.done + (1 + q.verify % 2 if self.spec else 1))
+                    if self.emit(q):
+                        self.batch.remove(q)
+                continue
+            self.wake.clear()
+            await self.wake.wait()
+
     async def generate(self, r: web.Request) -> web.StreamResponse:
         body = await r.json()
         self.requests.append(body)
@@ -120,41 +218,29 @@ class StandIn:
         n = body.get("sampling_params", {}).get("max_new_tokens", 16)
         if not ids or not isinstance(n, int) or n < 1:
             return web.json_response({"error": {"message": "bad request"}}, status=400)
-        await self.unpaused.wait()
-        self.running += 1
-        try:
-            cached = 0 if self.role == "decode" else await self.prefill(ids)
-            meta = {"id": body.get("rid"), "prompt_tokens": len(ids), "cached_tokens": cached}
-            if not body.get("stream"):
-                fin = {"type": "length", "length": 1}
-                out = {"text": "w0 ", "meta_info": meta | {"completion_tokens": 1, "finish_reason": fin}}
-                return web.json_response(out)
-            resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
-            await resp.prepare(r)
-            text = ""
-            for i in range(n):
-                if body.get("rid") in self.aborted:
-                    fin = {"type": "abort", "message": "aborted"}
-                    chunk = {"text": text, "meta_info": meta | {"completion_tokens": i, "finish_reason": fin}}
-                    await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                    break
-                await asyncio.sleep(0.02)
-                text += f"w{i} "
-                fin = {"type": "length", "length": n} if i == n - 1 else None
-                chunk = {"text": text, "meta_info": meta | {"completion_tokens": i + 1, "finish_reason": fin}}
-                await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
-            await resp.write(b"data: [DONE]\n\n")
-            return resp
-        finally:
-            self.running -= 1
+        stream = bool(body.get("stream"))
+        q = Req(body, ids, n if stream else 1)
+        self.waiting.append(q)
+        self.wake.set()
+        if not stream:
+            return web.json_response(await q.out.get())
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(r)
+        while True:
+            chunk = await q.out.get()
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            if chunk["meta_info"]["finish_reason"] is not None:
+                break
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
 
     async def loads(self, r: web.Request) -> web.Response:
         rank = {
             "dp_rank": 0,
-            "num_running_reqs": self.running,
-            "num_waiting_reqs": 0,
+            "num_running_reqs": len(self.batch),
+            "num_waiting_reqs": len(self.waiting),
             "num_waiting_uncached_tokens": 0,
-            "num_used_tokens": 1000 * self.running,
+            "num_used_tokens": 1000 * len(self.batch),
             "max_total_num_tokens": 500000,
             "token_usage": 0.0,
         }
@@ -203,9 +289,15 @@ async def main() -> None:
     p.add_argument("--disaggregation-mode")
     p.add_argument("--kv-events-config", required=True)
     p.add_argument("--enable-hierarchical-cache", action="store_true")
+    p.add_argument("--chunked-prefill-size", type=int, default=8192)
+    p.add_argument("--speculative-algorithm")
+    p.add_argument("--speculative-num-draft-tokens", type=int, default=4)
+    p.add_argument("--standin-prefill-s", default="0.005,0")
+    p.add_argument("--standin-decode-s", default="0.02,0")
     args, _ = p.parse_known_args()
     args.record.write_text(json.dumps(sys.argv[1:]))
     s = StandIn(args)
+    loop_task = asyncio.create_task(s.scheduler())
     runner = web.AppRunner(s.app())
     await runner.setup()
     await web.TCPSite(runner, args.host, args.port).start()
@@ -214,6 +306,7 @@ async def main() -> None:
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     await stop.wait()
+    loop_task.cancel()
     await runner.cleanup()
     s.pub.close()
     s.ctx.term()

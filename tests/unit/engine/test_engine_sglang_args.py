@@ -25,6 +25,7 @@ def test_a_prefill_node_runs_disaggregated_with_role_switching_over_nixl() -> No
     assert "--enable-hierarchical-cache" in args and flag(args, "--hicache-size") == "200"
     assert flag(args, "--hicache-write-policy") == "write_through"
     assert flag(args, "--page-size") == "64" and flag(args, "--port") == "30001"
+    assert flag(args, "--chunked-prefill-size") == "8192"  # bounds the prefill iteration records
     assert "--enable-metrics" in args
     assert flag(args, "--disaggregation-bootstrap-port") == "8998"
     assert "--tp-size" not in args  # SGLang's default unless set
@@ -49,6 +50,8 @@ def test_a_colocated_node_is_not_disaggregated_and_has_no_host_tier_without_memo
         SglangLaunch("m", Role.DECODE, extra=("--disaggregation-transfer-backend=mooncake",)),
         SglangLaunch("m", Role.DECODE, tp_size=2, extra=("--tp-size", "4")),
         SglangLaunch("m", Role.DECODE, bootstrap_port=70000),
+        SglangLaunch("m", Role.DECODE, chunked_prefill_tokens=32),
+        SglangLaunch("m", Role.DECODE, extra=("--chunked-prefill-size", "4096")),
     ],
 )
 def test_invalid_settings_are_refused(launch: SglangLaunch) -> None:

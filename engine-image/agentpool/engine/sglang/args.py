@@ -22,6 +22,7 @@ _OWNED = frozenset(
         "--host",
         "--port",
         "--page-size",
+        "--chunked-prefill-size",
         "--disaggregation-mode",
         "--enable-pd-role-switch",
         "--disaggregation-transfer-backend",
@@ -50,6 +51,7 @@ class SglangLaunch:
     served_name: str | None = None
     tp_size: int | None = None  # None: SGLang's default, or ``--tp-size`` among ``extra``
     page_size: int = 64
+    chunked_prefill_tokens: int = 8192
     host_kv_gib: int = 0  # 0: no host tier
     kv_events_endpoint: str = "tcp://127.0.0.1:5557"
     kv_events_topic: str = "kv"
@@ -78,6 +80,8 @@ def build_args(s: SglangLaunch, launcher: Sequence[str] = DEFAULT_LAUNCHER) -> l
             raise LaunchError(f"{name} out of range: {port}")
     if (s.tp_size is not None and s.tp_size < 1) or s.page_size < 1 or s.host_kv_gib < 0:
         raise LaunchError("tp_size and page_size must be positive, host_kv_gib non-negative")
+    if s.chunked_prefill_tokens < s.page_size:
+        raise LaunchError("chunked_prefill_tokens must be at least one page")
     given = {a.split("=", 1)[0] for a in s.extra if a.startswith("--")}
     clash = sorted(given & _OWNED)
     if clash:
@@ -90,7 +94,7 @@ def build_args(s: SglangLaunch, launcher: Sequence[str] = DEFAULT_LAUNCHER) -> l
     args += ["--host", s.host, "--port", str(s.port)]
     if s.tp_size is not None:
         args += ["--tp-size", str(s.tp_size)]
-    args += ["--page-size", str(s.page_size)]
+    args += ["--page-size", str(s.page_size), "--chunked-prefill-size", str(s.chunked_prefill_tokens)]
     if s.role is not Role.BOTH:
         args += [
             "--disaggregation-mode",

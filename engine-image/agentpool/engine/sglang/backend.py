@@ -25,6 +25,7 @@ import importlib.util
 import itertools
 import logging
 import secrets
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +50,7 @@ from agentpool.engine.sglang.generate import (
     sampling_params,
     transfer_id,
 )
+from agentpool.engine.sglang.iterations import IterationRecorder
 from agentpool.engine.sglang.process import SglangProcess
 from agentpool.engine.sglang.zmq_bridge import ZmqKvBridge
 from agentpool.kv import HeldBlock, Role, Tier
@@ -86,6 +88,7 @@ def launch_argv(cfg: EngineConfig, s: SglangSettings) -> list[str]:
         served_name=s.served_name,
         tp_size=s.tp_size,
         page_size=cfg.page_size,
+        chunked_prefill_tokens=s.chunked_prefill_tokens,
         host_kv_gib=s.host_tier_gib(cfg.host_kv_bytes),
         kv_events_endpoint=s.kv_events_endpoint,
         kv_events_topic=s.kv_events_topic,
@@ -130,6 +133,7 @@ class SglangBackend:
         self.bridge = ZmqKvBridge(s.kv_events_endpoint, s.kv_events_topic, self.mirror, self._on_gap)
         self.process = SglangProcess(argv)
         self.last_load: SglangLoad | None = None
+        self.records = IterationRecorder(s.chunked_prefill_tokens)
         self.load_errors = 0
         self._http: aiohttp.ClientSession | None = None
         self._control: SglangControl | None = None
@@ -220,8 +224,8 @@ class SglangBackend:
             running_decode=0 if sl is None else sl.running,
             kv_room_tokens=0 if sl is None else max(0, sl.capacity_tokens - sl.used_tokens),
             kv_used_tokens=0 if sl is None else sl.used_tokens,
-            t_acc=None,
-            iterations=[],
+            t_acc=self.records.take_t_acc(),
+            iterations=self.records.take(time.monotonic()),
         )
 
     def state(self) -> dict[str, Any]:
@@ -280,6 +284,8 @@ class SglangBackend:
                 "stream": False,
             }
         self.jobs[rid] = job
+        if g.phase != "prefill":  # streamed: its chunks time SGLang's passes
+            self.records.submitted(rid, time.monotonic(), len(ids), prefills_here=g.phase == "both")
         self._idle.clear()
         asyncio.get_running_loop().create_task(self._forward(job, payload))
         if g.phase == "prefill":
@@ -331,6 +337,7 @@ class SglangBackend:
             self._gone(job)
 
     def _chunk(self, job: SglangJob, c: Chunk) -> None:
+        self.records.output(job.rid, time.monotonic(), c.completion_tokens, c.cached_tokens)
         if not job.output:
             job.output = True
             job.state = JobState.DECODE
@@ -344,6 +351,7 @@ class SglangBackend:
         if c.finish_reason == "abort":
             self._fail(job, "SGLang aborted the request", 502)
             return
+        self.records.finished(job.rid, c.completion_tokens, c.spec_verify_ct)
         usage = {
             "prompt_tokens": c.prompt_tokens,
             "completion_tokens": c.completion_tokens,
@@ -368,6 +376,7 @@ class SglangBackend:
 
     def _gone(self, job: SglangJob) -> None:
         self.jobs.pop(job.rid, None)
+        self.records.gone(job.rid)
         job.finish()
         if not self.jobs:
             self._idle.set()
@@ -420,6 +429,8 @@ class SglangBackend:
             self.mirror.expect_switch_clear(False)
             self._draining = False
             raise SwitchFailed(str(e)) from None
+        finally:
+            self.records.barrier(time.monotonic())  # SGLang was paused: no pass spans the switch
         self._clear_grace = asyncio.get_running_loop().call_later(
             _SWITCH_CLEAR_GRACE_S, self.mirror.expect_switch_clear, False
         )

@@ -8,7 +8,8 @@ port and the room, and the host is the prefill engine's (``kv_source.url``).
 
 Answer (``stream: true``): server-sent events ``data: {json}`` with the text so far (cumulative),
 ``meta_info`` (``prompt_tokens``, ``completion_tokens``, ``cached_tokens``, ``finish_reason``:
-``{"type": "length"|"stop"|"abort", ...}`` or null) and ``data: [DONE]`` at the end.
+``{"type": "length"|"stop"|"abort", ...}`` or null; on the last chunk under speculative decoding
+``spec_verify_ct``) and ``data: [DONE]`` at the end.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ class Chunk:
     completion_tokens: int
     cached_tokens: int
     error: str | None = None
+    spec_verify_ct: int | None = None  # SGLang's verify passes (finished requests, speculative decoding)
 
 
 def parse_sse_line(line: bytes) -> Chunk | None:
@@ -113,6 +115,7 @@ def parse_answer(obj: Any) -> Chunk:
         _int(meta.get("prompt_tokens")),
         _int(meta.get("completion_tokens")),
         _int(meta.get("cached_tokens")),
+        spec_verify_ct=_int(meta["spec_verify_ct"]) if "spec_verify_ct" in meta else None,
     )
 
 

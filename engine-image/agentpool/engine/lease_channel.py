@@ -1,9 +1,11 @@
 """Leases between engines on one kept-open TCP connection per peer: length-prefixed JSON frames.
 
-A lease is the fixed cost of every fetch from a peer's host pool (the reader must learn which slots
-hold the blocks, and the peer must pin them, before the READ). As an HTTP request it took ~0.7 ms of
-aiohttp request handling on both sides (3-4 ms on a loaded host), as much as a whole 4 MiB READ; on
-this channel it is one small frame each way.
+A lease makes the peer pin blocks and name their slots before a READ: a P->D hand-over takes one (the
+prefill node's KV must stay until the decode node has it), and so does a prefix fetch whose one-sided
+read missed (``kv_peers.py``; most prefix fetches need no lease). As an HTTP request it took ~0.7 ms
+of aiohttp request handling on both sides (3-4 ms on a loaded host), as much as a whole 4 MiB READ; on
+this channel it is one small frame each way. The channel's hello also gives a reader the peer's
+:class:`PoolInfo` (with its slot table) for the one-sided reads.
 
 Frames: a 4-byte little-endian length, then a JSON object. On connect the server sends
 ``{"pool": PoolInfo}`` (what a reader needs for NIXL). Then, client to server:

@@ -19,8 +19,8 @@ One-sided fetches (:meth:`NixlTransport.read_indexed`): the pool's slot table (`
 registered too, and a reader finds a peer's blocks and validates what it read with small READs of that
 table (three READs in one executor call: the blocks' index sets, the blocks, the slots' headers), with
 no work by the peer's process: on loopback UCX reads the peer's memory itself (a 4 x 16 B READ took
-~15 us with the peer process stopped; a lease round trip to the peer ~450 us). Each reader keeps a
-small registered scratch area for those table READs.
+~15 us, ~23 us with the peer process stopped; a lease round trip to the peer ~450 us). Each reader
+keeps a small registered scratch area for those table READs.
 
 NIXL calls are blocking C calls: every one of them runs on one dedicated thread (the agent is used
 from that thread only), and the event loop awaits it. A transfer that does not finish within its

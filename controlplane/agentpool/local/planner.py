@@ -28,7 +28,7 @@ from agentpool.planner.controller import PlannerController, PlannerError
 from agentpool.planner.inbox import PlannerInbox
 from agentpool.planner.metrics import PlannerMetrics
 from agentpool.planner.process import drive, serve_until_signal
-from agentpool.planner.roles import ObjectRef
+from agentpool.planner.roles import ObjectRef, ServedRoles
 from agentpool.planner.router_models import ModelBroadcast
 from agentpool.planner.router_source import RouterWorkSource
 from agentpool.planner.settings_file import PlannerSettings
@@ -77,6 +77,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> int:
         log.error("planner not started: %s", e)
         return 1
     inbox = PlannerInbox()
+    served = ServedRoles()  # each engine's KV capacity, from its reports through the routers
     async with contextlib.AsyncExitStack() as stack:
         session = await stack.enter_async_context(aiohttp.ClientSession())
         controller = PlannerController(
@@ -86,6 +87,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> int:
             pool=ObjectRef("agentpool.io/v1alpha1", "AgentServingPool", args.pool, "local"),
             metrics=PlannerMetrics(CollectorRegistry()),
             shape=shape,
+            kv_capacity=served,
         )
         broadcast = ModelBroadcast(args.router, session, token=router_token)
         controller.models_out = broadcast
@@ -94,7 +96,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> int:
                 DirectoryClient(args.directory, token=directory_token)
             )
         source = RouterWorkSource(
-            args.router, inbox, session, interval_s=args.poll_interval_s, models=broadcast
+            args.router, inbox, session, interval_s=args.poll_interval_s, models=broadcast, served=served
         )
         code = await drive(controller, source, settings, stop, (PlannerError, ValueError))
     if code == 0:

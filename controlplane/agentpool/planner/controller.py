@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -73,6 +74,13 @@ class PhaseSink(Protocol):
     async def switch_phase(self, node: str, phase: Role) -> Role | None: ...
 
 
+class KvCapacities(Protocol):
+    """The KV tokens each engine's GPU memory holds, from its load reports (``inf``: unknown).
+    :class:`agentpool.planner.roles.ServedRoles` is one."""
+
+    def kv_capacity(self, node: str) -> float: ...
+
+
 class ModelSink(Protocol):
     """Gets every node's current model (fit + this window's ``t_bar``/``f_n``): the routers."""
 
@@ -111,12 +119,15 @@ class PlannerController:
         directory: PhaseSink | None = None,
         models_out: ModelSink | None = None,
         switch_poll_s: float = SWITCH_POLL_S,
+        kv_capacity: KvCapacities | None = None,
     ):
         """``on_evaluation`` receives every window's evaluation (e.g. to put it in the pool's status);
         ``state`` keeps the models and the last switch time across restarts; ``directory`` is told
         when an engine serves its new phase; ``models_out`` gets the models after the fit and after
-        every window."""
+        every window; ``kv_capacity`` says how many KV tokens each engine holds (from its load
+        reports), so decode capacity is bounded by KV room (None: not bounded)."""
         self._pods = pods
+        self._kv_capacity = kv_capacity
         self._inbox = inbox
         self._config = config
         self._pool = pool
@@ -485,6 +496,9 @@ class PlannerController:
                     role=Role(pod.desired_role),
                     draining=pod.draining,
                     pinned=pod.pinned,
+                    kv_capacity_tokens=(
+                        math.inf if self._kv_capacity is None else self._kv_capacity.kv_capacity(pod.name)
+                    ),
                 )
             )
         if excluded:

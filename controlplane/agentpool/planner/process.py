@@ -199,6 +199,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> int:
             metrics=PlannerMetrics(registry),
             shape=shape,
             state=store,
+            kv_capacity=served,  # decode capacity is bounded by each engine's reported KV room
         )
         async with contextlib.AsyncExitStack() as stack:
             session = await stack.enter_async_context(aiohttp.ClientSession())

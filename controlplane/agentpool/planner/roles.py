@@ -15,6 +15,7 @@ says it serves) and whether a user pinned it, and it writes only desired roles a
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -73,15 +74,26 @@ class ServedRoles:
 
     def __init__(self) -> None:
         self._roles: dict[str, tuple[float, str]] = {}
+        self._kv_capacity: dict[str, tuple[float, int]] = {}
 
-    def update(self, node: str, role: str, at: float) -> None:
+    def update(self, node: str, role: str, at: float, kv_capacity_tokens: int | None = None) -> None:
         known = self._roles.get(node)
         if known is None or at >= known[0]:
             self._roles[node] = (at, role)
+        if kv_capacity_tokens is not None:
+            capacity = self._kv_capacity.get(node)
+            if capacity is None or at >= capacity[0]:
+                self._kv_capacity[node] = (at, kv_capacity_tokens)
 
     def get(self, node: str) -> str | None:
         known = self._roles.get(node)
         return known[1] if known is not None else None
+
+    def kv_capacity(self, node: str) -> float:
+        """The KV tokens ``node``'s GPU memory holds, from its newest report that said
+        (``inf``: none did, so the planner does not limit its decode capacity by KV room)."""
+        known = self._kv_capacity.get(node)
+        return float(known[1]) if known is not None else math.inf
 
 
 @dataclass(frozen=True, slots=True)

@@ -195,7 +195,7 @@ class RouterWorkSource:
         self._inbox.add_occupancy(s.sample(router.url) for s in batch.occupancy)
         self._inbox.add_iterations(self.iterations.new(batch.iterations))
         for s in batch.served:
-            self.served.update(s.node, s.role, s.at)
+            self.served.update(s.node, s.role, s.at, s.kv_capacity_tokens)
         n = len(batch.requests) + len(batch.occupancy) + len(batch.iterations)
         router.records += n
         return n

@@ -169,7 +169,8 @@ class RouterService:
         if report.node_id not in self.nodes and not self.discovery.register(report):
             return False
         self.nodes.apply_report(report, time.monotonic())
-        self.dispatcher.work_log.served_role(report.node_id, report.role.value)
+        capacity = report.kv_room_tokens + report.kv_used_tokens  # 0: the engine did not say
+        self.dispatcher.work_log.served_role(report.node_id, report.role.value, capacity or None)
         if report.iterations:
             self.dispatcher.work_log.iterations(report.node_id, report.iterations)
         return True

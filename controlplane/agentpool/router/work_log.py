@@ -141,9 +141,12 @@ class WorkLog:
             w = entry.work
             entry.work = Work(t_uc=w.t_uc, t_c=w.t_c, t_out=w.t_out, t_acc=t_acc)
 
-    def served_role(self, node: str, role: str) -> None:
-        """``node``'s load report says it serves ``role`` (now)."""
-        self._served[node] = WireServedRole(node=node, role=role, at=self._clock())
+    def served_role(self, node: str, role: str, kv_capacity_tokens: int | None = None) -> None:
+        """``node``'s load report says it serves ``role`` (now), with room for
+        ``kv_capacity_tokens`` KV tokens in all (None: not reported)."""
+        self._served[node] = WireServedRole(
+            node=node, role=role, at=self._clock(), kv_capacity_tokens=kv_capacity_tokens
+        )
 
     def iterations(self, node: str, iterations: Iterable[WireIteration]) -> None:
         """Keep the iteration records ``node`` reported, for the planner: at most

@@ -75,11 +75,13 @@ class WireNodeIteration(_Wire):
 
 class WireServedRole(_Wire):
     """The role ``node`` said it serves in its last load report to the router, received at ``at``
-    (the router's wall clock, s)."""
+    (the router's wall clock, s), and the KV tokens its GPU memory holds in all (the report's room
+    plus used; None when the report gave neither), which bounds what it can decode."""
 
     node: str
     role: Literal["prefill", "decode", "both"]
     at: float
+    kv_capacity_tokens: int | None = Field(default=None, ge=1)
 
 
 class WorkBatch(_Wire):

@@ -115,6 +115,10 @@ async def test_router_directory_and_two_engines_serve_a_streamed_chat_completion
                 return bool(work.get("iterations"))
 
             await wait_until(iterations_logged, 10, "iteration records in the router's work log")
+            # and, for the planner's KV-room bound, each engine's KV capacity from its reports
+            async with http.get(url + "/agentpool/v1/work") as r:
+                served = (await r.json())["served"]
+            assert len(served) == 2 and all(s["kv_capacity_tokens"] > 0 for s in served), served
         for p in (p0, d0, router):
             assert await p.stop() == 0
             assert "Traceback" not in p.text(), p.text()

@@ -87,10 +87,11 @@ class Harness:
     served: ServedRoles
     reports: int = 0
 
-    def serves(self, name: str, role: str) -> None:
-        """``name``'s load report says it serves ``role`` (as a router's work batch carries it)."""
+    def serves(self, name: str, role: str, kv_capacity_tokens: int | None = None) -> None:
+        """``name``'s load report says it serves ``role`` (as a router's work batch carries it),
+        with room for ``kv_capacity_tokens`` KV tokens (None: the report does not say)."""
         self.reports += 1
-        self.served.update(name, role, float(self.reports))
+        self.served.update(name, role, float(self.reports), kv_capacity_tokens)
 
     def pod(self, name: str) -> dict[str, Any]:
         return dict(self.kmock.objects[self.kmock.resource("v1", "pods"), NS, name].raw)
@@ -157,6 +158,7 @@ async def harness(kmock: Any) -> AsyncIterator[Harness]:
         metrics=PlannerMetrics(registry),
         shape=SHAPE,
         on_evaluation=lambda _: evaluated.set(),
+        kv_capacity=served,
     )
     h = Harness(kmock, controller, inbox, registry, config, evaluated, served)
     h.engines_report_observed_roles()
@@ -255,6 +257,26 @@ async def test_warmup_fit_initial_split_then_a_shift_patches_exactly_the_switche
     new = [(r.method, r.url.path.rsplit("/", 1)[-1]) for r in list(h.kmock)[requests_before:]]
     assert new == [("GET", "pods"), ("PATCH", "engine-7")]
     assert h.pod("engine-7")["metadata"]["annotations"]["agentpool.io/observed-role"] != served
+
+
+async def test_reported_kv_capacity_keeps_a_split_whose_decode_nodes_could_not_hold_the_contexts(
+    harness: Harness,
+) -> None:
+    """Engines report 1M KV tokens each: OSWorld-like work keeps ~60 requests of ~92k tokens
+    running (5.5M), which three decode nodes (6P3D, the best split without a KV limit) cannot hold."""
+    h, rng = harness, np.random.default_rng(42)
+    await h.controller.begin_warmup()
+    warmup_records(h.inbox, 0.0, 1800.0, rng)
+    await asyncio.to_thread(h.controller.fit, 0.0, 1800.0)
+    await h.controller.start_disaggregation()
+    for name in PODS:
+        h.serves(name, h.role(name), kv_capacity_tokens=1_000_000)
+    h.route(1800, 2400, OSWORLD, rng)
+    ev = await h.controller.evaluate_window(1800, 2400)
+    assert ev is not None
+    assert len(ev.decision.decode) >= 6, ev.decision.reason  # from 2P7D, at most 3P6D
+    six_p = [c for c in ev.decision.candidates if c.prefill_count == 6]
+    assert six_p and all(c.kv_short_slices > 0 and not c.qualifies for c in six_p)
 
 
 async def test_pods_without_a_fitted_model_are_left_out_and_reported(harness: Harness) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from agentpool.models import DecodeIterationRecord, OccupancySample, RequestWorkRecord, Work
@@ -69,6 +71,12 @@ def test_served_roles_keep_the_newest_report_whichever_router_carries_it() -> No
     assert served.get("e-0") == "prefill"
     served.update("e-1", "both", 1.0)
     assert (served.get("e-0"), served.get("e-1")) == ("prefill", "both")
+    # the KV capacity: unknown (no limit) until a report says it, then the newest report's
+    assert served.kv_capacity("e-0") == math.inf
+    served.update("e-0", "prefill", 13.0, 500_000)
+    served.update("e-0", "prefill", 12.5, 100)  # older: ignored
+    served.update("e-0", "prefill", 14.0)  # a report without it keeps the known one
+    assert served.kv_capacity("e-0") == 500_000.0 and served.kv_capacity("e-1") == math.inf
 
 
 def _candidate(mean: float, se: float) -> Candidate:

@@ -97,11 +97,11 @@ def test_every_batch_carries_the_role_each_engine_last_said_it_serves() -> None:
     log.served_role("e-1", "decode")
     log.served_role("e-0", "both")
     clock.now = 1005.0
-    log.served_role("e-0", "prefill")  # its report after a switch
+    log.served_role("e-0", "prefill", 80_000)  # its report after a switch, with its KV capacity
     first = log.batch(None)
-    assert [(s.node, s.role, s.at) for s in first.served] == [
-        ("e-0", "prefill", 1005.0),
-        ("e-1", "decode", 1000.0),
+    assert [(s.node, s.role, s.at, s.kv_capacity_tokens) for s in first.served] == [
+        ("e-0", "prefill", 1005.0, 80_000),
+        ("e-1", "decode", 1000.0, None),
     ]
     # not part of the log: a poll with the latest cursor still gets them
     assert log.batch(first.next).served == first.served

@@ -120,15 +120,17 @@ class DirectorySession:
         self._out.append(encode(op_id))
         self._wake.set()
         call, sent = self._call, time.monotonic()
+        # a timer on the future, not asyncio.timeout (several times the CPU, on every Resolve)
+        timer = asyncio.get_running_loop().call_later(self.client.timeout_s, _expire, future)
         try:
-            async with asyncio.timeout(self.client.timeout_s):
-                reply = await future
+            reply = await future
         except TimeoutError:
             self._reset(call, "no reply within the client's timeout")
             raise DirectoryRpcError(
                 grpc.StatusCode.DEADLINE_EXCEEDED, "no reply from the directory"
             ) from None
         finally:
+            timer.cancel()
             self._waiting.pop(op_id, None)
             unanswered = future.cancelled() or not future.done()  # the caller gave up waiting
             if unanswered and time.monotonic() - sent >= self.stale_s:
@@ -228,6 +230,11 @@ class DirectorySession:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._closing = False
+
+
+def _expire(future: asyncio.Future[pb.RouteReply]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())
 
 
 def _error(e: pb.RouteError) -> DirectoryRpcError:

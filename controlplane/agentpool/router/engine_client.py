@@ -286,11 +286,12 @@ class EngineClient:
             conn.close()
             raise
 
-    async def generate(self, url: str, request: GenerateRequest) -> AsyncGenerator[EngineEvent, None]:
+    async def generate(self, url: str, request: GenerateRequest | bytes) -> AsyncGenerator[EngineEvent, None]:
+        """``request``: the model, or its JSON (:func:`agentpool.wire.engine.generate_body`)."""
         if not self._started:
             raise RuntimeError("EngineClient.start() was not called")
         try:
-            body = encode_generate(request)
+            body = request if isinstance(request, bytes) else encode_generate(request)
         except (orjson.JSONEncodeError, UnicodeEncodeError) as e:
             raise EngineRejected(f"the request cannot be encoded for the engine: {e}") from e
         t = self._target(url)

@@ -24,6 +24,8 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+import orjson
+
 from agentpool.errors import (
     AgentpoolError,
     InvalidInputError,
@@ -33,7 +35,7 @@ from agentpool.errors import (
 )
 from agentpool.models import Work
 from agentpool.router.config import RouterConfig
-from agentpool.router.directory_view import DirectoryError, DirectoryView
+from agentpool.router.directory_view import DirectoryError, DirectoryView, InProcessDirectoryView
 from agentpool.router.engine_client import EngineBusy, EngineClient, EngineFailure, EngineRejected
 from agentpool.router.metrics import RouterMetrics
 from agentpool.router.nodes import NodeTable
@@ -52,7 +54,7 @@ from agentpool.router.policy import (
 )
 from agentpool.router.policy.contract import serves_prefill
 from agentpool.router.work_log import WorkLog
-from agentpool.wire.engine import EngineEvent, GenerateRequest, KvSource, Phase, Usage
+from agentpool.wire.engine import EngineEvent, KvSource, Phase, Usage, generate_body
 
 Endpoint = Literal["chat", "completion"]
 log = logging.getLogger(__name__)
@@ -259,6 +261,9 @@ class Dispatcher:
         if prep.branch is None:
             return
         try:
+            if isinstance(self.directory, InProcessDirectoryView):  # answers without waiting: no timer
+                await self.directory.place(prep.branch, node, prep.hashes)
+                return
             async with asyncio.timeout(self.routing.config.timeouts.directory_s):
                 await self.directory.place(prep.branch, node, prep.hashes)
         except (DirectoryError, TimeoutError):
@@ -266,25 +271,29 @@ class Dispatcher:
 
     def _generate_request(
         self, prep: Prepared, decision: RouteDecision, seq: int, phase: Phase, kv: KvSource | None = None
-    ) -> GenerateRequest:
+    ) -> bytes:
+        """The engine's ``generate`` body (a :class:`GenerateRequest`'s JSON, built without the model:
+        the fields were validated where they came from; the counts are checked here)."""
         if seq < 0 or decision.cached_tokens < 0 or decision.fetch_tokens < 0:  # what validation checked
             raise ValueError(f"negative dispatch counts from {decision.policy}: {decision}")
-        # The other fields were validated where they came from: skip re-validating body and token ids.
-        return GenerateRequest.model_construct(
-            request_id=prep.request_id,
-            dispatch_seq=seq,
-            phase=phase,
-            endpoint=prep.endpoint,
-            body=prep.body,
-            prompt_token_ids=prep.token_ids,
-            cached_tokens=decision.cached_tokens,
-            fetch_tokens=decision.fetch_tokens,
-            kv_source=kv,
-            router_id=self.router_id,
-        )
+        try:
+            return generate_body(
+                prep.request_id,
+                seq,
+                phase,
+                prep.endpoint,
+                prep.body,
+                prep.token_ids,
+                decision.cached_tokens,
+                decision.fetch_tokens,
+                None if kv is None else kv.model_dump(),
+                self.router_id,
+            )
+        except (orjson.JSONEncodeError, UnicodeEncodeError) as e:
+            raise EngineRejected(f"the request cannot be encoded for the engine: {e}") from e
 
     async def _events(
-        self, node: str, request: GenerateRequest, place: Prepared | None = None
+        self, node: str, request: bytes, place: Prepared | None = None
     ) -> AsyncGenerator[EngineEvent, None]:
         """The engine's events; with ``place``, its branch is placed on ``node`` at the first event
         (the engine accepted the request)."""

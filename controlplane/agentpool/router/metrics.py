@@ -1,70 +1,160 @@
-"""Prometheus metrics of the router (``agentpool_router_*``), on a registry owned by the service."""
+"""Prometheus metrics of the router (``agentpool_router_*``), on a registry owned by the service.
+
+The per-request ones (latencies, decisions, prefix tokens, answered requests) are :class:`LoopCounter`
+and :class:`LoopHistogram`: plain floats updated on the event loop, turned into metric families only
+when ``/metrics`` is scraped. prometheus_client's own classes take a lock and check the metric's
+state on every update, and a request made about ten updates (bench/results/router_cpu.md, cut 5).
+"""
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
-from typing import TypeVar, cast
+from typing import cast, overload
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from agentpool.router.policy import NodeState
+
+_go_float = cast(Callable[[float], str], floatToGoString)  # how prometheus_client writes a bucket bound
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 _DECISION_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2)
 
-W = TypeVar("W", bound=MetricWrapperBase)
+
+class _CounterChild:
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        if amount < 0:
+            raise ValueError("counters can only be incremented by non-negative amounts")
+        self.value += amount
+
+
+class _HistogramChild:
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # per bucket (not cumulative); the last is +Inf
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1  # the first bucket with value <= bound
+        self.sum += value
+
+
+class LoopCounter:
+    """A labelled counter for the event loop's thread (no lock), collected by :class:`LoopMetrics`."""
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str]) -> None:
+        self.name, self.documentation, self.labelnames = name, documentation, tuple(labelnames)
+        self.children: dict[tuple[str, ...], _CounterChild] = {}
+
+    def labels(self, *values: str) -> _CounterChild:
+        if len(values) != len(self.labelnames):
+            raise ValueError(f"{self.name} takes labels {self.labelnames}, got {values}")
+        child = self.children.get(values)
+        if child is None:
+            child = self.children[values] = _CounterChild()
+        return child
+
+    def family(self) -> Metric:
+        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for values, child in list(self.children.items()):
+            family.add_metric(list(values), child.value)
+        return family
+
+
+class LoopHistogram:
+    """A labelled histogram for the event loop's thread (no lock), collected by :class:`LoopMetrics`;
+    buckets as prometheus_client's (a value lands in the first bucket whose bound is at least it)."""
+
+    def __init__(
+        self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float]
+    ) -> None:
+        self.name, self.documentation, self.labelnames = name, documentation, tuple(labelnames)
+        self.bounds = tuple(float(b) for b in buckets)
+        self.children: dict[tuple[str, ...], _HistogramChild] = {}
+
+    def labels(self, *values: str) -> _HistogramChild:
+        if len(values) != len(self.labelnames):
+            raise ValueError(f"{self.name} takes labels {self.labelnames}, got {values}")
+        child = self.children.get(values)
+        if child is None:
+            child = self.children[values] = _HistogramChild(self.bounds)
+        return child
+
+    def family(self) -> Metric:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        les = [_go_float(b) for b in self.bounds] + ["+Inf"]
+        for values, child in list(self.children.items()):
+            cumulative, buckets = 0, []
+            for le, count in zip(les, list(child.counts), strict=True):
+                cumulative += count
+                buckets.append((le, float(cumulative)))
+            family.add_metric(list(values), buckets, child.sum)
+        return family
+
+
+class LoopMetrics(Collector):
+    """Collects the :class:`LoopCounter` and :class:`LoopHistogram` metrics at scrape time."""
+
+    def __init__(self, metrics: Sequence[LoopCounter | LoopHistogram]) -> None:
+        self.metrics = list(metrics)
+
+    def collect(self) -> Iterator[Metric]:
+        for m in self.metrics:
+            yield m.family()
 
 
 class RouterMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.ttft = Histogram(
+        self.ttft = LoopHistogram(
             "agentpool_router_ttft_seconds",
             "Time to first token seen by the client",
             ["policy"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+            _LATENCY_BUCKETS,
         )
-        self.tpot = Histogram(
+        self.tpot = LoopHistogram(
             "agentpool_router_tpot_seconds",
             "Mean time per output token after the first, per request",
             ["policy"],
-            buckets=_TPOT_BUCKETS,
-            registry=r,
+            _TPOT_BUCKETS,
         )
-        self.e2e = Histogram(
-            "agentpool_router_e2e_seconds",
-            "End-to-end request latency",
-            ["policy"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+        self.e2e = LoopHistogram(
+            "agentpool_router_e2e_seconds", "End-to-end request latency", ["policy"], _LATENCY_BUCKETS
         )
-        self.decision = Histogram(
+        self.decision = LoopHistogram(
             "agentpool_router_decision_seconds",
             "Time a policy takes to choose a node",
             ["policy"],
-            buckets=_DECISION_BUCKETS,
-            registry=r,
+            _DECISION_BUCKETS,
         )
-        self.decisions = Counter(
-            "agentpool_router_decisions_total", "Routing decisions", ["policy", "node", "phase"], registry=r
+        self.decisions = LoopCounter(
+            "agentpool_router_decisions_total", "Routing decisions", ["policy", "node", "phase"]
         )
-        self.prefix_tokens = Counter(
+        self.prefix_tokens = LoopCounter(
             "agentpool_router_prefix_tokens_total",
             "Prompt tokens of routed requests by where their KV was: local, remote (fetched), miss",
             ["kind"],
-            registry=r,
         )
+        self.requests = LoopCounter(
+            "agentpool_router_requests_total", "Requests answered", ["endpoint", "code"]
+        )
+        per_request: list[LoopCounter | LoopHistogram] = [self.ttft, self.tpot, self.e2e, self.decision]
+        r.register(LoopMetrics([*per_request, self.decisions, self.prefix_tokens, self.requests]))
         self.retries = Counter(
             "agentpool_router_retries_total", "Re-dispatches of a request", ["reason"], registry=r
-        )
-        self.requests = Counter(
-            "agentpool_router_requests_total", "Requests answered", ["endpoint", "code"], registry=r
         )
         self.directory_errors = Counter(
             "agentpool_router_directory_errors_total",
@@ -97,18 +187,16 @@ class RouterMetrics:
             ["source", "event"],
             registry=r,
         )
-        self._children: dict[tuple[int, tuple[str, ...]], MetricWrapperBase] = {}
 
-    def child(self, metric: W, *values: str) -> W:
-        """``metric.labels(*values)``, memoized: the hot path skips prometheus' label checks and lock.
+    @overload
+    def child(self, metric: LoopCounter, *values: str) -> _CounterChild: ...
 
-        As bounded as the label values themselves (prometheus keeps every child it made anyway).
-        """
-        key = (id(metric), values)
-        found = self._children.get(key)
-        if found is None:
-            found = self._children[key] = metric.labels(*values)
-        return cast(W, found)
+    @overload
+    def child(self, metric: LoopHistogram, *values: str) -> _HistogramChild: ...
+
+    def child(self, metric: LoopCounter | LoopHistogram, *values: str) -> _CounterChild | _HistogramChild:
+        """``metric.labels(*values)`` (each metric keeps its children: as bounded as the label values)."""
+        return metric.labels(*values)
 
 
 class QueueDepthCollector(Collector):

@@ -69,6 +69,9 @@ class NodeEntry:
     # bumped on every change to ``prefills``; keys the memo of the unreported queue aggregate
     prefills_version: int = 0
     unreported_memo: tuple[int, int, QueuedPrefill] | None = None
+    # the same for ``decodes``: (version, after, decodes numbered after it, their KV tokens)
+    decodes_version: int = 0
+    decodes_memo: tuple[int, int, int, int] | None = None
 
     @property
     def node_id(self) -> str:
@@ -77,6 +80,9 @@ class NodeEntry:
     @property
     def url(self) -> str:
         return self.config.url
+
+
+_NO_WORK = Work(t_uc=0.0)  # a decode's dispatch: its prefill work is not counted
 
 
 class StaleFitsError(ValueError):
@@ -245,7 +251,8 @@ class NodeTable:
             return -1
         seq = entry.next_seq
         entry.next_seq += 1
-        entry.decodes[request_id] = Dispatch(request_id, seq, Work(t_uc=0.0), kv_tokens)
+        entry.decodes[request_id] = Dispatch(request_id, seq, _NO_WORK, kv_tokens)
+        entry.decodes_version += 1
         return seq
 
     def t_acc(self, node_id: str) -> float:
@@ -256,7 +263,8 @@ class NodeTable:
     def finish_decode(self, node_id: str, request_id: str) -> None:
         entry = self._nodes.get(node_id)
         if entry is not None:
-            entry.decodes.pop(request_id, None)
+            if entry.decodes.pop(request_id, None) is not None:
+                entry.decodes_version += 1
             self._maybe_drained(entry)
 
     def mark_down(self, node_id: str, now: float) -> float:
@@ -292,21 +300,16 @@ class NodeTable:
             after = r.last_dispatch_seq
             queue = e.report_queue
             unreported = self._unreported(e, after)
-            running = r.running_decode
-            room = r.kv_room_tokens
-            for d in e.decodes.values():
-                if d.seq > after:
-                    running += 1
-                    room -= d.kv_tokens
-            room = max(0, room)
+            count, kv = self._decodes_after(e, after)
+            running = r.running_decode + count
+            room = max(0, r.kv_room_tokens - kv)
             used = r.kv_used_tokens
             remaining = r.remaining_batch_s
             accepting = r.accepting
         else:
             queue = EMPTY_QUEUE
             unreported = self._unreported(e, -1)  # every dispatch (sequence numbers start at 0)
-            running = len(e.decodes)
-            used = sum(d.kv_tokens for d in e.decodes.values())
+            running, used = self._decodes_after(e, -1)  # every decode (sequence numbers start at 0)
             room = max(0, e.config.kv_capacity_tokens - used)
             remaining = 0.0
             accepting = True
@@ -324,6 +327,21 @@ class NodeTable:
             draining=e.draining,
             report_age_s=age,
         )
+
+    @staticmethod
+    def _decodes_after(e: NodeEntry, after: int) -> tuple[int, int]:
+        """How many decodes were bound after sequence ``after``, and their KV tokens (memoized: the
+        snapshot runs per request and node, over every decode there)."""
+        memo = e.decodes_memo
+        if memo is not None and memo[0] == e.decodes_version and memo[1] == after:
+            return memo[2], memo[3]
+        count = kv = 0
+        for d in e.decodes.values():
+            if d.seq > after:
+                count += 1
+                kv += d.kv_tokens
+        e.decodes_memo = (e.decodes_version, after, count, kv)
+        return count, kv
 
     @staticmethod
     def _unreported(e: NodeEntry, after: int) -> QueuedPrefill:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from agentpool.kv import block_hashes
 from agentpool.router.auth import ReportAuth
 from agentpool.router.config import ConfigError, ConfigFile, RouterConfig
-from agentpool.router.directory_view import DirectoryError, DirectoryView, Resolved
+from agentpool.router.directory_view import DirectoryError, DirectoryView, InProcessDirectoryView, Resolved
 from agentpool.router.discovery import Discovery
 from agentpool.router.engine_client import EngineClient
 from agentpool.router.flow import Dispatcher, Endpoint, Prepared, Routing
@@ -203,6 +203,8 @@ class RouterService:
         """One directory round trip; on failure route without prefix knowledge (counted, logged)."""
         hashes = block_hashes(token_ids, self.config.page_size)
         try:
+            if isinstance(self.directory, InProcessDirectoryView):  # answers without waiting: no timer
+                return await self.directory.resolve(hashes, branch, parent)
             # asyncio.timeout, not wait_for: on 3.11 wait_for runs the call in a task of its own
             async with asyncio.timeout(self.config.timeouts.directory_s):
                 return await self.directory.resolve(hashes, branch, parent)

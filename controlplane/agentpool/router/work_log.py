@@ -88,6 +88,7 @@ class _Iteration:
 class _Pending:
     routed_at: float
     work: Work
+    t_acc: float  # of the node decoding it (the work's until then): one Work is built at the end
 
 
 class WorkLog:
@@ -127,19 +128,18 @@ class WorkLog:
         """A dispatch of ``request_id`` with ``work``; a re-dispatch replaces the work."""
         entry = self._pending.get(request_id)
         if entry is not None:
-            entry.work = work
+            entry.work, entry.t_acc = work, work.t_acc
             return
         if len(self._pending) >= self.max_in_flight:
             self._pending.popitem(last=False)
             self.abandoned += 1
-        self._pending[request_id] = _Pending(self._clock(), work)
+        self._pending[request_id] = _Pending(self._clock(), work, work.t_acc)
 
     def decoding(self, request_id: str, t_acc: float) -> None:
         """``request_id`` decodes on a node that accepts ``t_acc`` tokens per iteration."""
         entry = self._pending.get(request_id)
         if entry is not None and t_acc > 0:
-            w = entry.work
-            entry.work = Work(t_uc=w.t_uc, t_c=w.t_c, t_out=w.t_out, t_acc=t_acc)
+            entry.t_acc = t_acc
 
     def served_role(self, node: str, role: str, kv_capacity_tokens: int | None = None) -> None:
         """``node``'s load report says it serves ``role`` (now), with room for
@@ -173,7 +173,7 @@ class WorkLog:
         if entry is None or output_tokens < 1:
             return
         w = entry.work
-        work = Work(t_uc=w.t_uc, t_c=w.t_c, t_out=float(max(1, output_tokens - 1)), t_acc=w.t_acc)
+        work = Work(t_uc=w.t_uc, t_c=w.t_c, t_out=float(max(1, output_tokens - 1)), t_acc=entry.t_acc)
         self._seq += 1
         self._entries.append(_Finished(self._seq, self._clock(), work))
 

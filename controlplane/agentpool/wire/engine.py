@@ -80,18 +80,47 @@ def encode_generate(r: GenerateRequest) -> bytes:
     """``r`` as JSON (orjson: the request body and token ids are the bulk; the fields were validated
     where they came from, so the model's own serializer is not needed)."""
     kv = None if r.kv_source is None else r.kv_source.model_dump()
+    return generate_body(
+        r.request_id,
+        r.dispatch_seq,
+        r.phase,
+        r.endpoint,
+        r.body,
+        r.prompt_token_ids,
+        r.cached_tokens,
+        r.fetch_tokens,
+        kv,
+        r.router_id,
+    )
+
+
+def generate_body(
+    request_id: str,
+    dispatch_seq: int,
+    phase: Phase,
+    endpoint: Literal["chat", "completion"],
+    body: dict[str, Any],
+    prompt_token_ids: list[int],
+    cached_tokens: int,
+    fetch_tokens: int,
+    kv_source: dict[str, str] | None,
+    router_id: str | None,
+) -> bytes:
+    """A :class:`GenerateRequest`'s JSON from its fields, for a caller whose fields are already
+    valid (the router's dispatch: no model is built only to be serialized). Same bytes as
+    :func:`encode_generate` of the model."""
     return orjson.dumps(
         {
-            "request_id": r.request_id,
-            "dispatch_seq": r.dispatch_seq,
-            "phase": r.phase,
-            "endpoint": r.endpoint,
-            "body": r.body,
-            "prompt_token_ids": r.prompt_token_ids,
-            "cached_tokens": r.cached_tokens,
-            "fetch_tokens": r.fetch_tokens,
-            "kv_source": kv,
-            "router_id": r.router_id,
+            "request_id": request_id,
+            "dispatch_seq": dispatch_seq,
+            "phase": phase,
+            "endpoint": endpoint,
+            "body": body,
+            "prompt_token_ids": prompt_token_ids,
+            "cached_tokens": cached_tokens,
+            "fetch_tokens": fetch_tokens,
+            "kv_source": kv_source,
+            "router_id": router_id,
         }
     )
 

@@ -292,23 +292,32 @@ class Dispatcher:
         except (orjson.JSONEncodeError, UnicodeEncodeError) as e:
             raise EngineRejected(f"the request cannot be encoded for the engine: {e}") from e
 
+    def _engine(self, node: str, request: bytes) -> AsyncGenerator[EngineEvent, None]:
+        """The engine call's events (not yet started); the caller checks each (:meth:`_refused`),
+        turns :class:`EngineBusy` into a re-route and closes the generator."""
+        if node not in self.nodes:  # discovery removed it while the request waited: route again
+            raise _Requeue(f"{node} is gone")
+        return self.engines.generate(self.nodes.get(node).url, request)
+
+    @staticmethod
+    def _refused(node: str, ev: EngineEvent) -> None:
+        """Raise what a ``requeue`` or ``error`` event means."""
+        if ev.type == "requeue":
+            raise _Requeue(f"{node}: {ev.reason or 'requeued'}")
+        if ev.type == "error":
+            if ev.status is not None and ev.status < 500:
+                raise EngineRejected(f"{node}: {ev.message or 'request refused'}")
+            raise EngineFailure(f"{node}: {ev.message or 'engine error'}")
+
     async def _events(
         self, node: str, request: bytes, place: Prepared | None = None
     ) -> AsyncGenerator[EngineEvent, None]:
         """The engine's events; with ``place``, its branch is placed on ``node`` at the first event
         (the engine accepted the request)."""
-        if node not in self.nodes:  # discovery removed it while the request waited: route again
-            raise _Requeue(f"{node} is gone")
-        url = self.nodes.get(node).url
         try:
-            async with contextlib.aclosing(self.engines.generate(url, request)) as events:
+            async with contextlib.aclosing(self._engine(node, request)) as events:
                 async for ev in events:
-                    if ev.type == "requeue":
-                        raise _Requeue(f"{node}: {ev.reason or 'requeued'}")
-                    if ev.type == "error":
-                        if ev.status is not None and ev.status < 500:
-                            raise EngineRejected(f"{node}: {ev.message or 'request refused'}")
-                        raise EngineFailure(f"{node}: {ev.message or 'engine error'}")
+                    self._refused(node, ev)
                     if place is not None:
                         await self._place(place, node)
                         place = None
@@ -319,24 +328,33 @@ class Dispatcher:
     async def _colocated(
         self, prep: Prepared, decision: RouteDecision, seq: int
     ) -> AsyncGenerator[Chunk | Finish, None]:
+        """:meth:`_events` written out (one async generator less on every event of every request)."""
         node = decision.node_id
         request = self._generate_request(prep, decision, seq, "both")
         decoding = False
+        place = prep.branch is not None
+        events = self._engine(node, request)
         try:
-            async with contextlib.aclosing(self._events(node, request, prep)) as events:
-                async for ev in events:
-                    if ev.type == "token" and ev.text:
-                        if not decoding:  # prefill done: the request leaves the queue and decodes
-                            decoding = True
-                            self.nodes.finish_prefill(node, prep.request_id)
-                            self.nodes.bind_decode(node, prep.request_id, self._kv_tokens(prep))
-                            self.work_log.decoding(prep.request_id, self.nodes.t_acc(node))
-                        yield Chunk(ev.text)
-                    elif ev.type == "done":
-                        yield Finish(ev.finish_reason or "stop", ev.usage or Usage())
-                        return
+            async for ev in events:
+                self._refused(node, ev)
+                if place:  # the engine accepted the request: its branch is placed on the node
+                    place = False
+                    await self._place(prep, node)
+                if ev.type == "token" and ev.text:
+                    if not decoding:  # prefill done: the request leaves the queue and decodes
+                        decoding = True
+                        self.nodes.finish_prefill(node, prep.request_id)
+                        self.nodes.bind_decode(node, prep.request_id, self._kv_tokens(prep))
+                        self.work_log.decoding(prep.request_id, self.nodes.t_acc(node))
+                    yield Chunk(ev.text)
+                elif ev.type == "done":
+                    yield Finish(ev.finish_reason or "stop", ev.usage or Usage())
+                    return
             raise EngineFailure(f"{node}: stream ended without done")
+        except EngineBusy as e:
+            raise _Requeue(str(e)) from e
         finally:
+            await events.aclose()
             if decoding:
                 self.nodes.finish_decode(node, prep.request_id)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import random
 import resource
@@ -33,7 +34,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from pathlib import Path
 
 import aiohttp
@@ -41,8 +42,10 @@ import redis.asyncio as aioredis
 
 from agentpool.directory.client import DirectoryClient, NodePublisher, resync_batch, stored_event
 from agentpool.directory.session import DirectorySession
+from agentpool.directory.steps import SLICE_S
 from agentpool.kv import Directory, HeldBlock, Role, Tier
 from agentpool.kv.hashing import ROOT_HASH
+from agentpool.kv.types import split_blocks
 from agentpool.v1 import directory_pb2 as pb
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -293,6 +296,7 @@ async def resolve_under_bulk_work(
     print(
         f"bulk work: a resync of {a.bulk_blocks:,} blocks ({batch.ByteSize() / 2**20:.1f} MiB), then a purge"
     )
+    core_pauses(held)
     # the bulk engine has a connection of its own, as a separate engine process would
     async with DirectoryClient(
         addr, token=token, timeout_s=600, options=[("grpc.use_local_subchannel_pool", 1)]
@@ -322,6 +326,49 @@ async def resolve_under_bulk_work(
                 f"Resolves): {p99:.2f} ms (max {max(lat, default=0):.1f} ms); idle p99 {base:.2f} ms "
                 f"({p99 / base:.1f}x); target < 10 ms: {verdict(p99 < 10)}"
             )
+
+
+def timed_steps(steps: Generator[None, None, object]) -> list[float]:
+    """Run a stepwise core operation to its end; the seconds of each step."""
+    out = []
+    while True:
+        t0 = time.perf_counter()
+        try:
+            next(steps)
+        except StopIteration:
+            out.append(time.perf_counter() - t0)
+            return out
+        out.append(time.perf_counter() - t0)
+
+
+def slices(steps: list[float], budget: float = SLICE_S) -> list[float]:
+    """The runs of steps the service makes between two turns of its event loop (``run_steps``)."""
+    out, run = [], 0.0
+    for t in steps:
+        run += t
+        if run >= budget:
+            out.append(run)
+            run = 0.0
+    return [*out, run] if run else out
+
+
+def core_pauses(held: list[HeldBlock]) -> None:
+    """The in-process core's largest single step, and largest slice of steps as the service runs them
+    (``SLICE_S``), during a resync of ``held`` and the purge after it: what the event loop cannot
+    interrupt (a slice ends only after its step)."""
+    core = Directory()
+    core.register_node("bulk", Role.PREFILL)
+    hashes, parents, tiers = split_blocks(held)
+    gc.collect()
+    resync = timed_steps(core.resync_node_steps("bulk", hashes, parents, tiers, 1.0))
+    purge = timed_steps(core.drop_node_steps("bulk"))
+    for what, steps in (("resync", resync), ("purge", purge)):
+        runs = slices(steps)
+        print(
+            f"in-process core, {len(held):,}-block {what} ({sum(steps):.1f} s, {len(steps)} steps): largest "
+            f"step {max(steps) * 1e3:.1f} ms, largest {SLICE_S * 1e3:g} ms slice {max(runs) * 1e3:.1f} ms, "
+            f"slices over 5 ms: {sum(r > 0.005 for r in runs)} of {len(runs)}"
+        )
 
 
 # how the CPU measurement routes: unary calls, or the Route stream with a Place delay (s)

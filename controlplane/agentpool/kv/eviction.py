@@ -5,11 +5,13 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import chain, repeat
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import numpy.typing as npt
+
+from agentpool.kv.shards import access_parts
 
 if TYPE_CHECKING:
     from _typeshed import SupportsRichComparison
@@ -95,14 +97,16 @@ def _ordered_hashes(
     if limit is not None and limit < 0:
         return None
     n = len(access)
+    parts = access_parts(access)  # a sharded table is read shard by shard, at C level
     try:
-        hashes = np.fromiter(access.keys(), np.uint64, n)
+        hashes = np.fromiter(chain.from_iterable(parts), np.uint64, n)
     except OverflowError:
         return None
     if limit == 0:
         return [], []
-    times = np.fromiter(access.values(), np.float64, n)
-    positive = np.fromiter(map(counted.__contains__, access.keys()), np.bool_, n) if counted else None
+    times = np.fromiter(chain.from_iterable(p.values() for p in parts), np.float64, n)
+    keys = chain.from_iterable(parts)
+    positive = np.fromiter(map(counted.__contains__, keys), np.bool_, n) if counted else None
     if limit is not None and limit < n:
         order = _first(hashes, times, positive, limit)
     elif positive is not None:

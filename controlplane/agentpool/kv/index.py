@@ -12,14 +12,28 @@ garbage collector does not track, so a million indexed blocks add no GC pauses t
 Memory (``python -m bench.bench_kv``, CPython 3.11, tracemalloc): about 0.18 GiB per million blocks
 held by one node each (entry object, index dict slot, the node's last-access slot, int keys and float
 values); every further node holding a block adds one slot in that node's last-access dict.
+
+Every table keyed by block hash is sharded (:mod:`agentpool.kv.shards`): a million-block resync then
+grows many small dicts instead of one big one, and no single table rebuild stalls the caller for long.
 """
 
 from __future__ import annotations
 
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
-from itertools import islice, repeat
+from itertools import chain, compress, islice, repeat
 
 from agentpool.kv.hashing import ROOT_HASH
+from agentpool.kv.shards import (
+    SHARDS,
+    Gets,
+    ShardedAccess,
+    host_walk,
+    new_shards,
+    shard_keys,
+    slots,
+    total,
+    walk,
+)
 from agentpool.kv.steps import STEP_BLOCKS, drain
 from agentpool.kv.types import HeldBlock, InvalidEventError, PrefixMatch, Tier, UnknownNodeError, split_blocks
 
@@ -35,19 +49,27 @@ class PrefixIndex:
     """Event-built index of KV block placement over nodes and tiers. Pure: time is passed in."""
 
     def __init__(self) -> None:
-        self._parent: dict[int, int] = {}  # every indexed block -> its parent hash
-        self._gpu: dict[int, int] = {}  # block -> bit set of node slots holding it in GPU memory
-        self._host: dict[int, int] = {}  # block -> bit set of node slots holding it in host memory
+        # sharded by block hash (agentpool.kv.shards): block h is in table h % SHARDS of each
+        self._parent: list[dict[int, int]] = new_shards()  # every indexed block -> its parent hash
+        self._gpu: list[dict[int, int]] = new_shards()  # block -> bit set of slots with a GPU copy
+        self._host: list[dict[int, int]] = new_shards()  # block -> bit set of slots with a host copy
         self._slot_of: dict[str, int] = {}
         self._name_of: dict[int, str] = {}
         self._free_slots: list[int] = []
         self._next_slot = 0
         self._live = 0  # bits of the registered slots: a slot being purged is out of every answer
-        self._last_access: dict[int, dict[int, float]] = {}  # slot -> block hash -> last access
+        self._last_access: dict[int, list[dict[int, float]]] = {}  # slot -> (sharded) hash -> last access
         # slots that may hold a block without a host copy; every other slot's held blocks all have one
         self._not_all_host: set[int] = set()
         self._matches: dict[tuple[int, int, int], PrefixMatch] = {}  # see _match
-        self._peak = 0  # most blocks indexed since the last compaction (see _compact)
+        self._peak = 0  # most blocks indexed since the last compaction (see _note_size, _compact)
+        self._bind()
+
+    def _bind(self) -> None:
+        """The bound methods the per-block loops call, per shard (after the tables are (re)built)."""
+        self._gpu_get: Gets = [t.get for t in self._gpu]
+        self._host_get: Gets = [t.get for t in self._host]
+        self._parent_setdefault = [t.setdefault for t in self._parent]
 
     # -- nodes -------------------------------------------------------------------------------
     def nodes(self) -> list[str]:
@@ -66,12 +88,12 @@ class PrefixIndex:
             slot, self._next_slot = self._next_slot, self._next_slot + 1
         self._slot_of[node] = slot
         self._name_of[slot] = node
-        self._last_access[slot] = {}
+        self._last_access[slot] = new_shards()
         self._live |= 1 << slot
 
     def drop_node(self, node: str) -> list[int]:
         """Forget ``node`` and every placement it had; returns the hashes it held."""
-        held = list(self._last_access[self._slot(node)])
+        held = list(chain.from_iterable(self._last_access[self._slot(node)]))
         for _ in self.drop_node_steps(node):
             pass
         return held
@@ -82,45 +104,74 @@ class PrefixIndex:
         once its bits are cleared."""
         slot = self._slot(node)
         bit = 1 << slot
+        self._note_size()
         del self._slot_of[node]
         del self._name_of[slot]
         self._live &= ~bit
-        la = self._last_access.pop(slot)
+        left = [la for la in self._last_access.pop(slot) if la]
         keep = ~bit
         gpu, host, parents = self._gpu, self._host, self._parent
-        for _ in range(0, len(la), step):  # emptied as it goes: no big deallocation at the end
+        while left:  # emptied as it goes, a shard freed when empty: no big deallocation at the end
             yield
-            for _ in range(min(step, len(la))):
-                h = la.popitem()[0]
-                g = gpu.get(h, 0) & keep
-                if g:
-                    gpu[h] = g
-                else:
-                    gpu.pop(h, None)
-                s = host.get(h, 0) & keep
-                if s:
-                    host[h] = s
-                else:
-                    host.pop(h, None)
-                if not g and not s:
-                    parents.pop(h, None)
+            budget = step
+            while budget and left:
+                la = left[-1]
+                for _ in range(min(budget, len(la))):
+                    h = la.popitem()[0]
+                    k = h % SHARDS
+                    gk, hk = gpu[k], host[k]
+                    g = gk.get(h, 0) & keep
+                    if g:
+                        gk[h] = g
+                    else:
+                        gk.pop(h, None)
+                    s = hk.get(h, 0) & keep
+                    if s:
+                        hk[h] = s
+                    else:
+                        hk.pop(h, None)
+                    if not g and not s:
+                        parents[k].pop(h, None)
+                    budget -= 1
+                if not la:
+                    left.pop()
         self._not_all_host.discard(slot)
         self._free_slots.append(slot)
-        self._compact()
+        yield from self._compact_steps()
 
-    def _compact(self) -> None:
-        """Give memory back after a big purge: a dict keeps its table size when entries are deleted,
-        so once the index holds under a quarter of its peak the tables are rebuilt at their live size
-        (same content and order; the copy costs time in proportion to what is left)."""
-        size = len(self._parent)
+    def _note_size(self) -> None:
+        """Record the index's size as a peak candidate. Called before every operation that deletes
+        entries: the index only grows in between, so the peak is always seen."""
+        size = total(self._parent)
         if size > self._peak:
             self._peak = size
-        elif self._peak >= _COMPACT_MIN_PEAK and 4 * size < self._peak:
-            self._parent = dict(self._parent)
-            self._gpu = dict(self._gpu)
-            self._host = dict(self._host)
-            self._last_access = {slot: dict(la) for slot, la in self._last_access.items()}
+
+    def _compact(self) -> None:
+        drain(self._compact_steps())
+
+    def _compact_steps(self) -> Generator[None, None, None]:
+        """Give memory back after a big purge: a dict keeps its table size when entries are deleted,
+        so once the index holds under a quarter of its peak the tables are rebuilt at their live size
+        (same content and order; the copy costs time in proportion to what is left), one shard per
+        step (freeing a big table takes time too). Each shard is copied and replaced within one step,
+        in place in the shard lists, so work running between the steps sees the same content."""
+        size = total(self._parent)
+        if size > self._peak:
             self._peak = size
+            return
+        if self._peak < _COMPACT_MIN_PEAK or 4 * size >= self._peak:
+            return
+        self._peak = size
+        for k in range(SHARDS):
+            yield
+            self._parent[k] = parents = dict(self._parent[k])
+            self._gpu[k] = gpu = dict(self._gpu[k])
+            self._host[k] = host = dict(self._host[k])
+            self._parent_setdefault[k] = parents.setdefault
+            self._gpu_get[k] = gpu.get
+            self._host_get[k] = host.get
+            for la in self._last_access.values():
+                la[k] = dict(la[k])
 
     def _slot(self, node: str) -> int:
         try:
@@ -129,7 +180,7 @@ class PrefixIndex:
             raise UnknownNodeError(f"node {node!r} is not in the index") from None
 
     def _link(self, h: int, parent: int) -> None:
-        known = self._parent.setdefault(h, parent)
+        known = self._parent[h % SHARDS].setdefault(h, parent)
         if known != parent:
             raise InvalidEventError(
                 f"block {h:#x} stored under parent {parent:#x} but the index has parent {known:#x}"
@@ -148,9 +199,8 @@ class PrefixIndex:
         self.add_node(node)
         slot = self._slot_of[node]
         bit = 1 << slot
-        la = self._last_access[slot]
-        parents = self._parent
-        setdefault = parents.setdefault
+        las = self._last_access[slot]
+        setdefault = self._parent_setdefault
         gpu = self._gpu if t & _GPU else None
         host = self._host if t & _HOST else None
         if host is None:
@@ -159,28 +209,29 @@ class PrefixIndex:
         if gpu is None and host is not None and slot not in self._not_all_host:
             # Host-only stores on a node whose held blocks all have a host copy (the simulator's
             # write-through): a block the node already holds needs only its access time.
-            host_get = host.get
+            host_get = self._host_get
             for h in hashes:
-                if setdefault(h, prev) != prev:
+                k = h % SHARDS
+                if setdefault[k](h, prev) != prev:
                     self._link(h, prev)  # raises
+                la = las[k]
                 if h not in la:
-                    host[h] = host_get(h, 0) | bit
+                    host[k][h] = host_get[k](h, 0) | bit
                 la[h] = now
                 prev = h
-            if len(parents) > self._peak:
-                self._peak = len(parents)
             return
         for h in hashes:
-            if setdefault(h, prev) != prev:
+            k = h % SHARDS
+            if setdefault[k](h, prev) != prev:
                 self._link(h, prev)  # raises
             if gpu is not None:
-                gpu[h] = gpu.get(h, 0) | bit
+                gk = gpu[k]
+                gk[h] = gk.get(h, 0) | bit
             if host is not None:
-                host[h] = host.get(h, 0) | bit
-            la[h] = now
+                hk = host[k]
+                hk[h] = hk.get(h, 0) | bit
+            las[k][h] = now
             prev = h
-        if len(parents) > self._peak:
-            self._peak = len(parents)
 
     def apply_removed(self, node: str, hashes: Iterable[int], tier: Tier) -> list[int]:
         """``node`` dropped ``hashes`` from ``tier``; returns the hashes it no longer holds in any tier.
@@ -195,23 +246,30 @@ class PrefixIndex:
         slot = self._slot(node)
         bit = 1 << slot
         keep = ~bit
-        la = self._last_access[slot]
+        las = self._last_access[slot]
         gpu, host, parents = self._gpu, self._host, self._parent
         gpu_t = bool(tier & Tier.GPU)  # plain bools: Tier operations are slow in the loop
         host_t = bool(tier & Tier.HOST)
         host_lost: list[int] = []
         gone: list[int] = []
-        for h in hashes:
-            if h not in la:
+        hashes = list(hashes)
+        keys = shard_keys(hashes)
+        held = list(map(dict.__contains__, map(las.__getitem__, keys), hashes))
+        if any(held):
+            self._note_size()
+        for h, k in zip(compress(hashes, held), compress(keys, held), strict=True):
+            la = las[k]
+            if h not in la:  # listed twice
                 continue
-            g = gpu.get(h, 0)
-            s = host.get(h, 0)
+            gk, hk = gpu[k], host[k]
+            g = gk.get(h, 0)
+            s = hk.get(h, 0)
             if gpu_t and g:
                 g &= keep
                 if g:
-                    gpu[h] = g
+                    gk[h] = g
                 else:
-                    del gpu[h]
+                    del gk[h]
             if host_t and s:
                 if s & bit:
                     host_lost.append(h)
@@ -219,11 +277,11 @@ class PrefixIndex:
                         self._not_all_host.add(slot)
                 s &= keep
                 if s:
-                    host[h] = s
+                    hk[h] = s
                 else:
-                    del host[h]
+                    del hk[h]
             if not g and not s:
-                del parents[h]
+                del parents[k][h]
             if not ((g | s) & bit):
                 del la[h]
                 gone.append(h)
@@ -265,24 +323,26 @@ class PrefixIndex:
             raise ValueError("hashes, parents and tiers must be equally long")
         parents = self._parent
         n = len(hashes)
-        new: dict[int, float] = {}  # the node's last-access table after the resync
+        new: list[dict[int, float]] = new_shards()  # the node's last-access table after the resync
         unlisted: set[int] = set()  # parents not listed before their child (fine unless listed later)
         for i in range(0, n, step):
             yield
-            for h, p, t in zip(
-                hashes[i : i + step], parents_of[i : i + step], tiers[i : i + step], strict=True
+            part = hashes[i : i + step]
+            for h, k, p, t in zip(
+                part, shard_keys(part), parents_of[i : i + step], tiers[i : i + step], strict=True
             ):
                 if not t:
                     continue
-                if h in new:
+                nk = new[k]
+                if h in nk:
                     raise InvalidEventError(f"resync block {h:#x} is listed twice")
-                known = parents.get(h)
+                known = parents[k].get(h)
                 if known is not None and known != p:
                     self._link(h, p)  # raises
-                if p and p not in new:
+                if p and p not in new[p % SHARDS]:
                     unlisted.add(p)
-                new[h] = now
-        late = unlisted.intersection(new)
+                nk[h] = now
+        late = {p for p in unlisted if p in new[p % SHARDS]}
         if late:
             child = next(i for i, p in enumerate(parents_of) if p in late and tiers[i])
             raise InvalidEventError(
@@ -297,78 +357,86 @@ class PrefixIndex:
         old = self._last_access[slot]
         all_host = True
         gpu, host = self._gpu, self._host
-        setdefault = parents.setdefault
         host_lost: list[int] = []
         for i in range(0, n, step):
             yield
             if self._slot_of.get(node) != slot:
                 raise InvalidEventError(f"node {node!r} was dropped during its resync")
-            for h, p, t in zip(
-                hashes[i : i + step], parents_of[i : i + step], tiers[i : i + step], strict=True
+            part = hashes[i : i + step]
+            for h, k, p, t in zip(
+                part, shard_keys(part), parents_of[i : i + step], tiers[i : i + step], strict=True
             ):
                 if not t:
                     continue
-                setdefault(h, p)
-                g = gpu.get(h, 0)
-                s = host.get(h, 0)
+                parents[k].setdefault(h, p)
+                gk, hk = gpu[k], host[k]
+                g = gk.get(h, 0)
+                s = hk.get(h, 0)
                 if t & _GPU:
-                    gpu[h] = g | bit
+                    gk[h] = g | bit
                 elif g & bit:  # held before with a GPU copy, not now
                     if g & keep:
-                        gpu[h] = g & keep
+                        gk[h] = g & keep
                     else:
-                        del gpu[h]
+                        del gk[h]
                 if t & _HOST:
-                    host[h] = s | bit
+                    hk[h] = s | bit
                 else:
                     all_host = False
                     if s & bit:  # the host copy is gone (E.2 line 20)
                         host_lost.append(h)
                         if s & keep:
-                            host[h] = s & keep
+                            hk[h] = s & keep
                         else:
-                            del host[h]
+                            del hk[h]
+        self._note_size()
         gone: list[int] = []
-        before = iter(old)  # not resized meanwhile: the caller keeps the node's other changes out
-        for _ in range(0, len(old), step):
+        before = chain.from_iterable(old)  # not resized meanwhile: the node's other changes are kept out
+        for _ in range(0, total(old), step):
             yield
             for h in islice(before, step):
-                if h in new:
+                k = h % SHARDS
+                if h in new[k]:
                     continue
                 gone.append(h)
-                g = gpu.get(h, 0) & keep
+                gk, hk = gpu[k], host[k]
+                g = gk.get(h, 0) & keep
                 if g:
-                    gpu[h] = g
+                    gk[h] = g
                 else:
-                    gpu.pop(h, None)
-                s = host.get(h, 0)
+                    gk.pop(h, None)
+                s = hk.get(h, 0)
                 if s & bit:
                     host_lost.append(h)
                 s &= keep
                 if s:
-                    host[h] = s
+                    hk[h] = s
                 else:
-                    host.pop(h, None)
+                    hk.pop(h, None)
                 if not g and not s:
-                    parents.pop(h, None)
+                    parents[k].pop(h, None)
         self._last_access[slot] = new
         if all_host:
             self._not_all_host.discard(slot)
-        self._compact()
+        yield from self._compact_steps()
         return host_lost, gone
 
     def touch(self, node: str, hashes: Iterable[int], now: float) -> None:
         """Record an access at ``now`` to the blocks of ``hashes`` that ``node`` holds."""
-        la = self._last_access[self._slot(node)]
-        la.update(zip(filter(la.__contains__, hashes), repeat(now)))
+        las = self._last_access[self._slot(node)]
+        for h in hashes:
+            la = las[h % SHARDS]
+            if h in la:
+                la[h] = now
 
     # -- queries -----------------------------------------------------------------------------
     def __len__(self) -> int:
-        return len(self._parent)
+        return total(self._parent)
 
     def _tiers_of(self, h: int, bit: int) -> Tier:
-        g = Tier.GPU if self._gpu.get(h, 0) & bit else Tier(0)
-        return g | (Tier.HOST if self._host.get(h, 0) & bit else Tier(0))
+        k = h % SHARDS
+        g = Tier.GPU if self._gpu[k].get(h, 0) & bit else Tier(0)
+        return g | (Tier.HOST if self._host[k].get(h, 0) & bit else Tier(0))
 
     def tiers(self, node: str, block: int) -> Tier:
         """Tiers in which ``node`` holds ``block`` (empty when it does not)."""
@@ -376,27 +444,33 @@ class PrefixIndex:
         return Tier(0) if slot is None else self._tiers_of(block, 1 << slot)
 
     def parent(self, block: int) -> int:
-        return self._parent.get(block, ROOT_HASH)
+        return self._parent[block % SHARDS].get(block, ROOT_HASH)
+
+    def _held(self, node: str, hashes: Iterable[int]) -> Iterator[bool]:
+        """Whether ``node`` holds each of ``hashes`` (lazily, C-level)."""
+        las = self._last_access[self._slot(node)]
+        hashes = list(hashes)
+        return map(dict.__contains__, map(las.__getitem__, shard_keys(hashes)), hashes)
 
     def holds_all(self, node: str, hashes: Iterable[int]) -> bool:
-        return all(map(self._last_access[self._slot(node)].__contains__, hashes))
+        return all(self._held(node, hashes))
 
     def count_held(self, node: str, hashes: Iterable[int]) -> int:
         """How many of ``hashes`` ``node`` holds."""
-        return sum(map(self._last_access[self._slot(node)].__contains__, hashes))
+        return sum(self._held(node, hashes))
 
     def last_access(self, node: str, block: int) -> float | None:
-        return self._last_access[self._slot(node)].get(block)
+        return self._last_access[self._slot(node)][block % SHARDS].get(block)
 
     def node_blocks(self, node: str) -> Iterator[HeldBlock]:
-        """Every block ``node`` holds, with its parent and tiers."""
+        """Every block ``node`` holds, with its parent and tiers (shard by shard)."""
         slot = self._slot(node)
         bit = 1 << slot
-        for h in self._last_access[slot]:
-            yield HeldBlock(h, self._parent[h], self._tiers_of(h, bit))
+        for h in chain.from_iterable(self._last_access[slot]):
+            yield HeldBlock(h, self._parent[h % SHARDS][h], self._tiers_of(h, bit))
 
     def node_block_count(self, node: str) -> int:
-        return len(self._last_access[self._slot(node)])
+        return total(self._last_access[self._slot(node)])
 
     def host_blocks(self, node: str) -> list[tuple[int, float]]:
         """``(hash, last_access)`` of every block ``node`` holds in host memory (a copy)."""
@@ -404,53 +478,26 @@ class PrefixIndex:
 
     def host_access(self, node: str) -> Mapping[int, float]:
         """``hash -> last access`` of every block ``node`` holds in host memory: when every block the node
-        holds has a host copy, the live table itself (read-only by its type; no copy of a node's index),
-        else a new dict."""
+        holds has a host copy, the live tables themselves (a read-only :class:`ShardedAccess`; no copy of
+        a node's index), else a new dict."""
         slot = self._slot(node)
-        la = self._last_access[slot]
+        las = self._last_access[slot]
         if slot not in self._not_all_host:
-            return la
+            return ShardedAccess(las)
         bit = 1 << slot
-        host = self._host
-        return {h: t for h, t in la.items() if host.get(h, 0) & bit}
+        return {
+            h: t
+            for host, la in zip(self._host, las, strict=True)
+            for h, t in la.items()
+            if host.get(h, 0) & bit
+        }
 
     def longest_prefixes(self, hashes: Sequence[int]) -> dict[str, PrefixMatch]:
-        """Per node holding block 0 of ``hashes``: its longest cached prefix by tier, in one walk."""
-        if not self._gpu:
+        """Per node holding block 0 of ``hashes``: its longest cached prefix by tier, in one walk
+        (:func:`agentpool.kv.shards.walk`)."""
+        if not any(self._gpu):
             return self._host_prefixes(hashes)
-        gpu_get = self._gpu.get
-        host_get = self._host.get
-        gpu_depth: dict[int, int] = {}
-        host_depth: dict[int, int] = {}
-        any_depth: dict[int, int] = {}
-        gpu_alive = host_alive = any_alive = self._live  # the first block narrows them
-        depth = 0
-        prev_g = prev_h = -1  # the previous block's holders (-1: none yet)
-        for h in hashes:
-            eg = gpu_get(h, 0)
-            eh = host_get(h, 0)
-            if eg == prev_g and eh == prev_h:  # held where the previous block is: no node leaves
-                depth += 1
-                continue
-            prev_g, prev_h = eg, eh
-            g = gpu_alive & eg
-            s = host_alive & eh
-            a = any_alive & (eg | eh)
-            if depth:
-                if g != gpu_alive:
-                    _record(gpu_alive & ~g, depth, gpu_depth)
-                if s != host_alive:
-                    _record(host_alive & ~s, depth, host_depth)
-                if a != any_alive:
-                    _record(any_alive & ~a, depth, any_depth)
-            if not a:
-                break
-            gpu_alive, host_alive, any_alive = g, s, a
-            depth += 1
-        if depth:
-            _record(gpu_alive, depth, gpu_depth)
-            _record(host_alive, depth, host_depth)
-            _record(any_alive, depth, any_depth)
+        gpu_depth, host_depth, any_depth = walk(hashes, self._gpu_get, self._host_get, self._live)
         names, match = self._name_of, self._match
         return {
             names[slot]: match(gpu_depth.get(slot, 0), host_depth.get(slot, 0), d)
@@ -459,35 +506,11 @@ class PrefixIndex:
 
     def _host_prefixes(self, hashes: Sequence[int]) -> dict[str, PrefixMatch]:
         """:meth:`longest_prefixes` while no node holds a block in GPU memory (the simulator's index): every
-        prefix is ``(0, d, d)``, so one running AND suffices, and the nodes that leave it at the same
-        block share one result."""
-        host_get = self._host.get
-        alive = self._live
-        if not alive:
-            return {}
-        depth = 0
-        drops: list[tuple[int, int]] = []  # (slots leaving at this block, depth)
-        prev = -1  # the previous block's holders (-1: none yet)
-        for h in hashes:
-            e = host_get(h, 0)
-            if e == prev:  # held where the previous block is: no node leaves
-                depth += 1
-                continue
-            prev = e
-            s = alive & e
-            if s != alive:
-                if depth:
-                    drops.append((alive ^ s, depth))
-                alive = s
-                if not s:
-                    break
-            depth += 1
-        if alive and depth:
-            drops.append((alive, depth))
+        prefix is ``(0, d, d)``, and the nodes that leave it at the same block share one result."""
         out: dict[str, PrefixMatch] = {}
         name = self._name_of.__getitem__
-        for mask, d in drops:
-            out.update(zip(map(name, _slots(mask)), repeat(self._match(0, d, d))))
+        for mask, d in host_walk(hashes, self._host_get, self._live):
+            out.update(zip(map(name, slots(mask)), repeat(self._match(0, d, d))))
         return out
 
     def _match(self, gpu: int, host: int, local: int) -> PrefixMatch:
@@ -499,17 +522,3 @@ class PrefixIndex:
                 self._matches.clear()
             m = self._matches[key] = PrefixMatch(gpu, host, local)
         return m
-
-
-def _record(mask: int, depth: int, out: dict[int, int]) -> None:
-    out.update(zip(_slots(mask), repeat(depth)))
-
-
-def _slots(mask: int) -> list[int]:
-    """The slots of the bits of ``mask``, ascending."""
-    slots = []
-    while mask:
-        low = mask & -mask
-        slots.append(low.bit_length() - 1)
-        mask ^= low
-    return slots

@@ -1,0 +1,149 @@
+"""Hash-sharded tables of the prefix index, and its walk over a request's blocks.
+
+A Python dict grows by rebuilding its whole table at once when it passes two thirds of a power of two:
+at a million entries one such rebuild holds the interpreter for tens of milliseconds (hundreds on a
+loaded machine), and the event loop of the service with it. The index therefore keeps each of its big
+tables as :data:`SHARDS` dicts, block hash ``h`` in dict ``h % SHARDS``: no single rebuild is larger
+than a shard (a million blocks: about 16k entries each). The modulus is a prime so that hashes whose low
+bits follow a pattern (e.g. always odd) still spread over every shard.
+
+The price: a lookup first picks its shard (``h % SHARDS``, then the shard's bound ``get``), about 40%
+more per block of a walk than one dict's ``get`` (``bench/results/bench_directory.md``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from itertools import chain, repeat
+from operator import mod
+from typing import TypeVar
+
+SHARDS = 61
+V = TypeVar("V")
+
+
+def new_shards() -> list[dict[int, V]]:
+    return [{} for _ in range(SHARDS)]
+
+
+def shard_keys(hashes: Iterable[int]) -> list[int]:
+    """The shard of each hash."""
+    return list(map(mod, hashes, repeat(SHARDS)))
+
+
+def total(tables: Iterable[Mapping[int, V]]) -> int:
+    return sum(map(len, tables))
+
+
+class ShardedAccess(Mapping[int, float]):
+    """A node's sharded ``hash -> last access`` table as one read-only mapping, without a copy.
+    Iteration goes shard by shard (not in insertion order)."""
+
+    __slots__ = ("shards",)
+
+    def __init__(self, shards: list[dict[int, float]]) -> None:
+        self.shards = shards
+
+    def __getitem__(self, h: int) -> float:
+        return self.shards[h % SHARDS][h]
+
+    def __contains__(self, h: object) -> bool:
+        return isinstance(h, int) and h in self.shards[h % SHARDS]
+
+    def __iter__(self) -> Iterator[int]:
+        return chain.from_iterable(self.shards)
+
+    def __len__(self) -> int:
+        return total(self.shards)
+
+
+def access_parts(access: Mapping[int, float]) -> Sequence[Mapping[int, float]]:
+    """The plain tables behind ``access`` (its shards, or itself): C-level iteration over each."""
+    return access.shards if isinstance(access, ShardedAccess) else (access,)
+
+
+Depths = dict[int, int]  # slot -> blocks of its prefix
+Gets = list[Callable[[int, int], int]]  # the bound ``get`` of each shard of a table
+
+
+def walk(hashes: Sequence[int], gpu: Gets, host: Gets, live: int) -> tuple[Depths, Depths, Depths]:
+    """Per node slot of ``live`` holding block 0 of ``hashes``: the length of its longest cached prefix
+    in GPU memory, in host memory and in either (three ``slot -> blocks`` dicts; the first two list
+    only nonzero lengths). ``gpu``/``host``: the ``get`` of each shard of the ``block -> bit set of
+    slots`` tables. Two lookups and two compares per block where the holders are those of the block
+    before (most blocks of a shared prompt: no node can leave the prefix there)."""
+    gpu_depth: Depths = {}
+    host_depth: Depths = {}
+    any_depth: Depths = {}
+    gpu_alive = host_alive = any_alive = live  # the first block narrows them
+    depth = 0
+    prev_g = prev_h = -1  # the previous block's holders (-1: none yet)
+    for h in hashes:
+        k = h % SHARDS
+        eg = gpu[k](h, 0)
+        eh = host[k](h, 0)
+        if eg == prev_g and eh == prev_h:  # held where the previous block is: no node leaves
+            depth += 1
+            continue
+        prev_g, prev_h = eg, eh
+        g = gpu_alive & eg
+        s = host_alive & eh
+        a = any_alive & (eg | eh)
+        if depth:
+            if g != gpu_alive:
+                _record(gpu_alive & ~g, depth, gpu_depth)
+            if s != host_alive:
+                _record(host_alive & ~s, depth, host_depth)
+            if a != any_alive:
+                _record(any_alive & ~a, depth, any_depth)
+        if not a:
+            break
+        gpu_alive, host_alive, any_alive = g, s, a
+        depth += 1
+    if depth:
+        _record(gpu_alive, depth, gpu_depth)
+        _record(host_alive, depth, host_depth)
+        _record(any_alive, depth, any_depth)
+    return gpu_depth, host_depth, any_depth
+
+
+def host_walk(hashes: Sequence[int], host: Gets, live: int) -> list[tuple[int, int]]:
+    """:func:`walk` while no node holds a block in GPU memory (the simulator's index): every prefix is
+    ``(0, d, d)``, so one running AND suffices. Returns ``(slots leaving at depth d, d)`` pairs."""
+    alive = live
+    drops: list[tuple[int, int]] = []
+    if not alive:
+        return drops
+    depth = 0
+    prev = -1  # the previous block's holders (-1: none yet)
+    for h in hashes:
+        e = host[h % SHARDS](h, 0)
+        if e == prev:  # held where the previous block is: no node leaves
+            depth += 1
+            continue
+        prev = e
+        s = alive & e
+        if s != alive:
+            if depth:
+                drops.append((alive ^ s, depth))
+            alive = s
+            if not s:
+                break
+        depth += 1
+    if alive and depth:
+        drops.append((alive, depth))
+    return drops
+
+
+def _record(mask: int, depth: int, out: Depths) -> None:
+    out.update(zip(slots(mask), repeat(depth)))
+
+
+def slots(mask: int) -> list[int]:
+    """The slots of the bits of ``mask``, ascending."""
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(low.bit_length() - 1)
+        mask ^= low
+    return out

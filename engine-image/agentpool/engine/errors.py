@@ -36,7 +36,12 @@ class PoolFullError(EngineError, UnavailableError):
 class FetchError(EngineError, UpstreamError):
     """Reading blocks from a peer failed (peer gone, transfer error, timeout or wrong bytes; 502).
 
-    Temporary by nature: the caller recomputes the blocks instead."""
+    Temporary by nature: the caller recomputes the blocks instead. ``evicted``: host blocks this node
+    evicted to make room before the fetch failed (the fetcher sets it; the caller reports them gone)."""
+
+    def __init__(self, message: str = "", *, retry_after_s: float | None = None) -> None:
+        super().__init__(message, retry_after_s=retry_after_s)
+        self.evicted: list[int] = []
 
 
 class SwitchFailed(EngineError, UpstreamError):

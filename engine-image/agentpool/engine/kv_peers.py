@@ -228,15 +228,19 @@ class PeerFetcher:
     ) -> FetchResult:
         """Fetch the leading blocks of ``hashes`` (a chain from ``parent``) that ``peer_url`` holds (a
         queued request's prefix)."""
-        ch = await self._channel(peer_url)
-        evicted: list[int] = []
-        if self.direct:
-            got = await self._read_direct(peer_url, ch, hashes, parent)
-            if isinstance(got, FetchResult):
-                return got
-            evicted = got
-        msg = {"op": "lease", "block_hashes": list(hashes), "ttl_s": ttl_s}
-        return await self._read_lease(peer_url, ch, await ch.call(msg, self.timeout_s), evicted)
+        evicted: list[int] = []  # by either attempt; on a failure the error carries them
+        try:
+            ch = await self._channel(peer_url)
+            if self.direct:
+                got = await self._read_direct(peer_url, ch, hashes, parent)
+                if isinstance(got, FetchResult):
+                    return got
+                evicted = got
+            msg = {"op": "lease", "block_hashes": list(hashes), "ttl_s": ttl_s}
+            return await self._read_lease(peer_url, ch, await ch.call(msg, self.timeout_s), evicted)
+        except FetchError as e:
+            e.evicted = [*evicted, *e.evicted]
+            raise
 
     async def _read_direct(
         self, peer_url: str, ch: LeaseChannel, hashes: Sequence[int], parent: int
@@ -252,8 +256,10 @@ class PeerFetcher:
             got = await self.transport.read_indexed(ch.pool, want, res.slots, self.timeout_s)
             if got.miss is None:
                 self._check(peer_url, res.slots, want)
-        except BaseException:
+        except BaseException as e:
             self.pool.release_slots(res.slots)
+            if isinstance(e, FetchError):
+                e.evicted = [*res.evicted, *e.evicted]
             raise
         if got.miss is not None:
             self.pool.release_slots(res.slots)
@@ -313,8 +319,10 @@ class PeerFetcher:
             try:
                 moved = await self.transport.read(ch.pool, pairs, self.timeout_s)
                 self._check(peer_url, res.slots, [hashes[i] for i in want])
-            except BaseException:
+            except BaseException as e:
                 self.pool.release_slots(res.slots)
+                if isinstance(e, FetchError):
+                    e.evicted = [*res.evicted, *e.evicted]
                 raise
             # a block evicted to make room may be one the lease lists: commit what we now have
             entries = [(hashes[i], parents[i], res.slots[k]) for k, i in enumerate(want)]

@@ -314,6 +314,7 @@ class SimBackend:
                 self.metrics.fetch_bytes.labels("prefix").inc(r.bytes)
                 self.metrics.fetch_seconds.labels("prefix").observe(r.seconds)
         except FetchError as e:
+            self.ledger.evicted_host(e.evicted)  # made room before the fetch failed
             self.metrics.fetch_failures.labels("prefix").inc()
             self.metrics.recomputed_tokens.inc(planned * page)
             log.warning("fetch for %s failed, recomputing: %s", job.request_id, e)
@@ -337,6 +338,7 @@ class SimBackend:
         try:
             r = await self.fetcher.fetch_transfer(url.rstrip("/"), transfer)
         except FetchError as e:
+            self.ledger.evicted_host(e.evicted)
             self._handovers -= 1
             self.node.joining -= 1  # the node model has no "hand-over failed": undo handover_started
             self.node.kv_used_tokens -= req.kv_tokens

@@ -299,3 +299,17 @@ async def test_no_room_in_the_local_pool_is_a_fetch_error(peer, local) -> None: 
     assert len(pool) == 64 and pool.free_slots == 0
     res = await fetcher.fetch_prefix(url, hashes[:4])  # the peer's lease was released: it serves again
     assert res.blocks == hashes[:4]
+
+
+async def test_a_failed_fetch_names_the_blocks_it_evicted(local) -> None:  # type: ignore[no-untyped-def]
+    proc, url, hashes = start_peer(20)
+    pool, fetcher = local
+    await fetcher.fetch_prefix(url, hashes[:2])  # the channel is open
+    pool.store_generated(ROOT_HASH, list(range(1, 63)), 0.0)  # the pool is full
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    with pytest.raises(FetchError) as info:
+        await asyncio.wait_for(fetcher.fetch_prefix(url, hashes), 10)
+    evicted = info.value.evicted  # made room for 18 blocks, then the READ failed: the caller reports them
+    assert len(evicted) == 18 and not any(h in pool for h in evicted)
+    assert len(pool) == 46 and pool.free_slots == 18

@@ -58,10 +58,13 @@ class NodeStates:
         models: Sequence[NodeModel],
         queued: Sequence[QueuedPrefill] | None,
         now: float,
+        waiting_kv: Sequence[int] | None = None,
     ) -> list[NodeState]:
         """States of the serving prefill (or colocated) nodes, or of the serving decode nodes.
 
         Decode nodes are viewed with an empty prefill queue (``queued`` is ``None`` for them).
+        ``waiting_kv``: per node, KV tokens of its prefilled requests waiting for local decode room
+        (colocated nodes; ``NodeState.decode_waiting_tokens``).
         """
         cache = self._cache
         prefill = self._prefill
@@ -74,24 +77,25 @@ class NodeStates:
             model = models[i]
             queue = EMPTY_QUEUE if queued is None else queued[i]
             running = len(n.running) + n.bound_waiting  # bound here, prefill still running: counted
+            waiting = 0 if waiting_kv is None else waiting_kv[i]
             if n.batch:
-                out.append(_node_state(n, model, queue, n.remaining_batch_s(now), running))
+                out.append(_node_state(n, model, queue, n.remaining_batch_s(now), running, waiting))
                 cache[i] = None
                 continue
             # without a batch the remaining time is 0 whatever the clock: not part of the key
-            key = (n.role, model, queue, running, n.kv_used_tokens, n.kv_capacity_tokens)
+            key = (n.role, model, queue, running, n.kv_used_tokens, n.kv_capacity_tokens, waiting)
             hit = cache[i]
             if hit is not None and hit[0] == key:
                 out.append(hit[1])
             else:
-                state = _node_state(n, model, queue, n.remaining_batch_s(now), running)
+                state = _node_state(n, model, queue, n.remaining_batch_s(now), running, waiting)
                 cache[i] = (key, state)
                 out.append(state)
         return out
 
 
 def _node_state(
-    node: Node, model: NodeModel, queue: QueuedPrefill, remaining_s: float, running: int
+    node: Node, model: NodeModel, queue: QueuedPrefill, remaining_s: float, running: int, waiting: int = 0
 ) -> NodeState:
     # every viewed node is serving: accepting, not draining; reports are always fresh (age 0)
     return NodeState(
@@ -107,6 +111,7 @@ def _node_state(
         True,
         False,
         0.0,
+        waiting,
     )
 
 

@@ -104,7 +104,12 @@ class Simulator:
         self._events: list[tuple[float, int, int, object]] = []
         self._seq = 0
         self.policy = create_policy(system.policy, dict(system.policy_knobs))
-        self.ctx = PolicyContext(slo=metrics.slo, max_queue_per_node=1 << 30, page_size=cfg.block_size)
+        self.ctx = PolicyContext(
+            slo=metrics.slo,
+            tpot_slo_s=metrics.tpot_slo_s,
+            max_queue_per_node=1 << 30,
+            page_size=cfg.block_size,
+        )
         self.directory = Directory(page_size=cfg.block_size)
         unlimited = system.unlimited_cache
         block = cfg.block_size
@@ -155,6 +160,7 @@ class Simulator:
         self._pending_decode: deque[tuple[Request, Issue]] = deque()
         self._pending_least_kv = 0  # no waiting request needs less KV room than this
         self._local_decode: dict[int, deque[Request]] = {}  # colocated: prefilled, waiting for KV room
+        self._local_waiting_kv = [0] * len(self.nodes)  # per node, KV tokens of those requests
         self._issues: dict[int, Issue] = {}
         self._switches: dict[int, _Switch] = {}
         self.last_switch_at: float | None = None
@@ -250,7 +256,7 @@ class Simulator:
         view = request_view(
             req, issue.turn, issue.new_turn_tokens, found.views, visible, self.system.router_sees_branch
         )
-        states = self._prefill_states.views(self.nodes, self.models, self.queued, now)
+        states = self._prefill_states.views(self.nodes, self.models, self.queued, now, self._local_waiting_kv)
         candidates = prefill_candidates(states, self.ctx)
         try:
             decision = self.policy.choose(view, candidates, self.ctx)
@@ -358,6 +364,7 @@ class Simulator:
             return
         if node.role is Role.BOTH:
             self._local_decode.setdefault(node.index, deque()).append(req)
+            self._local_waiting_kv[node.index] += req.kv_tokens
             self._admit_local(node)
             return
         if not self._bind_early:
@@ -370,7 +377,9 @@ class Simulator:
         """Colocated nodes decode their own prefills, first come first served, while KV room lasts."""
         waiting = self._local_decode.get(node.index)
         while waiting and (waiting[0].kv_tokens <= node.kv_room_tokens or not node.running):
-            node.join_decode(waiting.popleft(), self.now)
+            req = waiting.popleft()
+            self._local_waiting_kv[node.index] -= req.kv_tokens
+            node.join_decode(req, self.now)
             self.in_decode += 1
 
     def _bind_decode(self, req: Request, issue: Issue) -> None:

@@ -29,6 +29,7 @@ def node(
     age: float | None = 0.1,
     accepting: bool = True,
     draining: bool = False,
+    waiting: int = 0,
 ) -> NodeState:
     return NodeState(
         node_id=nid,
@@ -43,6 +44,7 @@ def node(
         accepting=accepting,
         draining=draining,
         report_age_s=age,
+        decode_waiting_tokens=waiting,
     )
 
 

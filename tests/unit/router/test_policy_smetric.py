@@ -8,14 +8,17 @@ import pytest
 from router_policy_builders import node, request, uncached
 
 from agentpool.models import TtftSlo
-from agentpool.router.policy import NodeState, PolicyContext, RequestView, Role, create_policy
-from agentpool.router.policy.smetric import estimate
+from agentpool.router.policy import NodeState, PolicyContext, PolicyError, RequestView, Role, create_policy
+from agentpool.router.policy.smetric import estimate, kv_shortfall, predicted_tpot
 
 # Deadline 2 s + 0.1 ms/token: 4.4 s for a 24K-token prompt.
 CTX = PolicyContext(slo=TtftSlo(base=2.0, per_token=1e-4))
 FOLLOW_UP = request(24_000, local={"a": 22_000}, turn=5, new_turn=2_000)
 SOME = [uncached(8192)] * 2  # about 0.84 s of queued prefill
 OVERLOAD = [uncached(8192)] * 12  # about 5 s of queued prefill: misses the 4.4 s deadline
+BACKLOG = [uncached(8192)] * 5  # about 2.1 s of queued prefill: meets the 4.4 s deadline
+# 20 output tokens: a 2.1 s backlog spread over them is ~0.1 s per token, over the 0.1 s TPOT SLO
+SHORT_ANSWER = request(24_000, local={"a": 22_000}, turn=5, new_turn=2_000, out=20)
 
 CASES: list[tuple[str, list[NodeState], RequestView, PolicyContext, dict[str, float], str]] = [
     (
@@ -114,9 +117,98 @@ CASES: list[tuple[str, list[NodeState], RequestView, PolicyContext, dict[str, fl
         "b",
     ),
     (
-        "colocated, no node has KV room: least added load (the session's node)",
+        "colocated, no node has KV room: the fewest requests stalled (idle b, not a with 2 queued)",
         [node("a", role=Role.BOTH, queue=SOME, kv_room=0), node("b", role=Role.BOTH, kv_room=0)],
         FOLLOW_UP,
+        CTX,
+        {},
+        "b",
+    ),
+    (
+        "colocated, no node has KV room: the session's node when it stalls the fewest",
+        [
+            node("a", role=Role.BOTH, queue=[uncached(8192)], kv_room=0),
+            node("b", role=Role.BOTH, running_decode=3, kv_room=0),
+        ],
+        FOLLOW_UP,
+        CTX,
+        {},
+        "a",
+    ),
+    (
+        "colocated: the session node's room is promised to requests prefilled and waiting there",
+        [node("a", role=Role.BOTH, kv_room=60_000, waiting=40_000), node("b", role=Role.BOTH)],
+        FOLLOW_UP,
+        CTX,
+        {},
+        "b",
+    ),
+    (
+        "colocated: the session node's room is promised to the prompts queued before it",
+        [
+            node("a", role=Role.BOTH, queue=[uncached(8192, 30_000)], kv_room=60_000),
+            node("b", role=Role.BOTH),
+        ],
+        FOLLOW_UP,
+        CTX,
+        {},
+        "b",
+    ),
+    (
+        "colocated: room left after the waiting and queued requests: stick",
+        [
+            node("a", role=Role.BOTH, queue=[uncached(8192, 10_000)], kv_room=70_000, waiting=20_000),
+            node("b", role=Role.BOTH),
+        ],
+        FOLLOW_UP,
+        CTX,
+        {},
+        "a",
+    ),
+    (
+        "colocated: the TTFT holds but a short decode absorbs 2 s of backlog: TPOT misses, migrate",
+        [node("a", role=Role.BOTH, queue=BACKLOG), node("b", role=Role.BOTH)],
+        SHORT_ANSWER,
+        CTX,
+        {},
+        "b",
+    ),
+    (
+        "colocated: the same backlog over a 100-token decode meets the TPOT: stick",
+        [node("a", role=Role.BOTH, queue=BACKLOG), node("b", role=Role.BOTH)],
+        FOLLOW_UP,
+        CTX,
+        {},
+        "a",
+    ),
+    (
+        "colocated: a 1 s TPOT SLO holds for the short decode: stick",
+        [node("a", role=Role.BOTH, queue=BACKLOG), node("b", role=Role.BOTH)],
+        SHORT_ANSWER,
+        dataclasses.replace(CTX, tpot_slo_s=1.0),
+        {},
+        "a",
+    ),
+    (
+        "colocated: running decodes make the iteration itself miss a 20 ms TPOT SLO: migrate",
+        [node("a", role=Role.BOTH, running_decode=60), node("b", role=Role.BOTH)],
+        FOLLOW_UP,
+        dataclasses.replace(CTX, tpot_slo_s=0.02),
+        {},
+        "b",
+    ),
+    (
+        "colocated: a first turn avoids a node whose decodes it would stall past the TPOT",
+        [node("a", role=Role.BOTH, queue=BACKLOG), node("b", role=Role.BOTH, queue=SOME + SOME)],
+        request(24_000, turn=1, out=20),
+        CTX,
+        {},
+        "b",
+    ),
+    (
+        "prefill nodes: TPOT is not theirs to meet, a backlog the TTFT allows keeps the session",
+        [node("a", queue=BACKLOG), node("b")],
+        SHORT_ANSWER,
         CTX,
         {},
         "a",
@@ -160,3 +252,32 @@ def test_colocated_interference_is_counted_only_on_colocated_nodes() -> None:
     disagg = estimate(FOLLOW_UP, node("a", running_decode=100), CTX)
     colo = estimate(FOLLOW_UP, dataclasses.replace(node("a", running_decode=100), role=Role.BOTH), CTX)
     assert colo.load_s == pytest.approx(disagg.load_s + 1 * 1e-4 * 100)
+
+
+def test_predicted_tpot_is_the_decode_iteration_plus_the_backlog_spread_over_the_output() -> None:
+    a = node("a", role=Role.BOTH, queue=BACKLOG, running_decode=3)
+    e = estimate(SHORT_ANSWER, a, CTX)
+    iteration = a.model.decode.iteration_time(3 + 5 + 1)  # running, queued, the request
+    assert predicted_tpot(SHORT_ANSWER, a, CTX, e) == pytest.approx(iteration + e.load_s / 20)
+    # a long prefill is spread over its chunks when they outnumber the output tokens
+    long = request(240_000, turn=1, out=2)
+    e = estimate(long, a, CTX)
+    chunks = -(-(5 * 8192 + 240_000) // 8192)
+    assert predicted_tpot(long, a, CTX, e) == pytest.approx(iteration + e.load_s / chunks)
+
+
+def test_kv_shortfall_counts_waiting_and_queued_prompts_on_colocated_nodes_only() -> None:
+    queued = [uncached(8192, 10_000)]
+    both = node("a", role=Role.BOTH, queue=queued, kv_room=50_000, waiting=20_000)
+    # need 24,000 + 100; claimed before it 20,000 + 18,192; room 50,000
+    assert kv_shortfall(FOLLOW_UP, both, CTX) == pytest.approx(24_100 + 38_192 - 50_000)
+    assert kv_shortfall(FOLLOW_UP, dataclasses.replace(both, kv_room_tokens=90_000), CTX) == 0
+    assert kv_shortfall(FOLLOW_UP, dataclasses.replace(both, role=Role.PREFILL), CTX) == 0
+    assert predicted_tpot(FOLLOW_UP, both, CTX, estimate(FOLLOW_UP, both, CTX)) == float("inf")
+
+
+def test_negative_waiting_kv_and_non_positive_tpot_slo_are_rejected() -> None:
+    with pytest.raises(PolicyError):
+        node("a", waiting=-1)
+    with pytest.raises(PolicyError):
+        PolicyContext(tpot_slo_s=0.0)

@@ -27,7 +27,7 @@ from agentpool.sim.simulator import SimConfig, Simulator
 from agentpool.sim.systems import system
 
 
-def fresh_state(node: Node, model: NodeModel, queue: QueuedPrefill, now: float) -> NodeState:
+def fresh_state(node: Node, model: NodeModel, queue: QueuedPrefill, now: float, waiting: int) -> NodeState:
     return NodeState(
         node_id=node.name,
         role=node.role,
@@ -40,6 +40,7 @@ def fresh_state(node: Node, model: NodeModel, queue: QueuedPrefill, now: float) 
         accepting=node.status is NodeStatus.SERVING,
         draining=node.status is NodeStatus.DRAINING,
         report_age_s=0.0,
+        decode_waiting_tokens=waiting,
     )
 
 
@@ -59,10 +60,17 @@ class CheckedStates(routing.NodeStates):
         models: Sequence[NodeModel],
         queued: Sequence[QueuedPrefill] | None,
         now: float,
+        waiting_kv: Sequence[int] | None = None,
     ) -> list[NodeState]:
-        got = super().views(nodes, models, queued, now)
+        got = super().views(nodes, models, queued, now, waiting_kv)
         wanted = [
-            fresh_state(n, models[n.index], EMPTY_QUEUE if queued is None else queued[n.index], now)
+            fresh_state(
+                n,
+                models[n.index],
+                EMPTY_QUEUE if queued is None else queued[n.index],
+                now,
+                0 if waiting_kv is None else waiting_kv[n.index],
+            )
             for n in nodes
             if n.status is NodeStatus.SERVING
             and (n.role in (Role.PREFILL, Role.BOTH) if self.prefill else n.role is Role.DECODE)

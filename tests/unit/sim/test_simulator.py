@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 
 from agentpool.models import NodeModel, PrefillBatchItem, TtftSlo, Work
 from agentpool.node import NodeStatus, Request, Role
+from agentpool.router.policy import NodeState, PolicyContext, RequestView, RouteDecision
 from agentpool.sim.metrics import Metrics
 from agentpool.sim.presets import preset
 from agentpool.sim.replay import Replay, WorkloadPeriod, cycle
@@ -188,6 +190,26 @@ def test_colocated_node_waits_for_kv_room_before_decoding() -> None:
     (f1, d1, e1), (f2, d2, _) = done[:2]
     assert d1 == f1  # the first decodes as soon as its prefill ends
     assert f2 < e1 and d2 == pytest.approx(e1)  # the second waits for the first to free its KV
+
+
+def test_colocated_views_count_the_kv_of_prefilled_requests_waiting_for_room() -> None:
+    small_kv = GLM.model_copy(update={"gpu_kv_tokens": 8000})  # room for one 5000+18-token request
+    metrics = Metrics(TtftSlo(2.0, 1e-4), 0.1, 0.0, 10_000.0)
+    sim = Simulator(system("smetric"), small_kv, SimConfig(nodes=1, prefill_nodes=0, block_size=64), metrics)
+    seen: list[tuple[float, int]] = []
+    choose = sim.policy.choose
+
+    def spy(request: RequestView, candidates: Sequence[NodeState], ctx: PolicyContext) -> RouteDecision:
+        seen.extend((sim.now, n.decode_waiting_tokens) for n in candidates)
+        return choose(request, candidates, ctx)
+
+    sim.policy.choose = spy  # type: ignore[method-assign]
+    replay = Replay(sim, {"w": cycle([one_request(5000, 18)])})
+    replay.closed_loop([WorkloadPeriod(0.0, {"w": 3})])
+    sim.run(5.0)
+    # the third agent's first request is routed after the second is prefilled and waiting
+    assert (0.0, 0) in seen and any(w == 5018 for _, w in seen)
+    assert metrics.completed_total >= 3
 
 
 def test_mooncake_requests_arrive_at_their_times_and_share_prefixes(tmp_path: Path) -> None:

@@ -192,6 +192,9 @@ class NodeState:
     running_decode: requests decoding on the node.
     kv_room_tokens / kv_used_tokens: free and used KV slots of the node's GPU memory.
     report_age_s: seconds since the last engine report, ``None`` before the first one.
+    decode_waiting_tokens: KV tokens (prompt + output) of requests a colocated node has prefilled
+    and that wait there for decode room, not counted in ``kv_used_tokens`` (the simulator's
+    colocated nodes); 0 where an engine holds a prefilled request's KV in ``kv_used_tokens``.
     """
 
     node_id: str
@@ -206,16 +209,19 @@ class NodeState:
     accepting: bool = True
     draining: bool = False
     report_age_s: float | None = None
+    decode_waiting_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.remaining_batch_s < 0 or self.running_decode < 0:
             raise PolicyError(f"node {self.node_id}: negative load")
-        if self.kv_room_tokens < 0 or self.kv_used_tokens < 0:
+        if self.kv_room_tokens < 0 or self.kv_used_tokens < 0 or self.decode_waiting_tokens < 0:
             raise PolicyError(f"node {self.node_id}: negative KV counts")
 
 
 DEFAULT_TTFT_SLO = TtftSlo(base=2.0, per_token=1e-4)
 """Default TTFT deadline ``2 s + 0.1 ms per prompt token`` until the pool configures one."""
+DEFAULT_TPOT_SLO_S = 0.1
+"""Default TPOT limit, seconds per output token (SMetric's measure in bench_sim smetric)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +229,7 @@ class PolicyContext:
     """Pool-wide settings every policy may read; the router rebuilds it when the pool config changes."""
 
     slo: TtftSlo = DEFAULT_TTFT_SLO
+    tpot_slo_s: float = DEFAULT_TPOT_SLO_S
     fetch: FetchModel = DEFAULT_FETCH_MODEL
     kappa_s_per_token: float = DEFAULT_COPY_PRICE_S_PER_TOKEN
     page_size: int = DEFAULT_PAGE_SIZE
@@ -234,6 +241,8 @@ class PolicyContext:
             raise PolicyError(f"invalid policy context: {self}")
         if self.kappa_s_per_token < 0:
             raise PolicyError("copy price must be non-negative")
+        if not self.tpot_slo_s > 0:
+            raise PolicyError(f"TPOT SLO must be positive, got {self.tpot_slo_s}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -366,6 +375,7 @@ def pick_min(scores: Mapping[str, float], tiebreak: Mapping[str, float] | None =
 
 
 __all__ = [
+    "DEFAULT_TPOT_SLO_S",
     "DEFAULT_TTFT_SLO",
     "EMPTY_QUEUE",
     "NO_PREFIX",

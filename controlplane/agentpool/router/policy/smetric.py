@@ -5,22 +5,49 @@
     cost_n(u, L) = c_linear*u + c_attn*u*(L - u/2)   with c_linear = c1 + c0/t_bar, c_attn = c2 of n
     queued_n     = T_rem,n + sum of cost_n over n's queue  (+ decode interference on colocated n)
     load_n       = queued_n + cost_n(L - hits_n, L)      (the request's local hit subtracted)
-    meets_n      = load_n <= SLACK * (b + a*L)           (the pool's TTFT SLO)
+    tpot_n       = predicted TPOT on n with the request added (colocated n, below; 0 on a prefill n)
+    slow_n       = tpot_n > SLACK * TPOT_SLO                 (the pool's TPOT SLO, ctx.tpot_slo_s)
+    meets_n      = load_n <= SLACK * (b + a*L)  and  not slow_n    (the pool's TTFT and TPOT SLOs)
+    stalled      = slow_n on every n                         (colocated nodes only)
+    i            = argmin load_n * (requests_n + 1)  if stalled  else  argmin (slow_n, load_n)
 
     if turn == 1 or hits_best == 0 or hits_best < HIT_RATIO * est_hit:   new or evicted session
-        return argmin load_n
+        return i
     if meets_best: return best                                          stick
-    i = argmin load_n
-    return i if meets_i else argmin cost_n(L - hits_n, L)               migrate, or least added load
+    if meets_i: return i                                                migrate
+    return i if stalled else argmin cost_n(L - hits_n, L)               no node meets both
 
-Colocated nodes (role BOTH) decode what they prefill, so ``meets_n`` also asks for KV room there:
-``kv_room_n >= L + expected output``. Without it the request, once prefilled, waits for running
-decodes to finish, and its TPOT misses the SLO however short the prefill queue. This is what keeps
-the SLO-aware migration working under overload: there a sticky node's prefill queue can still look
-short while its GPU memory is full of its sessions' decodes, and sticking piled sessions onto such
-nodes (measured: TPS within SLO 4.6x below lmetric's at twice the peak load, bench_sim smetric).
-``argmin load_n`` prefers nodes with that room (a first turn or a migration goes where it can
-decode); the least-added-load branch stays KV$-aware as in the paper.
+Migration (paper §4.2: a session leaves its node when sticking would miss the SLO): ``i`` is the
+node of least load among those whose TPOT holds, so when it meets the TTFT deadline it is the best
+node meeting both; its load counts the session's lost local reuse as prefill work (only n's own
+prefix is subtracted), which weighs a move against the reuse it gives up. When no node meets the
+TTFT deadline, the paper's KV$-aware fallback adds the least load (line 7 of its Figure 13); on
+prefill nodes (disaggregated pools) nothing else changes, as their TPOT is 0.
+
+Colocated nodes (role BOTH; the paper's §B is not available, this is our extension) decode what
+they prefill, so the SLO check also predicts the TPOT the request gets there::
+
+    pending_n = decode_waiting_n + prompt tokens queued on n     (KV claimed before this request)
+    tpot_n    = inf  if kv_room_n - pending_n < L + expected output  (it would wait for KV room)
+    tpot_n    = d_n(running_decode_n + queued requests_n + 1) + load_n / max(t_out, chunks)
+
+``d_n(b)`` is Eq. 2's decode iteration with ``b`` running (the queued requests decode alongside
+this one); the second term spreads the prefill backlog with this request (``load_n``) over a
+decode: each prefill chunk rides in a mixed iteration with the node's decodes, so a decode of
+``t_out`` tokens (the request's expected output) absorbs the backlog, at most one chunk per token.
+With the TTFT check alone (and KV room without ``pending_n``), a session stayed on a node whose GPU
+memory was already promised to requests prefilled or queued there; after its prefill it waited for
+room, and the wait counted in its TPOT (measured in ``bench_sim smetric``: TPOT 1.5-2.4x lmetric's
+past the peak load, most of it that wait; bench/results/sim_smetric_sweep.md).
+
+When the TPOT misses on every node (``stalled``: past the peak, the cluster's KV is taken and every
+node has prefilled requests waiting for room), no placement meets the SLO; a request then goes
+where its prefill backlog stalls the fewest requests: least ``load_n`` times the requests on n
+(queued prefills plus running decodes, plus itself). Every prefill chunk on a colocated node rides
+with all of its decodes, so a node busy with prefill work starves its decodes, and the old fallback
+(least added load: the session's node, which keeps its work lowest) kept piling prefills onto
+nodes whose decodes then crawled: the cluster did not recover from the cold start of 640 agents
+within 10 minutes (110 requests done by the 570th second against lmetric's 1,882, seed 0).
 
 Ties (the argmins above, and best after load): equal seconds of load are broken by the requests on
 the node (queued prefills plus running decodes), then by the KV it holds in use, then by a
@@ -28,9 +55,9 @@ rendezvous hash of (request id, node id): stable for one request (a retry sees t
 spread evenly over the nodes across requests. Without it, idle nodes tie on every first turn and
 every new session went to the smallest id (8 agents at concurrency 1 all landed on one engine).
 
-``est_hit`` is the prompt minus its newly appended turn. Colocated nodes (our extension; the
-paper's §B is not available): each prefill iteration also carries the node's running decodes, so
-``queued_n`` adds ``ceil((queued + own uncached tokens) / t_bar) * d2 * running_decode`` there.
+``est_hit`` is the prompt minus its newly appended turn. Colocated nodes: each prefill iteration
+also carries the node's running decodes, so ``queued_n`` adds
+``ceil((queued + own uncached tokens) / t_bar) * d2 * running_decode`` there.
 Knobs: ``slack`` (default 1.0), ``hit_ratio`` (default 0.8).
 """
 
@@ -49,6 +76,7 @@ from agentpool.router.policy.contract import (
     RequestView,
     Role,
     RouteDecision,
+    effective_queue,
     effective_queued_tokens,
     is_fresh,
     linear_attention_cost_of,
@@ -90,10 +118,29 @@ def estimate(request: RequestView, node: NodeState, ctx: PolicyContext) -> NodeE
     return NodeEstimate(hit=hit, own_cost_s=own, load_s=queued + own)
 
 
-def has_decode_room(request: RequestView, node: NodeState) -> bool:
-    """Whether ``node`` can decode ``request`` as soon as it is prefilled: always on a prefill node
-    (its decode node is chosen later); on a colocated node, KV room for the prompt and its output."""
-    return node.role is not Role.BOTH or node.kv_room_tokens >= kv_tokens_needed(request)
+def kv_shortfall(request: RequestView, node: NodeState, ctx: PolicyContext) -> float:
+    """KV tokens ``node`` lacks to decode ``request`` as soon as it is prefilled: 0 on a prefill node
+    (its decode node is chosen later); on a colocated node, the prompt and its output less the room
+    left after the requests prefilled and waiting for room there and the prompts queued before it."""
+    if node.role is not Role.BOTH:
+        return 0.0
+    q = effective_queue(node, ctx)
+    pending = node.decode_waiting_tokens + q.t_uc + q.t_c
+    return max(0.0, kv_tokens_needed(request) + pending - node.kv_room_tokens)
+
+
+def predicted_tpot(request: RequestView, node: NodeState, ctx: PolicyContext, e: NodeEstimate) -> float:
+    """Seconds per output token on ``node`` with ``request`` added (module docstring): 0 on a prefill
+    node, ``inf`` on a colocated node short of KV room for it (:func:`kv_shortfall`)."""
+    if node.role is not Role.BOTH:
+        return 0.0
+    if kv_shortfall(request, node, ctx) > 0:
+        return math.inf
+    q = effective_queue(node, ctx)
+    iterations = math.ceil((q.t_uc + request.prompt_tokens - e.hit) / node.model.t_bar)
+    spread = max(request.expected_output_tokens, iterations, 1)
+    batch = node.running_decode + q.requests + 1
+    return node.model.decode.iteration_time(batch) + e.load_s / spread
 
 
 def tie_rank(request: RequestView, node: NodeState, ctx: PolicyContext) -> tuple[int, int, int, str]:
@@ -129,28 +176,46 @@ class SMetricPolicy:
         load: dict[str, float] = {}
         neg_hits: dict[str, float] = {}
         own: dict[str, float] = {}
+        tpot: dict[str, float] = {}
         for n in candidates:
             e = estimate(request, n, ctx)
-            load[n.node_id], neg_hits[n.node_id], own[n.node_id] = e.load_s, -float(e.hit), e.own_cost_s
+            nid = n.node_id
+            load[nid], neg_hits[nid], own[nid] = e.load_s, -float(e.hit), e.own_cost_s
+            tpot[nid] = predicted_tpot(request, n, ctx, e)
         deadline = self.knobs.slack * ctx.slo.deadline(request.prompt_tokens)
+        tpot_limit = self.knobs.slack * ctx.tpot_slo_s
         by_id = {n.node_id: n for n in candidates}
 
         def tie(nid: str) -> tuple[int, int, int, str]:
             return tie_rank(request, by_id[nid], ctx)
 
-        full = {n.node_id: float(not has_decode_room(request, n)) for n in candidates}  # 1.0: no room
+        slow = {nid: float(t > tpot_limit) for nid, t in tpot.items()}  # 1.0: TPOT would miss
         best = _argmin({nid: (neg_hits[nid], load[nid]) for nid in load}, tie)
-        least = _argmin({nid: (full[nid], v) for nid, v in load.items()}, tie)
+        # TPOT misses everywhere (colocated nodes only: a prefill node's TPOT is 0)
+        stalled = all(slow.values())
+        if stalled:  # the backlog that stalls the fewest requests
+            least = _argmin({nid: (v * (tie(nid)[0] + 1),) for nid, v in load.items()}, tie)
+        else:
+            least = _argmin({nid: (slow[nid], v) for nid, v in load.items()}, tie)
         hit = int(-neg_hits[best])
         expected = self.knobs.hit_ratio * request.expected_hit
         if request.turn == 1 or hit == 0 or hit < expected:
             why = "first turn" if request.turn == 1 else f"session not cached (hit {hit} < {expected:.0f})"
             return self._decision(request, least, f"{why}: least loaded", load)
-        if load[best] <= deadline and not full[best]:
-            return self._decision(request, best, f"stick: load {load[best]:.3f}s <= {deadline:.3f}s", load)
-        if load[least] <= deadline and not full[least]:
-            why = f"no KV room on {best}" if full[best] else f"{best} would miss {deadline:.3f}s"
-            return self._decision(request, least, f"migrate: {why}, {least} meets it", load)
+        if load[best] <= deadline and not slow[best]:
+            why = f"load {load[best]:.3f}s <= {deadline:.3f}s, TPOT {tpot[best]:.3f}s"
+            return self._decision(request, best, f"stick: {why}", load)
+        if load[least] <= deadline and not slow[least]:
+            if math.isinf(tpot[best]):
+                why = f"no KV room on {best}"
+            elif slow[best]:
+                why = f"{best} TPOT {tpot[best]:.3f}s > {tpot_limit:.3f}s"
+            else:
+                why = f"{best} would miss {deadline:.3f}s"
+            return self._decision(request, least, f"migrate: {why}, {least} meets both", load)
+        if stalled:
+            why = f"no node meets TPOT {tpot_limit:.3f}s: fewest requests stalled"
+            return self._decision(request, least, why, load)
         added = _argmin({nid: (own[nid], load[nid]) for nid in load}, tie)
         return self._decision(request, added, f"no node meets {deadline:.3f}s: least added load", load)
 

@@ -60,7 +60,8 @@ class EngineMetrics:
         )
         self.handover_recomputed = Counter(
             "agentpool_engine_handover_recomputed_total",
-            "Decode requests whose P->D hand-over failed and that this node prefilled itself",
+            "Decode requests whose P->D hand-over failed and that were prefilled again "
+            "(sim: by this node; sglang: by the prefill node)",
             registry=r,
         )
         self.unknown_transfers = Counter(

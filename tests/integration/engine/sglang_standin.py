@@ -17,6 +17,14 @@ answers ``/health`` with 503 for S seconds (model loading), then serves:
   pass emits 1 or 2 tokens per request in turn, and a finished request's ``meta_info`` has SGLang's
   ``spec_verify_ct``, ``spec_accept_length`` (completion tokens / verify passes), ``spec_accept_rate``,
   ``spec_accept_token_num`` and ``spec_draft_token_num``; every finished one has ``e2e_latency``;
+- P->D (``--standin-check-rooms``): a prefill-mode stand-in keeps each prefilled request's
+  ``bootstrap_room`` and answers ``GET /standin/room/{room}`` on its ``--disaggregation-bootstrap-port``
+  (200; 404 while the room is not prefilled yet; 410 for the next N rooms after
+  ``POST /standin/fail_transfers`` ``{"count": N}``); a decode-mode stand-in asks the
+  ``bootstrap_host``/``bootstrap_port`` it is given (waiting up to 5 s for the room, as SGLang's decode
+  side waits for the prefill) and, when the transfer fails (410, no answer, no room in time), ends
+  the request as SGLang ends a failed transfer (a chunk with ``finish_reason`` ``abort``,
+  ``status_code`` 500);
 - ``GET /v1/loads``, ``POST /pause_generation``, ``/continue_generation``, ``/pd_role_switch`` (only
   while paused; clears the prefix cache and publishes ``AllBlocksCleared``, as SGLang does),
   ``/abort_request``;
@@ -39,7 +47,7 @@ from typing import Any
 
 import zmq
 import zmq.asyncio
-from aiohttp import web
+from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "unit" / "engine"))
 from sglang_frames import cleared, message, stored
@@ -70,6 +78,10 @@ class StandIn:
         self.d0, self.d2 = (float(x) for x in args.standin_decode_s.split(","))
         self.spec = args.speculative_algorithm is not None
         self.draft = args.speculative_num_draft_tokens
+        self.check_rooms = args.standin_check_rooms
+        self.rooms: set[int] = set()
+        self.failed_rooms: set[int] = set()
+        self.fail_rooms = 0
         self.waiting: list[Req] = []
         self.batch: list[Req] = []
         self.wake = asyncio.Event()
@@ -106,7 +118,36 @@ class StandIn:
         app.router.add_post("/pd_role_switch", self.switch)
         app.router.add_post("/abort_request", self.abort)
         app.router.add_get("/standin/requests", self.recorded)
+        app.router.add_post("/standin/fail_transfers", self.fail_transfers)
         return app
+
+    def bootstrap_app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/standin/room/{room}", self.room)
+        return app
+
+    async def room(self, r: web.Request) -> web.Response:
+        room = int(r.match_info["room"])
+        return web.Response(status=200 if room in self.rooms else 410 if room in self.failed_rooms else 404)
+
+    async def fail_transfers(self, r: web.Request) -> web.Response:
+        self.fail_rooms = int((await r.json())["count"])
+        return web.json_response({})
+
+    async def transfer_ok(self, q: Req) -> bool:
+        """A decode request's KV: is its room there on the prefill side's bootstrap server?"""
+        b = q.body
+        url = f"http://{b.get('bootstrap_host')}:{b.get('bootstrap_port')}/standin/room/{b.get('bootstrap_room')}"
+        try:
+            async with ClientSession() as http:
+                for _ in range(100):
+                    async with http.get(url, timeout=ClientTimeout(total=5)) as resp:
+                        if resp.status != 404:
+                            return resp.status == 200
+                    await asyncio.sleep(0.05)
+        except (ClientError, TimeoutError):
+            pass
+        return False
 
     async def health(self, r: web.Request) -> web.Response:
         if time.monotonic() < self.ready_at:
@@ -185,12 +226,26 @@ class StandIn:
                 while self.waiting:
                     q = self.waiting[0]
                     if self.role == "decode":  # the KV came by transfer: straight into the batch
-                        self.batch.append(self.waiting.pop(0))
+                        self.waiting.pop(0)
+                        if self.check_rooms and not await self.transfer_ok(q):
+                            msg = f"KVTransferError(bootstrap_room={q.body.get('bootstrap_room')}): failed"
+                            q.out.put_nowait(
+                                self.chunk_of(q, {"type": "abort", "message": msg, "status_code": 500})
+                            )
+                            continue
+                        self.batch.append(q)
                         continue
                     if passed and uncached + len(q.ids) > self.chunk:
                         break
                     self.waiting.pop(0)
                     q.cached = await self.prefill(q.ids)
+                    room = q.body.get("bootstrap_room")
+                    if isinstance(room, int):
+                        if self.fail_rooms > 0:
+                            self.fail_rooms -= 1
+                            self.failed_rooms.add(room)
+                        else:
+                            self.rooms.add(room)
                     uncached += len(q.ids) - q.cached
                     passed.append(q)
                 if passed:
@@ -293,6 +348,8 @@ async def main() -> None:
     p.add_argument("--speculative-algorithm")
     p.add_argument("--speculative-num-draft-tokens", type=int, default=4)
     p.add_argument("--standin-prefill-s", default="0.005,0")
+    p.add_argument("--standin-check-rooms", action="store_true")
+    p.add_argument("--disaggregation-bootstrap-port", type=int)
     p.add_argument("--standin-decode-s", default="0.02,0")
     args, _ = p.parse_known_args()
     args.record.write_text(json.dumps(sys.argv[1:]))
@@ -301,6 +358,10 @@ async def main() -> None:
     runner = web.AppRunner(s.app())
     await runner.setup()
     await web.TCPSite(runner, args.host, args.port).start()
+    boot = web.AppRunner(s.bootstrap_app())
+    await boot.setup()
+    if args.standin_check_rooms and args.disaggregation_bootstrap_port:
+        await web.TCPSite(boot, args.host, args.disaggregation_bootstrap_port).start()
     print(f"stand-in serving on {args.host}:{args.port}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -308,6 +369,7 @@ async def main() -> None:
     await stop.wait()
     loop_task.cancel()
     await runner.cleanup()
+    await boot.cleanup()
     s.pub.close()
     s.ctx.term()
     print("stand-in stopped", flush=True)

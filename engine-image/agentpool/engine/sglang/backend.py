@@ -35,7 +35,7 @@ import aiohttp
 
 from agentpool.engine.backend import BackendLoad, BackendParts
 from agentpool.engine.config import EngineConfig, SglangSettings
-from agentpool.engine.errors import BackendUnavailable, BadRequestError, SwitchFailed
+from agentpool.engine.errors import BackendUnavailable, BadRequestError, FetchError, SwitchFailed
 from agentpool.engine.jobs import EventStream, JobState
 from agentpool.engine.kvstate import KvEventSink, NoSink
 from agentpool.engine.metrics import EngineMetrics
@@ -50,6 +50,7 @@ from agentpool.engine.sglang.generate import (
     sampling_params,
     transfer_id,
 )
+from agentpool.engine.sglang.handover import prefill_again
 from agentpool.engine.sglang.iterations import IterationRecorder
 from agentpool.engine.sglang.process import SglangProcess
 from agentpool.engine.sglang.zmq_bridge import ZmqKvBridge
@@ -108,6 +109,8 @@ class SglangJob(EventStream):
     cached_tokens: int = 0  # the router's estimate until SGLang says
     output: bool = False  # SGLang answered with output (or the prefill was handed over)
     text: str = ""
+    handover: tuple[GenerateRequest, dict[str, Any]] | None = None  # a decode: to prefill it again
+    retrying: bool = False  # its hand-over failed: a new prefill at the source is under way
 
 
 class SglangBackend:
@@ -283,6 +286,8 @@ class SglangBackend:
                 "bootstrap_room": room,
                 "stream": False,
             }
+        if g.phase == "decode":
+            job.handover = (g, payload)
         self.jobs[rid] = job
         if g.phase != "prefill":  # streamed: its chunks time SGLang's passes
             self.records.submitted(rid, time.monotonic(), len(ids), prefills_here=g.phase == "both")
@@ -324,6 +329,8 @@ class SglangBackend:
                     if chunk.error is not None:
                         self._fail(job, f"SGLang: {chunk.error}", 502)
                         return
+                    if chunk.finish_reason == "abort":  # no output: not "started"
+                        break
                     self._chunk(job, chunk)
                     if chunk.finish_reason is not None:
                         break
@@ -367,6 +374,46 @@ class SglangBackend:
             log.warning("SGLang prefill %s ended without a hand-over: %s", job.rid, c.error or "aborted")
 
     def _fail(self, job: SglangJob, message: str, status: int) -> None:
+        if (
+            job.handover is not None
+            and not job.output
+            and status >= 500
+            and job.state is not JobState.FINISHED
+        ):
+            # the KV never came (SGLang's decode mode cannot prefill): the source prefills it again
+            self.metrics.fetch_failures.labels("handover").inc()
+            job.retrying = True
+            job.spawn(self._prefill_again(job, message))
+            return
+        self._fail_now(job, message, status)
+
+    async def _prefill_again(self, job: SglangJob, why: str) -> None:
+        assert job.handover is not None and self._http is not None
+        g, payload = job.handover
+        job.handover = None  # once
+        assert g.kv_source is not None
+        source = g.kv_source.url
+        log.warning("%s: KV hand-over failed (%s); prefilling it again at %s", g.request_id, why, source)
+        try:
+            transfer = await prefill_again(self._http, source, g, self.s.request_timeout_s)
+            port, room = parse_transfer_id(transfer)
+        except (FetchError, BadRequestError) as e:
+            job.retrying = False
+            self._fail_now(job, f"KV hand-over failed ({why}); the prefill node could not redo it: {e}", 502)
+            self._gone(job)
+            return
+        self.metrics.handover_recomputed.inc()
+        self.metrics.recomputed_tokens.inc(len(g.prompt_token_ids))
+        self.jobs.pop(job.rid, None)
+        self.records.gone(job.rid)
+        job.rid = f"{job.rid}-again"[:256]
+        job.retrying = False
+        self.jobs[job.rid] = job
+        self.records.submitted(job.rid, time.monotonic(), len(g.prompt_token_ids), prefills_here=False)
+        payload = payload | {"rid": job.rid, "bootstrap_port": port, "bootstrap_room": room}
+        asyncio.get_running_loop().create_task(self._forward(job, payload))
+
+    def _fail_now(self, job: SglangJob, message: str, status: int) -> None:
         self.metrics.requests.labels(job.phase, "error").inc()
         log.warning("%s (%s): %s", job.request_id, job.phase, message)
         event: dict[str, Any] = {"type": "error", "message": message}
@@ -375,6 +422,8 @@ class SglangBackend:
         job.finish(event)
 
     def _gone(self, job: SglangJob) -> None:
+        if job.retrying:  # stays (a drain waits for it) until the new prefill's answer
+            return
         self.jobs.pop(job.rid, None)
         self.records.gone(job.rid)
         job.finish()
@@ -387,7 +436,11 @@ class SglangBackend:
             self.metrics.requeued.labels(requeue).inc()
             job.finish({"type": "requeue", "reason": requeue})
         else:
-            job.finish()
+            job.finish()  # cancels a new prefill under way
+        if job.retrying:
+            job.retrying = False
+            self._gone(job)
+            return
         if self._control is not None and job.rid in self.jobs:
             asyncio.get_running_loop().create_task(self._abort_in_sglang(job.rid))
 

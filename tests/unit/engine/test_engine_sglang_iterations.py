@@ -152,3 +152,18 @@ def test_t_acc_is_sglang_accept_length_and_splits_chunks_into_passes() -> None:
     [r] = rec.take(3.0)
     assert isinstance(r, WireDecodeIteration) and r.seconds == pytest.approx(0.015) and r.running == 1
     assert rec.take_t_acc() == pytest.approx(10 / 6)
+
+
+def test_a_stalled_pacer_hands_over_to_a_request_that_still_decodes() -> None:
+    rec = IterationRecorder(max_prefill_tokens=8192)
+    for rid in ("a", "b"):
+        rec.submitted(rid, 0.0, 10, prefills_here=False)
+        rec.output(rid, 0.1, 1, 0)
+    rec.output("a", 0.12, 2, 0)  # a paces, then SGLang retracts it: b goes on alone
+    for i in range(200):
+        rec.output("b", 0.12 + 0.02 * i, 2 + i, 0)
+    assert rec.take(4.1) == []  # nothing paced yet: a is the pacer
+    for i in range(200, 210):
+        rec.output("b", 0.12 + 0.02 * i, 2 + i, 0)
+    out = rec.take(5.0)
+    assert out and all(isinstance(r, WireDecodeIteration) and r.seconds == pytest.approx(0.02) for r in out)

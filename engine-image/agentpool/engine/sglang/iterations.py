@@ -22,7 +22,9 @@ those arrival times (this agent's monotonic clock) it derives:
   (another request's first chunk arrived: the gap holds a prefill pass) or SGLang was paused is
   dropped, and so is a run whose passes seem to last under ``group_s`` (its chunks were read in
   bursts: this agent's loop lagged). ``running`` can be off by a request whose last chunk of a
-  pass arrived after the pacer's (the run then ends one pass early).
+  pass arrived after the pacer's (the run then ends one pass early), and counts a request SGLang
+  retracted (memory pressure) until it finishes; a pacer silent for :data:`PACER_STALL_S` while
+  others get output hands over to the most recently active request.
 - **prefill** records, where prefills stream (a colocated node): the requests whose first chunks
   arrive within ``group_s`` of each other ran in one prefill pass; it began at the later of the
   previous output of any request (the end of the pass before) and the last submission among them,
@@ -60,6 +62,7 @@ from agentpool.wire.iterations import (
 GROUP_S = 0.004  # first chunks this close together came out of one prefill pass
 SEGMENT_PASSES = 16  # decode passes averaged into one record at most
 MIN_SEGMENT_PASSES = 3  # fewer: the jitter of one chunk's arrival weighs too much
+PACER_STALL_S = 2.0  # a pacer silent this long while others get output (SGLang retracted it) is replaced
 
 
 @dataclass(slots=True)
@@ -175,6 +178,11 @@ class IterationRecorder:
     # -- what the load report takes ---------------------------------------------------------------
     def take(self, now: float) -> list[WireIteration]:
         self._close_group(now)
+        pacer = self._reqs.get(self._pacer) if self._pacer is not None else None
+        if pacer is not None and self._last_output - pacer.last_at > PACER_STALL_S:
+            self._close_segment()
+            live = [k for k, o in self._reqs.items() if o.decoding]
+            self._pacer = max(live, key=lambda k: self._reqs[k].last_at)
         if self._segment is not None and self._segment.passes >= MIN_SEGMENT_PASSES:
             self._close_segment(reopen=True)
         # what is still open starts no earlier than this: records before it are final, in order

@@ -1,7 +1,7 @@
 """P->D on the ``sglang`` backend with the KV transfer checked (stand-ins in prefill and decode mode,
 the decode one asking the prefill one's bootstrap server for the room): a transfer that fails makes
 the decode agent ask the prefill agent for the prefill again and decode with the new room
-(``agentpool_engine_handover_recomputed_total``); with the prefill agent gone the request ends with
+(``agentpool_engine_handover_recomputed_total``); with the prefill node gone the request ends with
 ``error``, and the agent goes on serving."""
 
 from __future__ import annotations
@@ -95,10 +95,13 @@ async def test_a_failed_transfer_is_prefilled_again_at_the_source(tmp_path: Path
             assert metric(text, 'agentpool_engine_fetch_failures_total{kind="handover"}') == 1
             assert metric(text, "agentpool_engine_fetch_recomputed_tokens_total") == len(prompt)
 
-            # the prefill agent is gone: nothing to prefill it again, the request ends with error
-            events = await generate(http, p.url, gen_body("gone", prompt, phase="prefill", max_tokens=3))
-            kv = {"node_id": "p0", "url": p.url, "transfer_id": events[1]["transfer_id"]}
-            await p.stop()  # its SGLang (and bootstrap server) with it
+            # the prefill node is gone (nothing listens at its agent's or its bootstrap port): nothing
+            # can prefill it again, the request ends with error
+            kv = {
+                "node_id": "p9",
+                "url": f"http://127.0.0.1:{free_port()}",
+                "transfer_id": f"sglang-bootstrap:{free_port()}:5",
+            }
             body = gen_body("gone", prompt, phase="decode", max_tokens=3, kv_source=kv)
             events = await generate(http, d.url, body)
             assert events[-1]["type"] == "error" and "could not redo it" in events[-1]["message"], events

@@ -36,6 +36,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from agentpool.engine.auth import EngineAuth, auth_middleware
 from agentpool.engine.hostpool import HostPool
 from agentpool.engine.http_errors import error_middleware
 from agentpool.engine.kv_peers import LEASE_PATH, KvExporter, PeerFetcher
@@ -44,6 +45,9 @@ from agentpool.kv import ROOT_HASH, block_hashes
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = 16
+TOKEN = "bench-engine-token-0123456789abcdef"
+AUTH = EngineAuth.token(TOKEN)  # engines require it, as deployed
+HEADERS = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def chain(n: int) -> list[int]:
@@ -63,8 +67,8 @@ async def serve_pool(blocks: int, block_bytes: int, delay_us: int) -> None:
         "bench-peer", pool.buffer, block_bytes, progress_delay_us=delay_us, table=pool.table
     )
     await transport.start()
-    app = web.Application(middlewares=[error_middleware])
-    exporter = KvExporter(pool, transport)
+    app = web.Application(middlewares=[error_middleware, auth_middleware(AUTH, lambda: None)])
+    exporter = KvExporter(pool, transport, AUTH)
     await exporter.serve_channel("127.0.0.1")
     exporter.add_routes(app)
     runner = web.AppRunner(app, access_log=None)
@@ -105,11 +109,11 @@ async def bench_fetch(block_kib: int, repeats: int) -> bool:
     met = {"pool": True, "pool+check": True}
     try:
         async with aiohttp.ClientSession() as http:
-            checked = PeerFetcher(pool, transport, http, timeout_s=30.0, verify_stride=512)
-            plain = PeerFetcher(pool, transport, http, timeout_s=30.0, verify=False)
-            leased = PeerFetcher(pool, transport, http, timeout_s=30.0, verify=False, direct=False)
+            checked = PeerFetcher(pool, transport, http, auth=AUTH, timeout_s=30.0, verify_stride=512)
+            plain = PeerFetcher(pool, transport, http, auth=AUTH, timeout_s=30.0, verify=False)
+            leased = PeerFetcher(pool, transport, http, auth=AUTH, timeout_s=30.0, verify=False, direct=False)
             fetchers = {"pool": plain, "pool+check": checked, "lease": leased}
-            async with http.post(url + LEASE_PATH, json={"block_hashes": hashes}) as r:
+            async with http.post(url + LEASE_PATH, json={"block_hashes": hashes}, headers=HEADERS) as r:
                 lease = await r.json()
             peer = PoolInfo.from_json(lease["pool"])
             remote_slots = lease["slots"]
@@ -195,10 +199,10 @@ async def lease_round_trips(
         chan.append(time.perf_counter() - t0)
         ch.send({"op": "release", "lease": lease["lease"]})
         t0 = time.perf_counter()
-        async with http.post(url + LEASE_PATH, json={"block_hashes": hashes}) as r:
+        async with http.post(url + LEASE_PATH, json={"block_hashes": hashes}, headers=HEADERS) as r:
             lease = await r.json()
         http_t.append(time.perf_counter() - t0)
-        async with http.delete(f"{url}{LEASE_PATH}/{lease['lease']}") as r:
+        async with http.delete(f"{url}{LEASE_PATH}/{lease['lease']}", headers=HEADERS) as r:
             await r.read()
         await asyncio.sleep(0.001)
     print(
@@ -248,7 +252,7 @@ async def bench_progress(block_kib: int, repeats: int) -> None:
     hashes = chain(n)
     try:
         async with aiohttp.ClientSession() as http:
-            fetcher = PeerFetcher(pool, transport, http, timeout_s=30.0, verify=False)
+            fetcher = PeerFetcher(pool, transport, http, auth=AUTH, timeout_s=30.0, verify=False)
             for _, url in peers:
                 await fetcher.fetch_prefix(url, hashes)
                 pool.remove(hashes)
@@ -333,7 +337,9 @@ async def concurrent_fetches(
 # -- engines from the CLI ----------------------------------------------------------------------------
 async def start_engine(tmp: Path, cfg: dict[str, Any]) -> tuple[asyncio.subprocess.Process, str]:
     path = tmp / f"{cfg['nodeId']}.json"
-    path.write_text(json.dumps(cfg))
+    token_file = tmp / "engine-token"
+    token_file.write_text(TOKEN)
+    path.write_text(json.dumps({**cfg, "tokenFile": str(token_file)}))
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "agentpool.engine", "--config", str(path), "--log-level", "WARNING",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
@@ -369,7 +375,7 @@ async def generate(
         "request_id": rid, "dispatch_seq": 0, "phase": phase, "endpoint": "completion",
         "body": {"max_tokens": out}, "prompt_token_ids": tokens,
     }  # fmt: skip
-    async with http.post(url + "/agentpool/v1/generate", json=body) as r:
+    async with http.post(url + "/agentpool/v1/generate", json=body, headers=HEADERS) as r:
         last = ""
         async for line in r.content:
             if line.strip():

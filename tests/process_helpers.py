@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import re
 import signal
 import socket
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -19,6 +21,18 @@ from pathlib import Path
 import redis.asyncio as aioredis
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
+ENGINE_TOKEN = "engine-token-for-the-tests-0123456789"
+"""The engine token the tests' engines require and their routers send."""
+ENGINE_AUTH = {"Authorization": f"Bearer {ENGINE_TOKEN}"}
+"""Headers of a test's own calls to an engine's API."""
+
+
+@functools.cache
+def engine_token_file() -> Path:
+    """A file holding :data:`ENGINE_TOKEN` (``tokenFile`` of the engines, ``--engine-token-file``)."""
+    path = Path(tempfile.mkdtemp(prefix="agentpool-tests-")) / "engine-token"
+    path.write_text(ENGINE_TOKEN + "\n")
+    return path
 
 
 @dataclass

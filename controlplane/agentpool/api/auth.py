@@ -52,6 +52,10 @@ class AuthSpec(ApiModel):
     directory_token: SecretKeySelector | None = None
     """Bearer token of every KV directory client (at least 16 characters); by default the key
     `directory-token` of the generated Secret `<pool>-auth`."""
+    engine_token: SecretKeySelector | None = None
+    """Bearer token of the engines' own API (generations, KV leases) and of the lease channel
+    between engines, which the routers and the peer engines send (at least 16 characters); by
+    default the key `engine-token` of the generated Secret `<pool>-auth`."""
     directory_tls: DirectoryTlsSpec | None = None
     """TLS (and optionally mutual TLS) for the KV directory; none by default (the bearer token
     still authenticates every call)."""

@@ -41,6 +41,10 @@ class NotFoundError(PermanentError, LookupError):
     """The call names something this service does not hold (never made, expired or released)."""
 
 
+class UnauthenticatedError(PermanentError):
+    """The caller did not prove who it is (no token, a wrong one): the same call fails again."""
+
+
 class UnavailableError(TemporaryError):
     """This service (or the part asked) cannot serve now: draining, switching, store down, full."""
 
@@ -60,6 +64,7 @@ CODES: dict[type[AgentpoolError], tuple[int, str]] = {
     TemporaryError: (503, "UNAVAILABLE"),
     InvalidInputError: (400, "INVALID_ARGUMENT"),
     NotFoundError: (404, "NOT_FOUND"),
+    UnauthenticatedError: (401, "UNAUTHENTICATED"),
     UnavailableError: (503, "UNAVAILABLE"),
     OverloadedError: (429, "RESOURCE_EXHAUSTED"),
     UpstreamError: (502, "UNAVAILABLE"),
@@ -92,6 +97,7 @@ __all__ = [
     "OverloadedError",
     "PermanentError",
     "TemporaryError",
+    "UnauthenticatedError",
     "UnavailableError",
     "UpstreamError",
     "grpc_code_name",

@@ -4,8 +4,9 @@
 field). :func:`plan` turns it into the process specs the :class:`~agentpool.local.supervisor.Supervisor`
 runs, in start order: Redis (unless one is given), the directory (gRPC), the engines (``sim``
 backend, HTTP + NIXL host pools), the router and the planner. Secrets (the directory's token,
-the engines' report token, Redis' password) are generated into files (0600) in the pool's work
-directory (0700); no secret is on a command line. Roles flow as in a cluster: the desired role
+the engines' report token, the engine token of the engines' own API and lease channel, Redis'
+password) are generated into files (0600) in the pool's work directory (0700); no secret is on a
+command line. Roles flow as in a cluster: the desired role
 of each engine is a file in ``roles/`` (the local stand-in for the pod annotation); the planner
 writes it and the engine reads it.
 """
@@ -226,6 +227,7 @@ def plan(pool: AgentServingPool, options: LocalOptions, workdir: Path) -> PoolPl
 
     # engines (listed in the router's config, which the router re-reads on change)
     report_token = write_secret(workdir / "report-token", secrets.token_urlsafe(32))
+    engine_token = write_secret(workdir / "engine-token", secrets.token_urlsafe(32))
     router_url = f"http://{host}:{options.router_port}"
     roles = initial_roles(pool)
     nodes: list[NodeConfig] = []
@@ -235,6 +237,7 @@ def plan(pool: AgentServingPool, options: LocalOptions, workdir: Path) -> PoolPl
         role_file = out.roles_dir / node
         role_file.write_text(roles[i] + "\n")
         cfg = engine_config(pool, options, node, port, role_file, router_url, report_token, out, dir_token)
+        cfg["tokenFile"] = str(engine_token)  # the router and the peer engines send it
         cfg_file = workdir / f"{node}.json"
         cfg_file.write_text(json.dumps(cfg, indent=1))
         out.specs.append(
@@ -278,6 +281,8 @@ def plan(pool: AgentServingPool, options: LocalOptions, workdir: Path) -> PoolPl
                 str(dir_token),
                 "--report-token-file",
                 str(report_token),
+                "--engine-token-file",
+                str(engine_token),
             ],
             HttpReady(f"{router_url}/health"),
             logs / "router.log",

@@ -10,6 +10,10 @@ Engine load reports (``POST /agentpool/v1/report``) need ``Authorization: Bearer
 token in ``--report-token-file`` (or the file named by ``$AGENTPOOL_REPORT_TOKEN_FILE``); the router
 refuses to start without one unless ``--insecure-allow-unauthenticated-reports`` is given.
 
+Requests to the engines carry the pool's engine token from ``--engine-token-file`` (or the file named
+by ``$AGENTPOOL_ENGINE_TOKEN_FILE``); without one the router sends none and warns (engines refuse it
+unless they were started with ``insecureAllowUnauthenticated``).
+
 Everything (the gRPC channel included) is built inside the event loop that serves: a gRPC aio
 channel made before the loop runs is bound to another loop and fails every call. ``--port 0``
 picks a free port; the router prints ``router listening on http://HOST:PORT`` once it serves.
@@ -30,7 +34,13 @@ from pathlib import Path
 from agentpool.directory.auth import ConfigurationError as TlsFilesError
 from agentpool.directory.auth import read_client_tls
 from agentpool.kv import Directory
-from agentpool.router.auth import TOKEN_FILE_ENV, AuthConfigError, ReportAuth
+from agentpool.router.auth import (
+    ENGINE_TOKEN_FILE_ENV,
+    TOKEN_FILE_ENV,
+    AuthConfigError,
+    EngineToken,
+    ReportAuth,
+)
 from agentpool.router.config import ConfigError, ConfigFile
 from agentpool.router.directory_view import DirectoryView, InProcessDirectoryView
 from agentpool.router.server import serve as serve_http
@@ -97,6 +107,12 @@ def parser() -> argparse.ArgumentParser:
         help="accept load reports from anyone (tests and demos only: a forged report can switch roles)",
     )
     p.add_argument(
+        "--engine-token-file",
+        type=Path,
+        default=None,
+        help=f"file with the pool's engine token, sent to the engines (default: ${ENGINE_TOKEN_FILE_ENV})",
+    )
+    p.add_argument(
         "--loop",
         choices=("uvloop", "asyncio"),
         default="uvloop",
@@ -123,7 +139,15 @@ def report_auth(args: argparse.Namespace, env: dict[str, str]) -> ReportAuth:
     )
 
 
-async def serve(args: argparse.Namespace, auth: ReportAuth) -> None:
+def engine_token(args: argparse.Namespace, env: dict[str, str]) -> EngineToken:
+    """The engine token from ``--engine-token-file`` or ``$AGENTPOOL_ENGINE_TOKEN_FILE`` (open: none)."""
+    path = args.engine_token_file
+    if path is None and env.get(ENGINE_TOKEN_FILE_ENV):
+        path = Path(env[ENGINE_TOKEN_FILE_ENV])
+    return EngineToken.unauthenticated() if path is None else EngineToken.token_file(path)
+
+
+async def serve(args: argparse.Namespace, auth: ReportAuth, engine_token: EngineToken) -> None:
     config_file = ConfigFile(args.config)
     config = await asyncio.to_thread(config_file.load)
     view = directory_view(
@@ -134,12 +158,14 @@ async def serve(args: argparse.Namespace, auth: ReportAuth) -> None:
         args.directory_client_cert_file,
         args.directory_client_key_file,
     )
-    service = RouterService(config, view, config_file=config_file, report_auth=auth)
+    service = RouterService(config, view, config_file=config_file, report_auth=auth, engine_auth=engine_token)
     server = await serve_http(service, args.host, args.port)
     try:
         print(f"router listening on http://{args.host}:{server.port}", flush=True)
         if auth.open:
             log.warning("engine load reports are NOT authenticated (--insecure-allow-unauthenticated-*)")
+        if engine_token.open:
+            log.warning("no --engine-token-file: requests to the engines carry no token")
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -168,8 +194,9 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         auth = report_auth(args, dict(os.environ))
+        token = engine_token(args, dict(os.environ))
         with asyncio.Runner(loop_factory=factory) as runner:
-            runner.run(serve(args, auth))
+            runner.run(serve(args, auth, token))
     except (AuthConfigError, ConfigError, SecretFileError, TlsFilesError) as e:
         raise SystemExit(f"agentpool.router: {e}") from e
 

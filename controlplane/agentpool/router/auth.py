@@ -7,13 +7,14 @@ The token is read from a file (a mounted Kubernetes Secret), never from a comman
 
 from __future__ import annotations
 
-import hmac
 from dataclasses import dataclass
-from pathlib import Path
+from typing import ClassVar
 
-from agentpool.secret_file import MIN_TOKEN_CHARS, read_secret_file
+from agentpool.secret_file import BearerAuth
 
 TOKEN_FILE_ENV = "AGENTPOOL_REPORT_TOKEN_FILE"
+ENGINE_TOKEN_FILE_ENV = "AGENTPOOL_ENGINE_TOKEN_FILE"
+"""The file with the pool's engine token, which the router sends to the engines."""
 
 
 class AuthConfigError(ValueError):
@@ -21,35 +22,16 @@ class AuthConfigError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class ReportAuth:
+class ReportAuth(BearerAuth):
     """``expected``: the whole ``Authorization`` header value wanted; ``None``: reports are open."""
 
-    expected: bytes | None
+    what: ClassVar[str] = "report token"
+    error: ClassVar[type[ValueError]] = AuthConfigError
 
-    @classmethod
-    def token(cls, token: str) -> ReportAuth:
-        token = token.strip()
-        if len(token) < MIN_TOKEN_CHARS:
-            raise AuthConfigError(f"the report token must have at least {MIN_TOKEN_CHARS} characters")
-        if any(c.isspace() for c in token):
-            raise AuthConfigError("the report token must not contain whitespace")
-        return cls(f"Bearer {token}".encode())
 
-    @classmethod
-    def token_file(cls, path: Path) -> ReportAuth:
-        return cls.token(read_secret_file(path, "report token", MIN_TOKEN_CHARS))
+@dataclass(frozen=True, slots=True)
+class EngineToken(BearerAuth):
+    """The pool's engine token the router sends to the engines (``EngineClient``)."""
 
-    @classmethod
-    def unauthenticated(cls) -> ReportAuth:
-        return cls(None)
-
-    @property
-    def open(self) -> bool:
-        return self.expected is None
-
-    def allows(self, authorization: str | None) -> bool:
-        """Whether a request with this ``Authorization`` header may post a report (constant time)."""
-        if self.expected is None:
-            return True
-        given = (authorization or "").encode("utf-8", "replace")
-        return hmac.compare_digest(given, self.expected)
+    what: ClassVar[str] = "engine token"
+    error: ClassVar[type[ValueError]] = AuthConfigError

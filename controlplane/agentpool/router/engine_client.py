@@ -10,6 +10,9 @@ per-request machinery was the largest single cost of the router's shell (bench/r
   half-read. A response over ``MAX_BUFFER`` unread bytes pauses reading from the engine.
 - Timeouts: connecting (``connect_s``), the first event (``first_event_s``) and each later event
   (``between_events_s``).
+- Authentication: with ``authorization`` (``Bearer <the pool's engine token>``) every request
+  carries it as its ``Authorization`` header; an engine that refuses it (401) is an :class:`EngineFailure`
+  that says so.
 """
 
 from __future__ import annotations
@@ -207,7 +210,14 @@ def _expire(waiter: asyncio.Future[None]) -> None:
 class EngineClient:
     """Streams :class:`EngineEvent` objects from one ``generate`` call over pooled connections."""
 
-    def __init__(self, connect_s: float, first_event_s: float, between_events_s: float) -> None:
+    def __init__(
+        self,
+        connect_s: float,
+        first_event_s: float,
+        between_events_s: float,
+        authorization: str | None = None,
+    ) -> None:
+        self._auth_line = b"" if authorization is None else b"Authorization: %s\r\n" % authorization.encode()
         self.connect_s = connect_s
         self.first_event_s = first_event_s
         self.between_events_s = between_events_s
@@ -296,12 +306,8 @@ class EngineClient:
             raise EngineRejected(f"the request cannot be encoded for the engine: {e}") from e
         t = self._target(url)
         head = (
-            b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-            % (
-                t.path,
-                t.host_header,
-                len(body),
-            )
+            b"POST %s HTTP/1.1\r\nHost: %s\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+            % (t.path, t.host_header, self._auth_line, len(body))
         )
         conn: _Connection | None = None
         lines: _Lines | None = None
@@ -314,6 +320,10 @@ class EngineClient:
                 text = (await self._some(conn)).decode(errors="replace")
                 if status in REJECTED_STATUSES:
                     raise EngineRejected(f"{url} rejected the request ({status}): {text}")
+                if status == 401:
+                    raise EngineFailure(
+                        f"{url} refused the router's engine token (401; --engine-token-file): {text}"
+                    )
                 raise EngineFailure(f"{url} answered {status}: {text}")
             lines = _Lines(conn)
             wait = self.first_event_s

@@ -35,6 +35,7 @@ from agentpool.router.tokenizer import (
     encode_completion,
     load_tokenizer,
 )
+from agentpool.secret_file import BearerAuth
 from agentpool.wire.engine import LoadReport, ReportAck
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ class RouterService:
         directory: DirectoryView,
         *,
         report_auth: ReportAuth,
+        engine_auth: BearerAuth | None = None,
         metrics: RouterMetrics | None = None,
         config_file: ConfigFile | None = None,
         reload_interval_s: float = 1.0,
@@ -61,7 +63,9 @@ class RouterService:
         self.reload_interval_s = reload_interval_s
         self.nodes = NodeTable(config.max_report_age_s, max_down_s=config.max_down_s)
         t = config.timeouts
-        self.engines = EngineClient(t.connect_s, t.first_event_s, t.between_events_s)
+        # engine_auth: the engine token sent to the engines (their API needs it unless started open)
+        authorization = None if engine_auth is None else engine_auth.header
+        self.engines = EngineClient(t.connect_s, t.first_event_s, t.between_events_s, authorization)
         self.tokenizer: Tokenizer = load_tokenizer(config.tokenizer)
         self.routing = Routing(config, create_policy(config.policy, config.knobs), config.policy_context())
         self.nodes.configure(config.nodes, config.node_model)

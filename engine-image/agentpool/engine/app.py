@@ -12,6 +12,7 @@ from aiohttp import web
 
 from agentpool.directory.auth import read_client_tls
 from agentpool.directory.client import DirectoryClient
+from agentpool.engine.auth import engine_auth
 from agentpool.engine.backend import Backend, BackendParts
 from agentpool.engine.backends import BACKENDS
 from agentpool.engine.config import EngineConfig
@@ -37,7 +38,14 @@ class EngineApp:
         self.dispatch_seqs = DispatchSeqs()
         self.pool = HostPool(cfg.host_slots, cfg.block_bytes)
         self.transport = NixlTransport(cfg.node_id, self.pool.buffer, cfg.block_bytes, table=self.pool.table)
-        self.exporter = KvExporter(self.pool, self.transport, on_unknown=self.metrics.unknown_transfers.inc)
+        self.auth = engine_auth(cfg)
+        self.exporter = KvExporter(
+            self.pool,
+            self.transport,
+            self.auth,
+            on_unknown=self.metrics.unknown_transfers.inc,
+            on_refused=self.metrics.unauthenticated.labels("lease_channel").inc,
+        )
         self.url = ""
         self.advertised_url: str | None = None
         self.started = False
@@ -61,6 +69,7 @@ class EngineApp:
             self.pool,
             self.transport,
             self._session,
+            auth=self.auth,
             verify=cfg.fetch.verify,
             verify_stride=cfg.fetch.verify_stride,
             timeout_s=cfg.fetch.timeout_s,

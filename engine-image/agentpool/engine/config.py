@@ -6,6 +6,9 @@ host: 0.0.0.0
 port: 8080                     # 0: a free port (printed as "engine listening on http://HOST:PORT")
 leasePort: 0                   # peers' lease channel (0: a free port, found at /agentpool/v1/kv/channel)
 advertiseUrl: "http://10.0.0.7:8080"  # sent with load reports so routers can register the engine
+tokenFile: /var/run/agentpool/engine/token  # the pool's engine token (a mounted Secret): routers and
+                               # peers send it, this engine sends it to its peers (auth.py)
+insecureAllowUnauthenticated: false  # true instead of tokenFile: an open API (tests and demos only)
 backend: sim                   # sim | sglang
 role: both                     # the role served at start: prefill | decode | both
 roleFile: /etc/agentpool/role  # desired role as a file (downward-API volume or a plain file)
@@ -177,6 +180,11 @@ class EngineConfig(_Model):
     lease_port: int = Field(0, ge=0, le=65535)
     """TCP port of the lease channel peers fetch through (0: any free port; peers learn it from
     ``GET /agentpool/v1/kv/channel``)."""
+    token_file: Path | None = None
+    """The engine token (a mounted Secret): required on the API (but probes, metrics and state) and
+    the lease channel, and sent to peers. One of it and ``insecureAllowUnauthenticated`` is required."""
+    insecure_allow_unauthenticated: bool = False
+    """Serve the API and the lease channel to anyone (tests and demos only; logged as a warning)."""
     backend: Literal["sim", "sglang"] = "sim"
     role: Role = Role.BOTH
     role_file: Path | None = None
@@ -208,6 +216,13 @@ class EngineConfig(_Model):
             raise ValueError("backend sglang needs the sglang section (at least sglang.model)")
         if self.backend == "sglang" and self.sglang is not None and self.sglang.port == self.port:
             raise ValueError("sglang.port must differ from the agent's port")
+        if self.token_file is None and not self.insecure_allow_unauthenticated:
+            raise ValueError(
+                "the engine's API needs a token: set tokenFile (a file with the pool's engine token, "
+                "e.g. a mounted Secret), or insecureAllowUnauthenticated: true (tests and demos only)"
+            )
+        if self.token_file is not None and self.insecure_allow_unauthenticated:
+            raise ValueError("set tokenFile or insecureAllowUnauthenticated, not both")
         return self
 
     @property

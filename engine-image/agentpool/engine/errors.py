@@ -8,6 +8,7 @@ from agentpool.errors import (
     AgentpoolError,
     InvalidInputError,
     NotFoundError,
+    UnauthenticatedError,
     UnavailableError,
     UpstreamError,
 )
@@ -19,6 +20,10 @@ class EngineError(AgentpoolError):
 
 class BadRequestError(EngineError, InvalidInputError):
     """Malformed or oversized input from a caller (400)."""
+
+
+class Unauthenticated(EngineError, UnauthenticatedError):
+    """A call to the engine's API or lease channel without the engine token, or with a wrong one (401)."""
 
 
 class UnknownTransferError(EngineError, NotFoundError):

@@ -7,6 +7,8 @@ prefilled request's KV is published under its transfer id this way) and released
 (``lease_channel.py``: one kept-open TCP connection, its port at ``GET /agentpool/v1/kv/channel``);
 the same operations are on HTTP for people and tools: ``POST /agentpool/v1/kv/lease``,
 ``GET``/``DELETE /agentpool/v1/kv/lease/{id}``, their answers with the :class:`PoolInfo` as ``pool``.
+Both need the pool's engine token (``auth.py``): the HTTP routes through the app's auth middleware,
+the channel in its handshake; the fetcher sends it on both.
 
 Fetching node (``PeerFetcher``): a queued request's prefix is read one-sidedly first: reserve local
 slots (evicting in the directory's order), find the blocks in the peer's slot table, READ them and
@@ -46,6 +48,7 @@ from agentpool.engine.hostpool import HostPool
 from agentpool.engine.lease_channel import MAX_LEASE_BLOCKS, LeaseChannel, LeaseServer
 from agentpool.engine.nixl_transport import NixlTransport
 from agentpool.kv import ROOT_HASH
+from agentpool.secret_file import BearerAuth
 
 log = logging.getLogger(__name__)
 
@@ -73,10 +76,14 @@ class KvExporter:
 
     pool: HostPool
     transport: NixlTransport
+    auth: BearerAuth
+    """Who may use the lease channel (its handshake)."""
     clock: Callable[[], float] = time.monotonic
     leases: dict[str, Lease] = field(default_factory=dict)
     unknown_lookups: int = 0
     on_unknown: Callable[[], None] | None = None
+    on_refused: Callable[[], None] | None = None
+    """Called for each lease channel connection refused for its handshake."""
     channel: LeaseServer | None = None
 
     def lease(self, hashes: Sequence[int], ttl_s: float, lease_id: str | None = None) -> dict[str, Any]:
@@ -124,7 +131,9 @@ class KvExporter:
     # -- lease channel --------------------------------------------------------------------------
     async def serve_channel(self, host: str, port: int = 0) -> int:
         """Serve leases to peers on a TCP port (``lease_channel.py``); returns the port."""
-        self.channel = LeaseServer(self.transport.info, self.lease, self.describe, self.release)
+        self.channel = LeaseServer(
+            self.transport.info, self.lease, self.describe, self.release, self.auth, self.on_refused
+        )
         return await self.channel.start(host, port)
 
     async def close(self) -> None:
@@ -181,6 +190,7 @@ class PeerFetcher:
         transport: NixlTransport,
         session: aiohttp.ClientSession,
         *,
+        auth: BearerAuth,
         verify: bool = True,
         verify_stride: int = 1,
         timeout_s: float = 5.0,
@@ -191,6 +201,9 @@ class PeerFetcher:
         self.pool = pool
         self.transport = transport
         self.session = session
+        self.authorization = auth.header
+        """The ``Authorization`` value sent to peers (the pool's one engine token), None if open."""
+        self._headers = {} if auth.header is None else {"Authorization": auth.header}
         self.verify = verify
         self.verify_stride = verify_stride
         self.timeout_s = timeout_s
@@ -213,14 +226,17 @@ class PeerFetcher:
                 return ch
             url = peer_url + CHANNEL_PATH
             try:
-                async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as r:
+                timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+                async with self.session.get(url, headers=self._headers, timeout=timeout) as r:
                     if r.status != 200:
                         raise FetchError(f"{url}: HTTP {r.status} {(await r.text())[:200]}")
                     port = int((await r.json())["port"])
             except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as e:
                 raise FetchError(f"{url}: {type(e).__name__}: {e}") from None
             host = urlsplit(peer_url).hostname or "127.0.0.1"
-            ch = self._channels[peer_url] = await LeaseChannel.connect(host, port, self.timeout_s)
+            ch = self._channels[peer_url] = await LeaseChannel.connect(
+                host, port, self.timeout_s, self.authorization
+            )
             return ch
 
     async def fetch_prefix(

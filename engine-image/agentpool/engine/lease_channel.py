@@ -7,8 +7,12 @@ of aiohttp request handling on both sides (3-4 ms on a loaded host), as much as 
 this channel it is one small frame each way. The channel's hello also gives a reader the peer's
 :class:`PoolInfo` (with its slot table) for the one-sided reads.
 
-Frames: a 4-byte little-endian length, then a JSON object. On connect the server sends
-``{"pool": PoolInfo}`` (what a reader needs for NIXL). Then, client to server:
+Frames: a 4-byte little-endian length, then a JSON object. The client's first frame is the handshake
+``{"op": "hello", "authorization": "Bearer <engine token>"}`` (``authorization`` left out towards an
+engine that takes no token); the server checks it in constant time (``auth.py``) and answers
+``{"pool": PoolInfo}`` (what a reader needs for NIXL), or an error frame (``id`` null) and closes the
+connection, for a wrong or missing token, another first frame, or none within 5 s. Then, client to
+server:
 
 - ``{"op": "lease", "id": n, "block_hashes": [...], "ttl_s": t}``: pin the leading blocks held;
 - ``{"op": "describe", "id": n, "lease": id}``: a lease that exists (a hand-over's transfer id);
@@ -34,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from agentpool.engine.errors import FetchError, UnknownTransferError
 from agentpool.engine.nixl_transport import PoolInfo
+from agentpool.secret_file import BearerAuth
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +46,10 @@ MAX_FRAME = 64 << 20
 MAX_LEASE_BLOCKS = 1 << 20
 _U64 = (1 << 64) - 1
 _LEN = 4
+HELLO_TIMEOUT_S = 5.0
+"""A connection that sends no handshake within this is closed (it holds no server resources longer)."""
+MAX_HELLO = 4096
+"""The largest handshake frame: an unauthenticated peer cannot make the server buffer more."""
 
 
 class LeaseOp(BaseModel):
@@ -76,11 +85,11 @@ def frame(obj: Any) -> bytes:
     return len(body).to_bytes(_LEN, "little") + body
 
 
-async def read_frame(reader: asyncio.StreamReader) -> bytes:
+async def read_frame(reader: asyncio.StreamReader, limit: int = MAX_FRAME) -> bytes:
     """One frame's body; raises ``asyncio.IncompleteReadError`` at EOF, ``ValueError`` if oversized."""
     n = int.from_bytes(await reader.readexactly(_LEN), "little")
-    if n > MAX_FRAME:
-        raise ValueError(f"frame of {n} bytes (at most {MAX_FRAME})")
+    if n > limit:
+        raise ValueError(f"frame of {n} bytes (at most {limit})")
     return await reader.readexactly(n)
 
 
@@ -94,7 +103,12 @@ class LeaseServer:
         lease: Callable[[list[int], float], dict[str, Any]],
         describe: Callable[[str], dict[str, Any]],
         release: Callable[[str], bool],
+        auth: BearerAuth,
+        on_refused: Callable[[], None] | None = None,
     ) -> None:
+        self._auth = auth
+        self._on_refused = on_refused
+        self.refused = 0
         self._pool_info = pool_info
         self._lease = lease
         self._describe = describe
@@ -119,6 +133,8 @@ class LeaseServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._conns.add(writer)
         try:
+            if not await self._handshake(reader, writer):
+                return
             writer.write(frame({"pool": self._pool_info().to_json()}))
             while True:
                 try:
@@ -140,6 +156,28 @@ class LeaseServer:
         finally:
             self._conns.discard(writer)
             writer.close()
+
+    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """Whether the first frame is a hello with the token; otherwise refuse (counted) and say why."""
+        try:
+            async with asyncio.timeout(HELLO_TIMEOUT_S):
+                body = await read_frame(reader, MAX_HELLO)
+        except asyncio.IncompleteReadError:
+            return False  # closed before saying anything
+        except (TimeoutError, ValueError) as e:
+            why = "no handshake in time" if isinstance(e, TimeoutError) else str(e)
+        else:
+            is_hello, authorization = _hello(body)
+            if is_hello and self._auth.allows(authorization):
+                return True
+            why = "missing or wrong engine token" if is_hello else "the first frame is not a hello"
+        self.refused += 1
+        if self._on_refused is not None:
+            self._on_refused()
+        log.warning("lease channel: refused a connection: %s", why)
+        writer.write(frame({"id": None, "error": f"unauthenticated: {why}", "unknown": False}))
+        await writer.drain()
+        return False
 
     def _answer(self, body: bytes) -> dict[str, Any] | None:
         try:
@@ -166,6 +204,18 @@ class LeaseServer:
         return out
 
 
+def _hello(body: bytes) -> tuple[bool, str | None]:
+    """(whether ``body`` is a hello frame, its ``authorization`` or None when left out)."""
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return False, None
+    if not isinstance(obj, dict) or obj.get("op") != "hello":
+        return False, None
+    given = obj.get("authorization")
+    return True, given if isinstance(given, str) else None
+
+
 def _id_of(body: bytes) -> int | None:
     with contextlib.suppress(orjson.JSONDecodeError):
         obj = orjson.loads(body)
@@ -188,16 +238,26 @@ class LeaseChannel:
         self._task = asyncio.get_running_loop().create_task(self._read_answers())
 
     @classmethod
-    async def connect(cls, host: str, port: int, timeout_s: float) -> LeaseChannel:
+    async def connect(cls, host: str, port: int, timeout_s: float, authorization: str | None) -> LeaseChannel:
+        """Open a channel; ``authorization``: the ``Bearer <engine token>`` value of the handshake
+        (None towards an engine that takes no token)."""
+        hello_frame: dict[str, Any] = {"op": "hello"}
+        if authorization is not None:
+            hello_frame["authorization"] = authorization
         try:
             async with asyncio.timeout(timeout_s):
                 reader, writer = await asyncio.open_connection(host, port)
+                writer.write(frame(hello_frame))
                 try:
                     hello = orjson.loads(await read_frame(reader))
-                    pool = PoolInfo.from_json(hello["pool"])
+                    refused = hello.get("error") if isinstance(hello, dict) else None
+                    pool = None if refused is not None else PoolInfo.from_json(hello["pool"])
                 except (asyncio.IncompleteReadError, ValueError, KeyError, TypeError) as e:
                     writer.close()
                     raise FetchError(f"lease channel {host}:{port}: bad hello: {e!r}") from None
+                if pool is None:
+                    writer.close()
+                    raise FetchError(f"lease channel {host}:{port} refused: {str(refused)[:300]}")
         except (OSError, TimeoutError) as e:
             raise FetchError(f"lease channel {host}:{port}: {type(e).__name__}: {e}") from None
         return cls(pool, reader, writer)

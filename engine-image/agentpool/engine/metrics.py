@@ -24,6 +24,12 @@ class EngineMetrics:
             ["reason"],
             registry=r,
         )
+        self.unauthenticated = Counter(
+            "agentpool_engine_unauthenticated_total",
+            "Calls refused for a missing or wrong engine token, by channel (http, lease_channel)",
+            ["channel"],
+            registry=r,
+        )
         self.queue = Gauge("agentpool_engine_queue_requests", "Prefill requests queued", registry=r)
         self.batch = Gauge("agentpool_engine_decode_batch_requests", "Requests decoding", registry=r)
         self.kv_blocks = Gauge("agentpool_engine_kv_blocks", "KV blocks held, by tier", ["tier"], registry=r)

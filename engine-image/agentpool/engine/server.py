@@ -7,6 +7,9 @@
   ``GET /metrics`` (``agentpool_engine_*``), ``GET /agentpool/v1/state`` (role, desired role,
   queue, pool, switch history: for people and tests).
 - ``POST/GET/DELETE /agentpool/v1/kv/lease[/{id}]``: host-pool leases for peers (``kv_peers``).
+
+Every path but ``/health``, ``/ready``, ``/metrics`` and ``/agentpool/v1/state`` needs the pool's
+engine token (``auth.py``): 401 without it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
+from agentpool.engine.auth import auth_middleware
 from agentpool.engine.errors import BadRequestError
 from agentpool.engine.http_errors import error_middleware
 from agentpool.wire.engine import GenerateRequest
@@ -92,7 +96,11 @@ async def state(request: web.Request) -> web.Response:
 
 
 def build_app(engine: EngineApp) -> web.Application:
-    app = web.Application(middlewares=[error_middleware], client_max_size=engine.cfg.max_body_bytes)
+    refused = engine.metrics.unauthenticated.labels("http").inc
+    app = web.Application(
+        middlewares=[error_middleware, auth_middleware(engine.auth, refused)],
+        client_max_size=engine.cfg.max_body_bytes,
+    )
     app[APP_KEY] = engine
     app.router.add_post(GENERATE_PATH, generate)
     app.router.add_get("/health", health)

@@ -28,7 +28,12 @@ from agentpool.api import AgentServingPool, AgentServingPoolSpec, AgentServingPo
 from agentpool.operator.apply import ApplyReport, Outcome, apply_child, child_key, merge_patch_between
 from agentpool.operator.builders import BuildSettings, InvalidPoolError, children
 from agentpool.operator.builders.config import initial_role
-from agentpool.operator.builders.secrets import generated_secret, generated_secret_keys, new_secret_values
+from agentpool.operator.builders.secrets import (
+    generated_secret,
+    generated_secret_keys,
+    missing_keys,
+    new_secret_values,
+)
 from agentpool.operator.errors import InvalidPool, NotYet
 from agentpool.operator.kube import KubeApi, KubeInvalid
 from agentpool.operator.names import DRAIN_ANNOTATION, ENGINE, PLANNER, ROLE_ANNOTATION, PoolRef
@@ -163,8 +168,13 @@ class Reconciler:
     async def _secrets(self, ref: PoolRef, spec: AgentServingPoolSpec, report: ApplyReport) -> None:
         for name, keys in generated_secret_keys(ref, spec).items():
             key = f"Secret/{name}"
-            if await self.api.get("Secret", ref.namespace, name) is not None:
-                report.outcomes[key] = Outcome.UNCHANGED
+            existing = await self.api.get("Secret", ref.namespace, name)
+            if existing is not None:
+                missing = missing_keys(existing, keys)
+                if missing:  # only the keys it lacks: the values it holds are never rotated
+                    patch = {"stringData": new_secret_values(missing, self.token)}
+                    await self.api.merge_patch("Secret", ref.namespace, name, patch)
+                report.outcomes[key] = Outcome.UPDATED if missing else Outcome.UNCHANGED
                 continue
             await self.api.create(generated_secret(ref, name, "auth", new_secret_values(keys, self.token)))
             report.outcomes[key] = Outcome.CREATED

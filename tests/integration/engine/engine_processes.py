@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from process_helpers import Proc, launch
+from process_helpers import ENGINE_AUTH, Proc, engine_token_file, launch
 
 PAGE = 4
 
@@ -19,6 +19,7 @@ PAGE = 4
 def engine_config(node_id: str, **kw: Any) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "nodeId": node_id,
+        "tokenFile": str(engine_token_file()),
         "port": 0,
         "role": "both",
         "pageSize": PAGE,
@@ -60,7 +61,7 @@ def gen_body(
 
 
 async def generate(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
-    async with http.post(url + "/agentpool/v1/generate", json=body) as r:
+    async with http.post(url + "/agentpool/v1/generate", json=body, headers=ENGINE_AUTH) as r:
         assert r.status == 200, await r.text()
         return [json.loads(line) for line in (await r.text()).splitlines() if line]
 

@@ -4,17 +4,20 @@ Stores the chain of BLOCKS blocks of a fixed token sequence (bytes derived from 
 lease API on 127.0.0.1:0 and prints ``{"url": ..., "hashes": [...]}`` on one line. ``--garbage``
 overwrites every stored block with zeros after indexing it (a peer that answers wrong bytes).
 ``POST /test/replace {"hash": h, "with": g}`` evicts block ``h`` and stores block ``g`` in the slot it
-freed (an eviction and an overwrite racing a reader); it answers both slots.
+freed (an eviction and an overwrite racing a reader); it answers both slots. Its HTTP routes and lease
+channel need the engine token in ``$POOL_PEER_TOKEN``, as an engine's do.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 
 from aiohttp import web
 
+from agentpool.engine.auth import EngineAuth, auth_middleware
 from agentpool.engine.hostpool import HostPool
 from agentpool.engine.http_errors import error_middleware
 from agentpool.engine.kv_peers import KvExporter
@@ -37,8 +40,9 @@ async def main() -> None:
         pool.buffer[:] = 0
     transport = NixlTransport("peer", pool.buffer, block_bytes, table=pool.table)
     await transport.start()
-    app = web.Application(middlewares=[error_middleware])
-    exporter = KvExporter(pool, transport)
+    auth = EngineAuth.token(os.environ["POOL_PEER_TOKEN"])
+    app = web.Application(middlewares=[error_middleware, auth_middleware(auth, lambda: None)])
+    exporter = KvExporter(pool, transport, auth)
     await exporter.serve_channel("127.0.0.1")
     exporter.add_routes(app)
 

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import aiohttp
+import orjson
 import pytest
 from engine_processes import engine_config, gen_body, generate, start_engine, state
-from process_helpers import launch
+from process_helpers import ENGINE_AUTH, ENGINE_TOKEN, launch
+
+from agentpool.engine.errors import FetchError
+from agentpool.engine.kv_peers import CHANNEL_PATH, LEASE_PATH
+from agentpool.engine.lease_channel import LeaseChannel, frame, read_frame
 
 pytestmark = pytest.mark.integration
 
@@ -58,11 +65,13 @@ async def test_generate_streams_events_and_bad_input_gets_4xx(tmp_path: Path) ->
             ]
             for body, status, text in bad_bodies:
                 kw = {"data": body} if isinstance(body, bytes) else {"json": body}
-                async with http.post(eng.url + "/agentpool/v1/generate", **kw) as r:
+                async with http.post(eng.url + "/agentpool/v1/generate", headers=ENGINE_AUTH, **kw) as r:
                     got = await r.text()
                     assert r.status == status, (body, r.status, got)
                     assert text in got, (body, got)
-            async with http.get(eng.url + "/agentpool/v1/kv/lease/unknown-transfer") as r:
+            async with http.get(
+                eng.url + "/agentpool/v1/kv/lease/unknown-transfer", headers=ENGINE_AUTH
+            ) as r:
                 assert r.status == 404 and "unknown-transfer" in await r.text()
             async with http.get(eng.url + "/health") as r:
                 assert r.status == 200
@@ -82,5 +91,80 @@ async def test_generate_streams_events_and_bad_input_gets_4xx(tmp_path: Path) ->
                 assert name in text, name
         assert await eng.stop() == 0
         assert "Traceback" not in eng.text(), eng.text()
+    finally:
+        await eng.stop()
+
+
+async def test_an_engine_without_a_token_or_the_insecure_opt_out_does_not_start(tmp_path: Path) -> None:
+    path = tmp_path / "open.json"
+    cfg = engine_config("open")
+    del cfg["tokenFile"]
+    path.write_text(json.dumps(cfg))
+    p = await launch("engine", "agentpool.engine", "--config", str(path))
+    assert await p.proc.wait() == 2
+    await p.stop()
+    assert "needs a token" in p.text() and "Traceback" not in p.text(), p.text()
+    # the explicit opt-out serves anyone, and says so
+    eng = await start_engine(tmp_path, {**cfg, "insecureAllowUnauthenticated": True})
+    try:
+        url, body = eng.url + "/agentpool/v1/generate", gen_body("r", [1, 2, 3])
+        async with aiohttp.ClientSession() as http, http.post(url, json=body) as r:
+            assert r.status == 200
+        assert "NOT authenticated" in eng.text()
+    finally:
+        await eng.stop()
+
+
+async def test_the_api_and_the_lease_channel_refuse_a_missing_or_wrong_token(tmp_path: Path) -> None:
+    eng = await start_engine(tmp_path, engine_config("guarded"))
+    wrong = "Bearer " + "w" * 40
+    try:
+        async with aiohttp.ClientSession() as http:
+            for headers in ({}, {"Authorization": wrong}, {"Authorization": ENGINE_TOKEN}):  # no "Bearer"
+                async with http.post(
+                    eng.url + "/agentpool/v1/generate", json=gen_body("r", [1, 2, 3]), headers=headers
+                ) as r:
+                    assert r.status == 401
+                    assert "engine token" in (await r.json())["error"]["message"]
+            async with http.get(eng.url + LEASE_PATH + "/some-lease") as r:
+                assert r.status == 401
+            async with http.post(eng.url + LEASE_PATH, json={"block_hashes": [1]}) as r:
+                assert r.status == 401
+            async with http.get(eng.url + CHANNEL_PATH, headers={"Authorization": wrong}) as r:
+                assert r.status == 401
+            for open_path in ("/health", "/ready", "/metrics", "/agentpool/v1/state"):
+                async with http.get(eng.url + open_path) as r:
+                    assert r.status == 200, open_path
+            async with http.get(eng.url + CHANNEL_PATH, headers=ENGINE_AUTH) as r:
+                port = (await r.json())["port"]
+
+            # the lease channel: a wrong token, none, a first frame that is not a hello
+            with pytest.raises(FetchError, match="refused: unauthenticated: missing or wrong engine token"):
+                await LeaseChannel.connect("127.0.0.1", port, 3.0, wrong)
+            with pytest.raises(FetchError, match="refused"):
+                await LeaseChannel.connect("127.0.0.1", port, 3.0, None)
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(frame({"op": "lease", "id": 1, "block_hashes": [1]}))
+            answer = orjson.loads(await asyncio.wait_for(read_frame(reader), 5))
+            assert answer["id"] is None and "not a hello" in answer["error"]
+            assert await asyncio.wait_for(reader.read(), 5) == b""  # and the server hung up
+            writer.close()
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write((1 << 20).to_bytes(4, "little"))  # a big "hello": refused before it is read
+            answer = orjson.loads(await asyncio.wait_for(read_frame(reader), 5))
+            assert "at most 4096" in answer["error"]
+            writer.close()
+            # with the token it serves
+            ch = await LeaseChannel.connect("127.0.0.1", port, 3.0, ENGINE_AUTH["Authorization"])
+            try:
+                answer = await ch.call({"op": "lease", "block_hashes": [1], "ttl_s": 1}, 3.0)
+                assert answer["block_hashes"] == []
+            finally:
+                ch.close()
+
+            async with http.get(eng.url + "/metrics") as r:
+                text = await r.text()
+            assert 'agentpool_engine_unauthenticated_total{channel="http"} 6.0' in text, text
+            assert 'agentpool_engine_unauthenticated_total{channel="lease_channel"} 4.0' in text, text
     finally:
         await eng.stop()

@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 from engine_processes import PAGE, engine_config, start_engine, state, wait_until
-from process_helpers import Proc, free_port, launch, redis_namespace, start_directory
+from process_helpers import Proc, engine_token_file, free_port, launch, redis_namespace, start_directory
 
 pytestmark = pytest.mark.integration
 DIR_TOKEN = "d" * 32
@@ -67,7 +67,7 @@ async def test_router_directory_and_two_engines_serve_a_streamed_chat_completion
         router = await launch(
             "router", "agentpool.router", "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
             "--directory", address, "--directory-token-file", str(dir_token),
-            "--report-token-file", str(report_token),
+            "--report-token-file", str(report_token), "--engine-token-file", str(engine_token_file()),
         )  # fmt: skip
         procs.append(router)
         await router.wait_for(r"router listening on (http://\S+)")

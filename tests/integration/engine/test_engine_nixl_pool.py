@@ -15,18 +15,21 @@ from pathlib import Path
 import aiohttp
 import orjson
 import pytest
+from process_helpers import ENGINE_AUTH, ENGINE_TOKEN
 
 from agentpool.engine.blockdata import block_matches
 from agentpool.engine.errors import FetchError
 from agentpool.engine.hostpool import HostPool
 from agentpool.engine.kv_peers import CHANNEL_PATH, LEASE_PATH, KvExporter, PeerFetcher
-from agentpool.engine.lease_channel import LeaseChannel, read_frame
+from agentpool.engine.lease_channel import LeaseChannel, frame, read_frame
 from agentpool.engine.nixl_transport import NixlTransport, PoolInfo
 from agentpool.kv import ROOT_HASH
+from agentpool.secret_file import BearerAuth
 
 pytestmark = pytest.mark.integration
 HERE = Path(__file__).parent
 BLOCK_BYTES = 16 << 10
+AUTH = BearerAuth.token(ENGINE_TOKEN)
 
 
 def start_peer(blocks: int, *extra: str) -> tuple[subprocess.Popen[str], str, list[int]]:
@@ -35,6 +38,7 @@ def start_peer(blocks: int, *extra: str) -> tuple[subprocess.Popen[str], str, li
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
+        env={**os.environ, "POOL_PEER_TOKEN": ENGINE_TOKEN},
     )
     assert proc.stdout is not None
     line = "NIXL logs on stdout"
@@ -59,7 +63,7 @@ async def local() -> AsyncIterator[tuple[HostPool, PeerFetcher]]:
     transport = NixlTransport("local", pool.buffer, BLOCK_BYTES)
     await transport.start()
     async with aiohttp.ClientSession() as session:
-        yield pool, PeerFetcher(pool, transport, session, timeout_s=3.0)
+        yield pool, PeerFetcher(pool, transport, session, auth=AUTH, timeout_s=3.0)
     await transport.close()
 
 
@@ -101,7 +105,7 @@ async def test_a_block_overwritten_during_a_one_sided_read_is_detected_and_lease
     def overwrite() -> None:  # runs on the NIXL thread between the table READ and the data READ
         fetcher.transport.after_lookup = None
         body = json.dumps({"hash": hashes[replaced], "with": 777}).encode()
-        req = urllib.request.Request(url + "/test/replace", data=body, method="POST")
+        req = urllib.request.Request(url + "/test/replace", data=body, method="POST", headers=ENGINE_AUTH)
         with urllib.request.urlopen(req, timeout=5) as r:
             slots.update(json.load(r))
 
@@ -119,7 +123,10 @@ async def test_a_block_overwritten_during_a_one_sided_read_is_detected_and_lease
 async def test_reads_of_scattered_slots_land_in_the_slots_named(peer, local) -> None:  # type: ignore[no-untyped-def]
     _, url, hashes = peer
     pool, fetcher = local
-    async with aiohttp.ClientSession() as s, s.post(url + LEASE_PATH, json={"block_hashes": hashes}) as r:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(url + LEASE_PATH, json={"block_hashes": hashes}, headers=ENGINE_AUTH) as r,
+    ):
         lease = await r.json()
     info = PoolInfo.from_json(lease["pool"])
     remote = lease["slots"]
@@ -149,7 +156,7 @@ async def test_wrong_bytes_from_a_peer_are_refused() -> None:
         transport = NixlTransport("local", pool.buffer, BLOCK_BYTES)
         await transport.start()
         async with aiohttp.ClientSession() as session:
-            fetcher = PeerFetcher(pool, transport, session, timeout_s=3.0)
+            fetcher = PeerFetcher(pool, transport, session, auth=AUTH, timeout_s=3.0)
             with pytest.raises(FetchError, match="wrong bytes"):
                 await fetcher.fetch_prefix(url, hashes)
         assert len(pool) == 0 and pool.free_slots == 16  # nothing indexed, every slot back
@@ -161,7 +168,10 @@ async def test_wrong_bytes_from_a_peer_are_refused() -> None:
 async def test_peer_killed_mid_fetch_surfaces_an_error_without_hanging(local) -> None:  # type: ignore[no-untyped-def]
     proc, url, hashes = start_peer(20)
     pool, fetcher = local
-    async with aiohttp.ClientSession() as s, s.post(url + LEASE_PATH, json={"block_hashes": hashes}) as r:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(url + LEASE_PATH, json={"block_hashes": hashes}, headers=ENGINE_AUTH) as r,
+    ):
         lease = await r.json()
     assert len(lease["slots"]) == 20
     # warm the connection first so the kill lands between the lease and the read
@@ -183,7 +193,7 @@ async def test_peer_killed_mid_fetch_surfaces_an_error_without_hanging(local) ->
 
 async def test_unknown_lease_is_a_404_with_a_message(peer) -> None:  # type: ignore[no-untyped-def]
     _, url, _ = peer
-    async with aiohttp.ClientSession() as s:
+    async with aiohttp.ClientSession(headers=ENGINE_AUTH) as s:
         async with s.get(url + LEASE_PATH + "/nope") as r:
             assert r.status == 404
             assert "nope" in (await r.json())["error"]["message"]
@@ -196,10 +206,11 @@ async def test_unknown_lease_is_a_404_with_a_message(peer) -> None:  # type: ign
 async def test_lease_channel_refuses_garbage_and_keeps_serving_others(peer, local) -> None:  # type: ignore[no-untyped-def]
     _, url, hashes = peer
     pool, fetcher = local
-    async with aiohttp.ClientSession() as s, s.get(url + CHANNEL_PATH) as r:
+    async with aiohttp.ClientSession() as s, s.get(url + CHANNEL_PATH, headers=ENGINE_AUTH) as r:
         port = (await r.json())["port"]
     for bad in (b"{not json", orjson.dumps({"op": "lease", "id": 7, "block_hashes": [-1]}), b"[1, 2]"):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(frame({"op": "hello", "authorization": ENGINE_AUTH["Authorization"]}))
         hello = orjson.loads(await read_frame(reader))
         assert hello["pool"]["slots"] >= 40
         writer.write(len(bad).to_bytes(4, "little") + bad)
@@ -209,6 +220,7 @@ async def test_lease_channel_refuses_garbage_and_keeps_serving_others(peer, loca
             assert await asyncio.wait_for(reader.read(), 5) == b""
         writer.close()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(frame({"op": "hello", "authorization": ENGINE_AUTH["Authorization"]}))
     await read_frame(reader)
     writer.write((1 << 30).to_bytes(4, "little"))  # an oversized frame
     assert "at most" in orjson.loads(await asyncio.wait_for(read_frame(reader), 5))["error"]
@@ -256,9 +268,9 @@ async def test_a_lease_answered_after_its_caller_gave_up_is_released() -> None:
     pool.store_generated(ROOT_HASH, [11, 12, 13], 0.0)
     transport = NixlTransport("exporter", pool.buffer, BLOCK_BYTES)
     await transport.start()
-    exporter = KvExporter(pool, transport)
+    exporter = KvExporter(pool, transport, AUTH)
     port = await exporter.serve_channel("127.0.0.1")
-    ch = await LeaseChannel.connect("127.0.0.1", port, 3.0)
+    ch = await LeaseChannel.connect("127.0.0.1", port, 3.0, AUTH.header)
     try:
         with pytest.raises(FetchError, match="no answer"):
             await ch.call({"op": "lease", "block_hashes": [11, 12, 13], "ttl_s": 60}, 0.0)

@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 from engine_processes import engine_config, gen_body
+from process_helpers import ENGINE_AUTH
 
 from agentpool.engine.app import EngineApp
 from agentpool.engine.config import EngineConfig
@@ -19,7 +20,8 @@ pytestmark = pytest.mark.integration
 
 
 async def events(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> list[str]:
-    async with http.post(url + "/agentpool/v1/generate", json=body) as r:
+    async with http.post(url + "/agentpool/v1/generate", json=body, headers=ENGINE_AUTH) as r:
+        assert r.status == 200, await r.text()
         return [json.loads(line)["type"] async for line in r.content if line.strip()]
 
 

@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from engine_processes import PAGE, engine_config, gen_body, generate, start_engine, state, wait_until
-from process_helpers import free_port, launch, redis_namespace, start_directory
+from process_helpers import ENGINE_AUTH, free_port, launch, redis_namespace, start_directory
 
 from agentpool.directory.client import DirectoryClient
 from agentpool.kv import block_hashes
@@ -213,7 +213,7 @@ async def test_the_agent_runs_sglang_and_keeps_the_host_blocks_across_a_switch(
             )
             bad = dict(kv, transfer_id="not-ours")
             body = gen_body("d2", prompt, phase="decode", kv_source=bad)
-            async with http.post(engine.url + "/agentpool/v1/generate", json=body) as r:
+            async with http.post(engine.url + "/agentpool/v1/generate", json=body, headers=ENGINE_AUTH) as r:
                 assert r.status == 400 and "transfer id" in await r.text()
             pid = st["sglang"]["pid"]
         # SIGTERM: the agent stops SGLang's process group, then exits 0

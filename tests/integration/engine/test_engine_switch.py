@@ -12,13 +12,14 @@ from typing import Any
 import aiohttp
 import pytest
 from engine_processes import engine_config, gen_body, start_engine, state, wait_until
+from process_helpers import ENGINE_AUTH
 
 pytestmark = pytest.mark.integration
 
 
 async def stream(http: aiohttp.ClientSession, url: str, body: dict[str, Any], log: list[Any]) -> list[Any]:
     events: list[Any] = []
-    async with http.post(url + "/agentpool/v1/generate", json=body) as r:
+    async with http.post(url + "/agentpool/v1/generate", json=body, headers=ENGINE_AUTH) as r:
         assert r.status == 200
         async for line in r.content:
             if line.strip():

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+from process_helpers import ENGINE_TOKEN
 
 from agentpool.kv import Directory
-from agentpool.router.auth import ReportAuth
+from agentpool.router.auth import EngineToken, ReportAuth
 from agentpool.router.config import RouterConfig
 from agentpool.router.directory_view import InProcessDirectoryView
 from agentpool.router.server import RouterServer
@@ -92,7 +93,7 @@ async def start_router(
     """A router whose reports (and model pushes) need ``token``; None: open."""
     view = InProcessDirectoryView(Directory(config.page_size), time.monotonic)
     auth = ReportAuth.unauthenticated() if token is None else ReportAuth.token(token)
-    service = RouterService(config, view, report_auth=auth)
+    service = RouterService(config, view, report_auth=auth, engine_auth=EngineToken.token(ENGINE_TOKEN))
     server = await serve_router(service, host, port, shutdown_timeout=0.1)
     return Router(service, server, f"http://{host}:{server.port}")
 

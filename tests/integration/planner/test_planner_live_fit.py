@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 from planner_link_harness import chat, router_config, start_router
-from process_helpers import free_port
+from process_helpers import engine_token_file, free_port
 from prometheus_client import CollectorRegistry
 
 from agentpool.models import MoeShape
@@ -64,6 +64,7 @@ async def start_engine(tmp: Path, node: str, port: int, router_url: str) -> asyn
     role_file.write_text("both\n")
     cfg: dict[str, Any] = {
         "nodeId": node,
+        "tokenFile": str(engine_token_file()),
         "port": port,
         "role": "both",
         "roleFile": str(role_file),

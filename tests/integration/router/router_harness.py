@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from process_helpers import ENGINE_TOKEN
 
 from agentpool.kv import Directory
-from agentpool.router.auth import ReportAuth
+from agentpool.router.auth import EngineToken, ReportAuth
 from agentpool.router.config import ConfigFile, RouterConfig
 from agentpool.router.directory_view import DirectoryView, InProcessDirectoryView
 from agentpool.router.server import RouterServer, serve
@@ -58,7 +59,12 @@ async def start_router(
     view = directory or InProcessDirectoryView(Directory(config.page_size), time.monotonic)
     auth = report_auth if report_auth is not None else ReportAuth.unauthenticated()
     service = RouterService(
-        config, view, report_auth=auth, config_file=config_file, reload_interval_s=reload_interval_s
+        config,
+        view,
+        report_auth=auth,
+        engine_auth=EngineToken.token(ENGINE_TOKEN),  # the test engines' token
+        config_file=config_file,
+        reload_interval_s=reload_interval_s,
     )
     server = await serve(service, "127.0.0.1", 0, shutdown_timeout=0.1)
     return Router(service, server, f"http://127.0.0.1:{server.port}")

@@ -13,7 +13,12 @@ import yaml
 
 from agentpool.api import AgentServingPool, AgentServingPoolSpec
 from agentpool.operator.builders import BuildSettings, InvalidPoolError, children
-from agentpool.operator.builders.secrets import generated_secret, generated_secret_keys, new_secret_values
+from agentpool.operator.builders.secrets import (
+    generated_secret,
+    generated_secret_keys,
+    missing_keys,
+    new_secret_values,
+)
 from agentpool.operator.names import PoolRef
 from agentpool.planner.settings_file import build_config, split_generation
 from agentpool.router.config import parse_config
@@ -78,6 +83,7 @@ CASES = [
             auth={
                 "reportToken": {"name": "tokens", "key": "report"},
                 "directoryToken": {"name": "tokens", "key": "dir"},
+                "engineToken": {"name": "tokens", "key": "engine"},
             },
         ),
         0,
@@ -86,7 +92,12 @@ CASES = [
         "3072Mi",
         planner=True,
         managed_redis=False,
-        secret_names={"report-token": "tokens", "directory-token": "tokens", "redis-password": "cache"},
+        secret_names={
+            "report-token": "tokens",
+            "directory-token": "tokens",
+            "engine-token": "tokens",
+            "redis-password": "cache",
+        },
     ),
     Case(
         "host KV as an integer of bytes",
@@ -244,7 +255,7 @@ def test_redis_and_credentials(case: Case) -> None:
         assert "--redis-url=$(AGENTPOOL_REDIS_URL)" in d["args"]
         assert d["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "cache", "key": "url"}
     assert "--redis-password-file=/var/run/agentpool/redis/password" in d["args"]
-    generated = {"report-token": f"{ref.name}-auth", "directory-token": f"{ref.name}-auth"}
+    generated = {k: f"{ref.name}-auth" for k in ("report-token", "directory-token", "engine-token")}
     if case.managed_redis:
         generated["redis-password"] = f"{ref.name}-redis"
     expected = {**generated, **case.secret_names}
@@ -277,7 +288,7 @@ def test_named_secrets_are_not_generated() -> None:
     assert generated_secret_keys(ref, spec) == {}
     ref, spec, _ = build(edited(SIM, auth={"reportToken": {"name": "t", "key": "k"}}))
     assert generated_secret_keys(ref, spec) == {
-        "sim-auth": ("directory-token",),
+        "sim-auth": ("directory-token", "engine-token"),
         "sim-redis": ("password", "redis.conf"),
     }
 
@@ -408,6 +419,7 @@ def test_engine_configs_load_in_the_engine_agent(case: Case, tmp_path: Path) -> 
             == f"http://{ref.name}-engine-0.{ref.name}-engine.team-a.svc:8080"
         )
         assert str(config.routers[0].token_file) == "/var/run/agentpool/report/token"
+        assert str(config.token_file) == "/var/run/agentpool/engine/token"  # its API's (a Secret)
     sts = by_kind(objs, "StatefulSet")[f"{ref.name}-engine"]
     assert containers(sts)["engine"]["command"][-1] == "/etc/agentpool/config/$(POD_NAME).json"
 
@@ -447,3 +459,28 @@ def test_every_command_line_parses_in_its_service(case: Case, tmp_path: Path) ->
         assert str(planner.directory_token_file) == "/var/run/agentpool/directory/token"
         mounts = {m["mountPath"] for m in router["planner"]["volumeMounts"]}
         assert {"/var/run/agentpool/report", "/var/run/agentpool/directory"} <= mounts
+
+
+def test_the_engine_token_reaches_the_engines_and_the_routers_as_a_mounted_secret() -> None:
+    ref, _, objs = build(SIM)
+    engines = by_kind(objs, "StatefulSet")[f"{ref.name}-engine"]
+    router_pod = by_kind(objs, "Deployment")[f"{ref.name}-router"]
+    for obj, container in ((engines, "engine"), (router_pod, "router")):
+        vol = volumes(obj)["engine-token"]["secret"]
+        assert vol["secretName"] == f"{ref.name}-auth" and vol["items"][0]["key"] == "engine-token"
+        mounts = {m["name"]: m["mountPath"] for m in containers(obj)[container]["volumeMounts"]}
+        assert mounts["engine-token"] == "/var/run/agentpool/engine"
+    assert "--engine-token-file=/var/run/agentpool/engine/token" in containers(router_pod)["router"]["args"]
+    # the planner beside the router and the directory never see it
+    assert "engine-token" not in {m["name"] for m in containers(router_pod)["planner"]["volumeMounts"]}
+    directory = by_kind(objs, "Deployment")[f"{ref.name}-directory"]
+    assert "engine-token" not in volumes(directory)
+
+
+def test_an_auth_secret_from_an_older_operator_gets_only_the_keys_it_lacks() -> None:
+    ref, spec, _ = build(SIM)
+    keys = generated_secret_keys(ref, spec)
+    older = {"data": {"report-token": "cg==", "directory-token": "ZA=="}}
+    assert missing_keys(older, keys["sim-auth"]) == ("engine-token",)
+    assert missing_keys({"data": {k: "eA==" for k in keys["sim-auth"]}}, keys["sim-auth"]) == ()
+    assert missing_keys({"data": {"password": "cA=="}}, keys["sim-redis"]) == ()  # a pair: never half

@@ -173,3 +173,39 @@ async def test_silence_times_out_and_a_closed_port_fails(client: EngineClient) -
             await types(client, url)
     with pytest.raises(EngineFailure):
         await types(client, url)  # the server is gone: connection refused
+
+
+async def test_the_engine_token_rides_on_every_request_and_a_401_says_so() -> None:
+    heads: list[bytes] = []
+
+    async def check_token(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            heads.append(head)
+            length = next(
+                int(line.split(b":")[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length")
+            )
+            await reader.readexactly(length)
+            if b"\r\nAuthorization: Bearer right-token-0123456789\r\n" in head:
+                writer.write(chunked(EVENTS))
+            else:
+                body = b'{"error": {"type": "Unauthenticated", "message": "missing or wrong engine token"}}'
+                writer.write(b"HTTP/1.1 401 Unauthorized\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            await writer.drain()
+
+    right = EngineClient(1.0, 1.0, 1.0, authorization="Bearer right-token-0123456789")
+    wrong = EngineClient(1.0, 1.0, 1.0, authorization="Bearer wrong-token-0123456789")
+    await right.start()
+    await wrong.start()
+    try:
+        async with server(check_token) as (url, _):
+            for i in range(2):
+                assert await types(right, url, i) == ["started", "token", "done"]
+            with pytest.raises(EngineFailure, match="refused the router's engine token"):
+                await types(wrong, url)
+        assert len(heads) == 3
+    finally:
+        await right.close()
+        await wrong.close()

@@ -18,6 +18,7 @@ from typing import Any
 from agentpool.api import AgentServingPoolSpec
 from agentpool.operator.builders.settings import (
     DIRECTORY_TOKEN_DIR,
+    ENGINE_TOKEN_DIR,
     PLANNER_CONFIG_KEY,
     PODINFO_DIR,
     REPORT_TOKEN_DIR,
@@ -89,6 +90,7 @@ def engine_config(pool: PoolRef, spec: AgentServingPoolSpec, ordinal: int) -> st
         "host": "0.0.0.0",
         "port": ENGINE_PORT,
         "advertiseUrl": pool.engine_url(ordinal),  # what routers reach it at (the headless Service)
+        "tokenFile": f"{ENGINE_TOKEN_DIR}/{TOKEN_FILE}",  # its API's and lease channel's token (a Secret)
         "backend": spec.engine.backend,
         "role": initial_role(spec, ordinal),
         "roleFile": f"{PODINFO_DIR}/{ROLE_FILE}",

@@ -30,12 +30,14 @@ from agentpool.operator.builders.pods import (
 from agentpool.operator.builders.secrets import (
     REDIS_CONF_KEY,
     directory_token,
+    engine_token,
     redis_password,
     report_token,
 )
 from agentpool.operator.builders.settings import (
     CONFIG_DIR,
     DIRECTORY_TOKEN_DIR,
+    ENGINE_TOKEN_DIR,
     PLANNER_CONFIG_KEY,
     REDIS_PASSWORD_FILE,
     REDIS_SECRET_DIR,
@@ -227,6 +229,7 @@ def router_deployment(pool: PoolRef, spec: AgentServingPoolSpec, settings: Build
             f"--directory={pool.service_host(DIRECTORY)}:{DIRECTORY_PORT}",
             f"--directory-token-file={DIRECTORY_TOKEN_DIR}/{TOKEN_FILE}",
             f"--report-token-file={REPORT_TOKEN_DIR}/{TOKEN_FILE}",
+            f"--engine-token-file={ENGINE_TOKEN_DIR}/{TOKEN_FILE}",
             *client_args(tls),
         ],
         "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}],
@@ -237,6 +240,7 @@ def router_deployment(pool: PoolRef, spec: AgentServingPoolSpec, settings: Build
             config_mount(),
             mount("directory-token", DIRECTORY_TOKEN_DIR),
             mount("report-token", REPORT_TOKEN_DIR),
+            mount("engine-token", ENGINE_TOKEN_DIR),
             *tls.mounts,
         ],
     }
@@ -245,6 +249,7 @@ def router_deployment(pool: PoolRef, spec: AgentServingPoolSpec, settings: Build
     volumes = [
         secret_file_volume("directory-token", directory_token(pool, spec)),
         secret_file_volume("report-token", report_token(pool, spec)),
+        secret_file_volume("engine-token", engine_token(pool, spec)),
         *tls.volumes,
     ]
     if spec.mode == "disaggregated":

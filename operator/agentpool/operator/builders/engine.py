@@ -7,6 +7,9 @@
 - Host KV pool: `/dev/shm` is a memory-backed emptyDir of `hostKvSize`, and unless the spec sets
   `limits.memory` the container requests and is limited to `hostKvSize` plus the backend's overhead.
 - GPUs: `nvidia.com/gpu` = `gpusPerNode` in requests and limits; the `sim` backend asks for none.
+- Tokens, each a Secret mounted as a file: the report token (to the routers), the directory token,
+  and the engine token that this engine's API and lease channel require and that it sends to its
+  peers (the routers have it too).
 """
 
 from __future__ import annotations
@@ -21,11 +24,12 @@ from agentpool.operator.builders.pods import (
     secret_file_volume,
     service,
 )
-from agentpool.operator.builders.secrets import directory_token, report_token
+from agentpool.operator.builders.secrets import directory_token, engine_token, report_token
 from agentpool.operator.builders.settings import (
     CONFIG_DIR,
     DIRECTORY_TOKEN_DIR,
     ENGINE_MEMORY_OVERHEAD,
+    ENGINE_TOKEN_DIR,
     PODINFO_DIR,
     REPORT_TOKEN_DIR,
     ROLE_FILE,
@@ -79,6 +83,7 @@ def _volumes(pool: PoolRef, spec: AgentServingPoolSpec) -> list[dict[str, Any]]:
         },
         secret_file_volume("report-token", report_token(pool, spec)),
         secret_file_volume("directory-token", directory_token(pool, spec)),
+        secret_file_volume("engine-token", engine_token(pool, spec)),
         *directory_client_tls(spec).volumes,
         {"name": "dshm", "emptyDir": shm},
     ]
@@ -112,6 +117,7 @@ def engine_container(pool: PoolRef, spec: AgentServingPoolSpec) -> dict[str, Any
             mount("podinfo", PODINFO_DIR),
             mount("report-token", REPORT_TOKEN_DIR),
             mount("directory-token", DIRECTORY_TOKEN_DIR),
+            mount("engine-token", ENGINE_TOKEN_DIR),
             *directory_client_tls(spec).mounts,
             {"name": "dshm", "mountPath": "/dev/shm"},
         ],

@@ -15,6 +15,7 @@ from agentpool.operator.names import PoolRef
 
 REPORT_TOKEN_KEY = "report-token"
 DIRECTORY_TOKEN_KEY = "directory-token"
+ENGINE_TOKEN_KEY = "engine-token"
 REDIS_PASSWORD_KEY = "password"
 REDIS_CONF_KEY = "redis.conf"
 
@@ -27,6 +28,11 @@ def report_token(pool: PoolRef, spec: AgentServingPoolSpec) -> SecretKeySelector
 def directory_token(pool: PoolRef, spec: AgentServingPoolSpec) -> SecretKeySelector:
     given = spec.auth.directory_token
     return given if given is not None else SecretKeySelector(name=pool.auth_secret, key=DIRECTORY_TOKEN_KEY)
+
+
+def engine_token(pool: PoolRef, spec: AgentServingPoolSpec) -> SecretKeySelector:
+    given = spec.auth.engine_token
+    return given if given is not None else SecretKeySelector(name=pool.auth_secret, key=ENGINE_TOKEN_KEY)
 
 
 def redis_password(pool: PoolRef, spec: AgentServingPoolSpec) -> SecretKeySelector | None:
@@ -46,6 +52,7 @@ def generated_secret_keys(pool: PoolRef, spec: AgentServingPoolSpec) -> dict[str
         for key, given in (
             (REPORT_TOKEN_KEY, spec.auth.report_token),
             (DIRECTORY_TOKEN_KEY, spec.auth.directory_token),
+            (ENGINE_TOKEN_KEY, spec.auth.engine_token),
         )
         if given is None
     )
@@ -55,6 +62,16 @@ def generated_secret_keys(pool: PoolRef, spec: AgentServingPoolSpec) -> dict[str
     if spec.redis.managed is not None:
         out[pool.redis_secret] = (REDIS_PASSWORD_KEY, REDIS_CONF_KEY)
     return out
+
+
+def missing_keys(existing: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[str, ...]:
+    """The keys of ``keys`` an existing generated Secret lacks (a token added by a newer operator,
+    e.g. ``engine-token``), to add without rewriting the others; never the managed Redis' pair,
+    whose two values must be generated together."""
+    if REDIS_CONF_KEY in keys:
+        return ()
+    have = set(existing.get("data") or {}) | set(existing.get("stringData") or {})
+    return tuple(k for k in keys if k not in have)
 
 
 def new_secret_values(keys: tuple[str, ...], token: Callable[[], str]) -> dict[str, str]:

@@ -119,10 +119,20 @@ class SglangBackend:
         cfg = parts.cfg
         assert cfg.sglang is not None  # the config requires it with backend sglang
         preflight(cfg.sglang)
-        return cls(cfg, cfg.sglang, launch_argv(cfg, cfg.sglang), parts.metrics)
+        return cls(cfg, cfg.sglang, launch_argv(cfg, cfg.sglang), parts.metrics, parts.fetcher.authorization)
 
-    def __init__(self, cfg: EngineConfig, s: SglangSettings, argv: list[str], metrics: EngineMetrics) -> None:
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        s: SglangSettings,
+        argv: list[str],
+        metrics: EngineMetrics,
+        authorization: str | None = None,
+    ) -> None:
+        """``authorization``: the engine token's header value, sent to the prefill agent that redoes
+        a failed hand-over (``handover.py``)."""
         self.cfg = cfg
+        self._authorization = authorization
         self.s = s
         self.argv = argv
         self.metrics = metrics
@@ -395,7 +405,9 @@ class SglangBackend:
         source = g.kv_source.url
         log.warning("%s: KV hand-over failed (%s); prefilling it again at %s", g.request_id, why, source)
         try:
-            transfer = await prefill_again(self._http, source, g, self.s.request_timeout_s)
+            transfer = await prefill_again(
+                self._http, source, g, self.s.request_timeout_s, self._authorization
+            )
             port, room = parse_transfer_id(transfer)
         except (FetchError, BadRequestError) as e:
             job.retrying = False

@@ -25,10 +25,15 @@ GENERATE_PATH = "/agentpool/v1/generate"
 
 
 async def prefill_again(
-    http: aiohttp.ClientSession, source_url: str, g: GenerateRequest, timeout_s: float
+    http: aiohttp.ClientSession,
+    source_url: str,
+    g: GenerateRequest,
+    timeout_s: float,
+    authorization: str | None,
 ) -> str:
-    """The transfer id of a new prefill of ``g`` on the engine at ``source_url``; raises
-    :class:`FetchError` when it does not give one."""
+    """The transfer id of a new prefill of ``g`` on the engine at ``source_url`` (``authorization``:
+    the pool's engine token, ``Bearer ...``, which the source requires); raises :class:`FetchError`
+    when it does not give one."""
     again = GenerateRequest.model_construct(
         request_id=g.request_id,
         dispatch_seq=0,  # numbered by no router: the source counts it as an unnumbered dispatch
@@ -42,11 +47,14 @@ async def prefill_again(
         router_id=None,
     )
     url = source_url.rstrip("/") + GENERATE_PATH
+    headers = {"content-type": "application/json"}
+    if authorization is not None:
+        headers["Authorization"] = authorization
     try:
         async with http.post(
             url,
             data=encode_generate(again),
-            headers={"content-type": "application/json"},
+            headers=headers,
             timeout=aiohttp.ClientTimeout(total=timeout_s, sock_connect=5),
         ) as r:
             if r.status != 200:

@@ -75,7 +75,8 @@ class LoopCounter:
 
 class LoopHistogram:
     """A labelled histogram for the event loop's thread (no lock), collected by :class:`LoopMetrics`;
-    buckets as prometheus_client's (a value lands in the first bucket whose bound is at least it)."""
+    buckets as prometheus_client's for the finite values it is given (a value lands in the first bucket
+    whose bound is at least it; the router observes durations only, never NaN)."""
 
     def __init__(
         self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float]

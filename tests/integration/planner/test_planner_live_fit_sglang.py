@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 import pytest
 from planner_link_harness import chat, router_config, start_router
-from process_helpers import free_port
+from process_helpers import engine_token_file, free_port
 from prometheus_client import CollectorRegistry
 from test_planner_live_fit import POOL, SHAPE, FileRoles
 
@@ -51,6 +51,7 @@ async def start_engine(
         "routers": [{"url": router_url}],
         "reportIntervalS": 0.2,
         "pageSize": 16,
+        "tokenFile": str(engine_token_file()),
         "backend": "sglang",
         "sglang": {
             "model": "stand-in/model",

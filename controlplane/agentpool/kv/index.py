@@ -2,12 +2,12 @@
 
 Blocks are keyed by their chained hash (:func:`agentpool.kv.hashing.block_hashes`), so a block's hash
 already names its whole prefix and the index is a tree through the ``parent`` link of each entry.
-Per block the index keeps its parent hash and two bit sets over node slots (``gpu``, ``host``); per
-node it keeps ``hash -> last access`` of every block it holds. A resolve walks the request's hashes once
-and ANDs the bit sets, so its cost is two dict lookups and a few integer ANDs per block whatever the
-node count (one lookup while no node holds a GPU copy, as in the simulator; the nodes that leave the
-prefix at the same block then share one result). All of it is dicts of ints and floats, which CPython's
-garbage collector does not track, so a million indexed blocks add no GC pauses to resolves.
+Per block the index keeps its parent hash and its holders, one int of two bits per node slot (bit 2s:
+slot s holds a host copy, bit 2s + 1: a GPU copy); per node it keeps ``hash -> last access`` of every
+block it holds. A resolve walks the request's hashes once: one dict lookup and one compare per block
+where the holders are those of the block before, a few integer ANDs where they change, whatever the
+node count. All of it is dicts of ints and floats, which CPython's garbage collector does not track, so
+a million indexed blocks add no GC pauses to resolves.
 
 Memory (``python -m bench.bench_kv``, CPython 3.11, tracemalloc): about 0.18 GiB per million blocks
 held by one node each (entry object, index dict slot, the node's last-access slot, int keys and float
@@ -20,17 +20,15 @@ grows many small dicts instead of one big one, and no single table rebuild stall
 from __future__ import annotations
 
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
-from itertools import chain, compress, islice, repeat
+from itertools import chain, compress, islice
 
 from agentpool.kv.hashing import ROOT_HASH
 from agentpool.kv.shards import (
     SHARDS,
     Gets,
     ShardedAccess,
-    host_walk,
     new_shards,
     shard_keys,
-    slots,
     total,
     walk,
 )
@@ -51,13 +49,14 @@ class PrefixIndex:
     def __init__(self) -> None:
         # sharded by block hash (agentpool.kv.shards): block h is in table h % SHARDS of each
         self._parent: list[dict[int, int]] = new_shards()  # every indexed block -> its parent hash
-        self._gpu: list[dict[int, int]] = new_shards()  # block -> bit set of slots with a GPU copy
-        self._host: list[dict[int, int]] = new_shards()  # block -> bit set of slots with a host copy
+        # block -> its holders: bit 2s set when slot s holds a host copy, bit 2s + 1 a GPU copy (one
+        # lookup per block of a walk); a block nobody holds has no entry
+        self._hold: list[dict[int, int]] = new_shards()
         self._slot_of: dict[str, int] = {}
         self._name_of: dict[int, str] = {}
         self._free_slots: list[int] = []
         self._next_slot = 0
-        self._live = 0  # bits of the registered slots: a slot being purged is out of every answer
+        self._live = 0  # bit 2s for each registered slot s: a slot being purged is out of every answer
         self._last_access: dict[int, list[dict[int, float]]] = {}  # slot -> (sharded) hash -> last access
         # slots that may hold a block without a host copy; every other slot's held blocks all have one
         self._not_all_host: set[int] = set()
@@ -67,8 +66,7 @@ class PrefixIndex:
 
     def _bind(self) -> None:
         """The bound methods the per-block loops call, per shard (after the tables are (re)built)."""
-        self._gpu_get: Gets = [t.get for t in self._gpu]
-        self._host_get: Gets = [t.get for t in self._host]
+        self._hold_get: Gets = [t.get for t in self._hold]
         self._parent_setdefault = [t.setdefault for t in self._parent]
 
     # -- nodes -------------------------------------------------------------------------------
@@ -89,7 +87,7 @@ class PrefixIndex:
         self._slot_of[node] = slot
         self._name_of[slot] = node
         self._last_access[slot] = new_shards()
-        self._live |= 1 << slot
+        self._live |= _host_bit(slot)
 
     def drop_node(self, node: str) -> list[int]:
         """Forget ``node`` and every placement it had; returns the hashes it held."""
@@ -103,14 +101,13 @@ class PrefixIndex:
         between steps). The node leaves every answer before the first step; its slot is reused only
         once its bits are cleared."""
         slot = self._slot(node)
-        bit = 1 << slot
         self._note_size()
         del self._slot_of[node]
         del self._name_of[slot]
-        self._live &= ~bit
+        self._live &= ~_host_bit(slot)
         left = [la for la in self._last_access.pop(slot) if la]
-        keep = ~bit
-        gpu, host, parents = self._gpu, self._host, self._parent
+        keep = ~_both_bits(slot)
+        hold, parents = self._hold, self._parent
         while left:  # emptied as it goes, a shard freed when empty: no big deallocation at the end
             yield
             budget = step
@@ -119,18 +116,12 @@ class PrefixIndex:
                 for _ in range(min(budget, len(la))):
                     h = la.popitem()[0]
                     k = h % SHARDS
-                    gk, hk = gpu[k], host[k]
-                    g = gk.get(h, 0) & keep
-                    if g:
-                        gk[h] = g
-                    else:
-                        gk.pop(h, None)
-                    s = hk.get(h, 0) & keep
-                    if s:
-                        hk[h] = s
+                    hk = hold[k]
+                    v = hk.get(h, 0) & keep
+                    if v:
+                        hk[h] = v
                     else:
                         hk.pop(h, None)
-                    if not g and not s:
                         parents[k].pop(h, None)
                     budget -= 1
                 if not la:
@@ -165,11 +156,9 @@ class PrefixIndex:
         for k in range(SHARDS):
             yield
             self._parent[k] = parents = dict(self._parent[k])
-            self._gpu[k] = gpu = dict(self._gpu[k])
-            self._host[k] = host = dict(self._host[k])
+            self._hold[k] = hold = dict(self._hold[k])
             self._parent_setdefault[k] = parents.setdefault
-            self._gpu_get[k] = gpu.get
-            self._host_get[k] = host.get
+            self._hold_get[k] = hold.get
             for la in self._last_access.values():
                 la[k] = dict(la[k])
 
@@ -198,38 +187,33 @@ class PrefixIndex:
             raise InvalidEventError(f"invalid tier {tier!r}")
         self.add_node(node)
         slot = self._slot_of[node]
-        bit = 1 << slot
         las = self._last_access[slot]
         setdefault = self._parent_setdefault
-        gpu = self._gpu if t & _GPU else None
-        host = self._host if t & _HOST else None
-        if host is None:
+        hold_get = self._hold_get
+        if not t & _HOST:
             self._not_all_host.add(slot)
         prev = parent
-        if gpu is None and host is not None and slot not in self._not_all_host:
+        if t == _HOST and slot not in self._not_all_host:
             # Host-only stores on a node whose held blocks all have a host copy (the simulator's
             # write-through): a block the node already holds needs only its access time.
-            host_get = self._host_get
+            bit = _host_bit(slot)
+            hold = self._hold
             for h in hashes:
                 k = h % SHARDS
                 if setdefault[k](h, prev) != prev:
                     self._link(h, prev)  # raises
                 la = las[k]
                 if h not in la:
-                    host[k][h] = host_get[k](h, 0) | bit
+                    hold[k][h] = hold_get[k](h, 0) | bit
                 la[h] = now
                 prev = h
             return
+        bits = (_host_bit(slot) if t & _HOST else 0) | (_gpu_bit(slot) if t & _GPU else 0)
         for h in hashes:
             k = h % SHARDS
             if setdefault[k](h, prev) != prev:
                 self._link(h, prev)  # raises
-            if gpu is not None:
-                gk = gpu[k]
-                gk[h] = gk.get(h, 0) | bit
-            if host is not None:
-                hk = host[k]
-                hk[h] = hk.get(h, 0) | bit
+            self._hold[k][h] = hold_get[k](h, 0) | bits
             las[k][h] = now
             prev = h
 
@@ -244,10 +228,9 @@ class PrefixIndex:
         """``node`` dropped ``hashes`` from ``tier``. Returns ``(host_lost, gone)``: the hashes whose host
         copy this removed, and the hashes the node no longer holds in any tier."""
         slot = self._slot(node)
-        bit = 1 << slot
-        keep = ~bit
+        host_bit, gpu_bit = _host_bit(slot), _gpu_bit(slot)
         las = self._last_access[slot]
-        gpu, host, parents = self._gpu, self._host, self._parent
+        hold, parents = self._hold, self._parent
         gpu_t = bool(tier & Tier.GPU)  # plain bools: Tier operations are slow in the loop
         host_t = bool(tier & Tier.HOST)
         host_lost: list[int] = []
@@ -261,28 +244,21 @@ class PrefixIndex:
             la = las[k]
             if h not in la:  # listed twice
                 continue
-            gk, hk = gpu[k], host[k]
-            g = gk.get(h, 0)
-            s = hk.get(h, 0)
-            if gpu_t and g:
-                g &= keep
-                if g:
-                    gk[h] = g
-                else:
-                    del gk[h]
-            if host_t and s:
-                if s & bit:
-                    host_lost.append(h)
-                    if g & bit:
-                        self._not_all_host.add(slot)
-                s &= keep
-                if s:
-                    hk[h] = s
-                else:
-                    del hk[h]
-            if not g and not s:
+            hk = hold[k]
+            v = hk.get(h, 0)
+            if gpu_t:
+                v &= ~gpu_bit
+            if host_t and v & host_bit:
+                host_lost.append(h)
+                if v & gpu_bit:
+                    self._not_all_host.add(slot)
+                v &= ~host_bit
+            if v:
+                hk[h] = v
+            else:
+                hk.pop(h, None)
                 del parents[k][h]
-            if not ((g | s) & bit):
+            if not v & (host_bit | gpu_bit):
                 del la[h]
                 gone.append(h)
         if gone:
@@ -351,12 +327,12 @@ class PrefixIndex:
             )
         self.add_node(node)
         slot = self._slot_of[node]
-        bit = 1 << slot
-        keep = ~bit
+        host_bit, gpu_bit = _host_bit(slot), _gpu_bit(slot)
+        keep = ~(host_bit | gpu_bit)
         self._not_all_host.add(slot)  # "may hold a block without a host copy" is safe meanwhile
         old = self._last_access[slot]
         all_host = True
-        gpu, host = self._gpu, self._host
+        hold = self._hold
         host_lost: list[int] = []
         for i in range(0, n, step):
             yield
@@ -369,26 +345,17 @@ class PrefixIndex:
                 if not t:
                     continue
                 parents[k].setdefault(h, p)
-                gk, hk = gpu[k], host[k]
-                g = gk.get(h, 0)
-                s = hk.get(h, 0)
-                if t & _GPU:
-                    gk[h] = g | bit
-                elif g & bit:  # held before with a GPU copy, not now
-                    if g & keep:
-                        gk[h] = g & keep
-                    else:
-                        del gk[h]
+                hk = hold[k]
+                v = hk.get(h, 0)
+                w = v | gpu_bit if t & _GPU else v & ~gpu_bit  # a GPU copy held before may be gone
                 if t & _HOST:
-                    hk[h] = s | bit
+                    w |= host_bit
                 else:
                     all_host = False
-                    if s & bit:  # the host copy is gone (E.2 line 20)
+                    if v & host_bit:  # the host copy is gone (E.2 line 20)
                         host_lost.append(h)
-                        if s & keep:
-                            hk[h] = s & keep
-                        else:
-                            del hk[h]
+                        w &= ~host_bit
+                hk[h] = w  # never 0: t names a tier
         self._note_size()
         gone: list[int] = []
         before = chain.from_iterable(old)  # not resized meanwhile: the node's other changes are kept out
@@ -399,21 +366,15 @@ class PrefixIndex:
                 if h in new[k]:
                     continue
                 gone.append(h)
-                gk, hk = gpu[k], host[k]
-                g = gk.get(h, 0) & keep
-                if g:
-                    gk[h] = g
-                else:
-                    gk.pop(h, None)
-                s = hk.get(h, 0)
-                if s & bit:
+                hk = hold[k]
+                v = hk.get(h, 0)
+                if v & host_bit:
                     host_lost.append(h)
-                s &= keep
-                if s:
-                    hk[h] = s
+                v &= keep
+                if v:
+                    hk[h] = v
                 else:
                     hk.pop(h, None)
-                if not g and not s:
                     parents[k].pop(h, None)
         self._last_access[slot] = new
         if all_host:
@@ -433,15 +394,15 @@ class PrefixIndex:
     def __len__(self) -> int:
         return total(self._parent)
 
-    def _tiers_of(self, h: int, bit: int) -> Tier:
-        k = h % SHARDS
-        g = Tier.GPU if self._gpu[k].get(h, 0) & bit else Tier(0)
-        return g | (Tier.HOST if self._host[k].get(h, 0) & bit else Tier(0))
+    def _tiers_of(self, h: int, slot: int) -> Tier:
+        v = self._hold[h % SHARDS].get(h, 0)
+        g = Tier.GPU if v & _gpu_bit(slot) else Tier(0)
+        return g | (Tier.HOST if v & _host_bit(slot) else Tier(0))
 
     def tiers(self, node: str, block: int) -> Tier:
         """Tiers in which ``node`` holds ``block`` (empty when it does not)."""
         slot = self._slot_of.get(node)
-        return Tier(0) if slot is None else self._tiers_of(block, 1 << slot)
+        return Tier(0) if slot is None else self._tiers_of(block, slot)
 
     def parent(self, block: int) -> int:
         return self._parent[block % SHARDS].get(block, ROOT_HASH)
@@ -465,9 +426,8 @@ class PrefixIndex:
     def node_blocks(self, node: str) -> Iterator[HeldBlock]:
         """Every block ``node`` holds, with its parent and tiers (shard by shard)."""
         slot = self._slot(node)
-        bit = 1 << slot
         for h in chain.from_iterable(self._last_access[slot]):
-            yield HeldBlock(h, self._parent[h % SHARDS][h], self._tiers_of(h, bit))
+            yield HeldBlock(h, self._parent[h % SHARDS][h], self._tiers_of(h, slot))
 
     def node_block_count(self, node: str) -> int:
         return total(self._last_access[self._slot(node)])
@@ -484,34 +444,23 @@ class PrefixIndex:
         las = self._last_access[slot]
         if slot not in self._not_all_host:
             return ShardedAccess(las)
-        bit = 1 << slot
+        bit = _host_bit(slot)
         return {
             h: t
-            for host, la in zip(self._host, las, strict=True)
+            for hold, la in zip(self._hold, las, strict=True)
             for h, t in la.items()
-            if host.get(h, 0) & bit
+            if hold.get(h, 0) & bit
         }
 
     def longest_prefixes(self, hashes: Sequence[int]) -> dict[str, PrefixMatch]:
         """Per node holding block 0 of ``hashes``: its longest cached prefix by tier, in one walk
-        (:func:`agentpool.kv.shards.walk`)."""
-        if not any(self._gpu):
-            return self._host_prefixes(hashes)
-        gpu_depth, host_depth, any_depth = walk(hashes, self._gpu_get, self._host_get, self._live)
+        (:func:`agentpool.kv.shards.walk`); the nodes that leave at the same block share one result."""
+        gpu_depth, host_depth, any_depth = walk(hashes, self._hold_get, self._live)
         names, match = self._name_of, self._match
         return {
             names[slot]: match(gpu_depth.get(slot, 0), host_depth.get(slot, 0), d)
             for slot, d in any_depth.items()
         }
-
-    def _host_prefixes(self, hashes: Sequence[int]) -> dict[str, PrefixMatch]:
-        """:meth:`longest_prefixes` while no node holds a block in GPU memory (the simulator's index): every
-        prefix is ``(0, d, d)``, and the nodes that leave it at the same block share one result."""
-        out: dict[str, PrefixMatch] = {}
-        name = self._name_of.__getitem__
-        for mask, d in host_walk(hashes, self._host_get, self._live):
-            out.update(zip(map(name, slots(mask)), repeat(self._match(0, d, d))))
-        return out
 
     def _match(self, gpu: int, host: int, local: int) -> PrefixMatch:
         """A shared immutable :class:`PrefixMatch` (building a frozen dataclass costs more than the walk)."""
@@ -522,3 +471,16 @@ class PrefixIndex:
                 self._matches.clear()
             m = self._matches[key] = PrefixMatch(gpu, host, local)
         return m
+
+
+def _host_bit(slot: int) -> int:
+    """The bit of a host copy on ``slot`` in a block's holders (``_hold``)."""
+    return 1 << (2 * slot)
+
+
+def _gpu_bit(slot: int) -> int:
+    return 2 << (2 * slot)
+
+
+def _both_bits(slot: int) -> int:
+    return 3 << (2 * slot)

@@ -66,29 +66,29 @@ Depths = dict[int, int]  # slot -> blocks of its prefix
 Gets = list[Callable[[int, int], int]]  # the bound ``get`` of each shard of a table
 
 
-def walk(hashes: Sequence[int], gpu: Gets, host: Gets, live: int) -> tuple[Depths, Depths, Depths]:
-    """Per node slot of ``live`` holding block 0 of ``hashes``: the length of its longest cached prefix
-    in GPU memory, in host memory and in either (three ``slot -> blocks`` dicts; the first two list
-    only nonzero lengths). ``gpu``/``host``: the ``get`` of each shard of the ``block -> bit set of
-    slots`` tables. Two lookups and two compares per block where the holders are those of the block
-    before (most blocks of a shared prompt: no node can leave the prefix there)."""
+def walk(hashes: Sequence[int], hold: Gets, live: int) -> tuple[Depths, Depths, Depths]:
+    """Per live node slot holding block 0 of ``hashes``: the length of its longest cached prefix in
+    GPU memory, in host memory and in either (three ``slot -> blocks`` dicts; the first two list only
+    nonzero lengths). ``hold``: the ``get`` of each shard of the ``block -> holders`` table (bit 2s: a
+    host copy on slot s, bit 2s + 1: a GPU copy); ``live``: bit 2s for each live slot s. One lookup
+    and one compare per block where the holders are those of the block before (most blocks of a
+    shared prompt: no node can leave the prefix there)."""
     gpu_depth: Depths = {}
     host_depth: Depths = {}
     any_depth: Depths = {}
-    gpu_alive = host_alive = any_alive = live  # the first block narrows them
+    # the alive sets as holder bits: GPU on the odd bits, host and "either" on the even ones
+    gpu_alive, host_alive, any_alive = live << 1, live, live  # the first block narrows them
     depth = 0
-    prev_g = prev_h = -1  # the previous block's holders (-1: none yet)
+    prev = -1  # the previous block's holders (-1: none yet)
     for h in hashes:
-        k = h % SHARDS
-        eg = gpu[k](h, 0)
-        eh = host[k](h, 0)
-        if eg == prev_g and eh == prev_h:  # held where the previous block is: no node leaves
+        e = hold[h % SHARDS](h, 0)
+        if e == prev:  # held where the previous block is: no node leaves
             depth += 1
             continue
-        prev_g, prev_h = eg, eh
-        g = gpu_alive & eg
-        s = host_alive & eh
-        a = any_alive & (eg | eh)
+        prev = e
+        g = gpu_alive & e
+        s = host_alive & e
+        a = any_alive & (e | (e >> 1))
         if depth:
             if g != gpu_alive:
                 _record(gpu_alive & ~g, depth, gpu_depth)
@@ -107,43 +107,16 @@ def walk(hashes: Sequence[int], gpu: Gets, host: Gets, live: int) -> tuple[Depth
     return gpu_depth, host_depth, any_depth
 
 
-def host_walk(hashes: Sequence[int], host: Gets, live: int) -> list[tuple[int, int]]:
-    """:func:`walk` while no node holds a block in GPU memory (the simulator's index): every prefix is
-    ``(0, d, d)``, so one running AND suffices. Returns ``(slots leaving at depth d, d)`` pairs."""
-    alive = live
-    drops: list[tuple[int, int]] = []
-    if not alive:
-        return drops
-    depth = 0
-    prev = -1  # the previous block's holders (-1: none yet)
-    for h in hashes:
-        e = host[h % SHARDS](h, 0)
-        if e == prev:  # held where the previous block is: no node leaves
-            depth += 1
-            continue
-        prev = e
-        s = alive & e
-        if s != alive:
-            if depth:
-                drops.append((alive ^ s, depth))
-            alive = s
-            if not s:
-                break
-        depth += 1
-    if alive and depth:
-        drops.append((alive, depth))
-    return drops
-
-
 def _record(mask: int, depth: int, out: Depths) -> None:
     out.update(zip(slots(mask), repeat(depth)))
 
 
 def slots(mask: int) -> list[int]:
-    """The slots of the bits of ``mask``, ascending."""
+    """The slots of the holder bits of ``mask`` (bit 2s or 2s + 1: slot s), ascending; ``mask`` has
+    at most one of the two bits of each slot."""
     out = []
     while mask:
         low = mask & -mask
-        out.append(low.bit_length() - 1)
+        out.append((low.bit_length() - 1) >> 1)
         mask ^= low
     return out

@@ -7,8 +7,9 @@ tables as :data:`SHARDS` dicts, block hash ``h`` in dict ``h % SHARDS``: no sing
 than a shard (a million blocks: about 16k entries each). The modulus is a prime so that hashes whose low
 bits follow a pattern (e.g. always odd) still spread over every shard.
 
-The price: a lookup first picks its shard (``h % SHARDS``, then the shard's bound ``get``), about 40%
-more per block of a walk than one dict's ``get`` (``bench/results/bench_directory.md``).
+The price: a lookup first picks its shard (``h % SHARDS``, then the shard's bound ``get``); the index
+keeps both holder sets of a block in one value so that a walk does one lookup per block, and walks cost
+about what they did over unsharded tables (``bench/results/bench_directory.md``).
 """
 
 from __future__ import annotations

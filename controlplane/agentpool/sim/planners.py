@@ -131,7 +131,7 @@ def _remeasure(sim: Simulator) -> None:
     """Each node's ``t_bar`` and ``f_n`` from its prefill iterations since the last window."""
     for node in sim.nodes:
         batches = sim.window.iterations.pop(node.index, [])
-        sim.models[node.index] = with_window_stats(sim.models[node.index], measure_prefill_window(batches))
+        sim.set_model(node.index, with_window_stats(sim.models[node.index], measure_prefill_window(batches)))
 
 
 def _window_slices(sim: Simulator, start: float, end: float, m: int) -> tuple[WorkSlice, ...]:
@@ -261,7 +261,7 @@ class OnlineFit:
             err = fit_error(self.sim.truth, pf.model, df.model, self.sim.preset.gpu_kv_tokens)
             own = (len(own_p) >= self.MIN_RECORDS, len(own_d) >= self.MIN_RECORDS)
             out.append(NodeFitted(node.name, pf, df, own[0], own[1], err))
-            models[node.index] = replace(models[node.index], prefill=pf.model, decode=df.model)
+            self.sim.set_model(node.index, replace(models[node.index], prefill=pf.model, decode=df.model))
         for node in self.sim.nodes:
             node.on_iteration = self._others[node.index]
         self.done = True

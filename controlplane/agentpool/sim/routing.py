@@ -38,60 +38,87 @@ class Placement:
 
 
 class NodeStates:
-    """The policy's views of the serving nodes of one kind, each rebuilt only when its inputs changed.
+    """The policy's views of the serving nodes of one kind, kept up to date instead of rebuilt.
 
-    A serving node's state is a pure function of its role, model, queued sums, remaining batch time
-    at ``now``, running count and KV counts (its name never changes); the cache keeps the last
-    state per node with those inputs and returns it while they are equal, so policies see the same
-    values as with a fresh build. A node running a prefill batch gets a new state at every call
-    (its remaining time moves with the clock), without building a key; without a batch the
-    remaining time is 0 (``Node.remaining_batch_s``), so the key leaves it out.
+    A serving node's state is a pure function of its role, status, model, queued sums, running
+    count, KV counts and remaining batch time (its name never changes). The driver calls
+    :meth:`touch` with a node's index after anything that may change one of those inputs except the
+    clock (a node method, its queued sums, its model); :meth:`views` then rebuilds only the touched
+    nodes' states. A node running a prefill batch has its remaining time set at every call (it
+    moves with the clock), in place. The list returned, and the states in it, are the ones the next
+    call updates: a caller uses them before it touches a node or calls again (as a policy does).
     """
 
-    def __init__(self, size: int, *, prefill: bool) -> None:
-        self._prefill = prefill
-        self._cache: list[tuple[tuple[object, ...], NodeState] | None] = [None] * size
-
-    def views(
+    def __init__(
         self,
         nodes: Sequence[Node],
         models: Sequence[NodeModel],
         queued: Sequence[QueuedPrefill] | None,
-        now: float,
+        *,
+        prefill: bool,
         waiting_kv: Sequence[int] | None = None,
-    ) -> list[NodeState]:
-        """States of the serving prefill (or colocated) nodes, or of the serving decode nodes.
-
-        Decode nodes are viewed with an empty prefill queue (``queued`` is ``None`` for them).
+    ) -> None:
+        """``queued`` is ``None`` for decode nodes: they are viewed with an empty prefill queue.
         ``waiting_kv``: per node, KV tokens of its prefilled requests waiting for local decode room
-        (colocated nodes; ``NodeState.decode_waiting_tokens``).
-        """
-        cache = self._cache
+        (colocated nodes; ``NodeState.decode_waiting_tokens``). The sequences are read when a
+        touched node is rebuilt: the driver updates them in place and touches."""
+        self._nodes = nodes
+        self._models = models
+        self._queued = queued
+        self._waiting_kv = waiting_kv
+        self._prefill = prefill
+        self._states: list[NodeState | None] = [None] * len(nodes)  # None: not serving this kind
+        self._dirty: set[int] = set(range(len(nodes)))
+        self._out: list[NodeState] = []
+        self._pos: dict[int, int] = {}  # node index -> its place in _out
+        self._busy: dict[int, NodeState] = {}  # viewed nodes running a prefill batch
+
+    def touch(self, index: int) -> None:
+        """Node ``index``'s view may have changed (anything but the clock's effect on a batch)."""
+        self._dirty.add(index)
+
+    def views(self, now: float) -> list[NodeState]:
+        """States of the serving prefill (or colocated) nodes, or of the serving decode nodes, in
+        node order."""
+        if self._dirty:
+            self._refresh(now)
+        nodes = self._nodes
+        for i, st in self._busy.items():
+            end = nodes[i].iter_end - now  # Node.remaining_batch_s, while the batch runs
+            st.remaining_batch_s = end if end > 0.0 else 0.0
+        return self._out
+
+    def _refresh(self, now: float) -> None:
+        nodes, models, queued, states = self._nodes, self._models, self._queued, self._states
+        waiting_kv = self._waiting_kv
         prefill = self._prefill
         serving, decode = NodeStatus.SERVING, Role.DECODE
-        out: list[NodeState] = []
-        for n in nodes:
+        regroup = False
+        for i in self._dirty:
+            n = nodes[i]
+            was = states[i]
             if n.status is not serving or (n.role is not decode) is not prefill:
+                if was is not None:
+                    states[i] = None
+                    self._busy.pop(i, None)
+                    regroup = True
                 continue
-            i = n.index
-            model = models[i]
             queue = EMPTY_QUEUE if queued is None else queued[i]
             running = len(n.running) + n.bound_waiting  # bound here, prefill still running: counted
             waiting = 0 if waiting_kv is None else waiting_kv[i]
+            st = states[i] = _node_state(n, models[i], queue, n.remaining_batch_s(now), running, waiting)
             if n.batch:
-                out.append(_node_state(n, model, queue, n.remaining_batch_s(now), running, waiting))
-                cache[i] = None
-                continue
-            # without a batch the remaining time is 0 whatever the clock: not part of the key
-            key = (n.role, model, queue, running, n.kv_used_tokens, n.kv_capacity_tokens, waiting)
-            hit = cache[i]
-            if hit is not None and hit[0] == key:
-                out.append(hit[1])
+                self._busy[i] = st
             else:
-                state = _node_state(n, model, queue, n.remaining_batch_s(now), running, waiting)
-                cache[i] = (key, state)
-                out.append(state)
-        return out
+                self._busy.pop(i, None)
+            if was is None:
+                regroup = True
+            elif not regroup:
+                self._out[self._pos[i]] = st
+        self._dirty.clear()
+        if regroup:
+            self._out = [st for st in states if st is not None]
+            self._pos = {i: k for k, i in enumerate(i for i, st in enumerate(states) if st is not None)}
 
 
 def _node_state(
@@ -210,21 +237,15 @@ def fetchable_blocks(mode: FetchMode, fetch: FetchModel, missing_blocks: int, bl
 
 
 def choose_decode(
-    req: Request,
-    nodes: Sequence[Node],
-    models: Sequence[NodeModel],
-    ctx: PolicyContext,
-    now: float,
-    states: NodeStates,
-    index_of: Mapping[str, int],
+    req: Request, ctx: PolicyContext, now: float, states: NodeStates, index_of: Mapping[str, int]
 ) -> int | None:
     """Decode node with KV room and the fewest running requests (the router's ``bind_decode``).
 
-    ``states`` is the cache of decode views (``prefill=False``); ``index_of`` maps names to indices."""
+    ``states`` holds the decode views (``prefill=False``); ``index_of`` maps names to indices."""
     view = RequestView(
         request_id=str(req.rid), prompt_tokens=req.input_tokens, expected_output_tokens=req.output_tokens
     )
-    binding = bind_decode(view, states.views(nodes, models, None, now), ctx)
+    binding = bind_decode(view, states.views(now), ctx)
     if binding is None:
         return None
     return index_of[binding.node_id]

@@ -153,14 +153,18 @@ class Simulator:
         )
         self.models: list[NodeModel] = [base_model for _ in self.nodes]
         self.queued: list[QueuedPrefill] = [EMPTY_QUEUE for _ in self.nodes]  # per node, prefill not started
-        self._prefill_states = NodeStates(len(self.nodes), prefill=True)  # policy views, rebuilt on change
-        self._decode_states = NodeStates(len(self.nodes), prefill=False)
+        self._local_waiting_kv = [0] * len(self.nodes)  # per node, KV tokens of prefilled requests
+        # waiting for local decode room (colocated); below, the policy's views of the nodes:
+        # _changed(node) after anything that may change one
+        self._prefill_states = NodeStates(
+            self.nodes, self.models, self.queued, prefill=True, waiting_kv=self._local_waiting_kv
+        )
+        self._decode_states = NodeStates(self.nodes, self.models, None, prefill=False)
         self._node_index = {n.name: n.index for n in self.nodes}
         self._wake_version = [0] * len(self.nodes)
         self._pending_decode: deque[tuple[Request, Issue]] = deque()
         self._pending_least_kv = 0  # no waiting request needs less KV room than this
         self._local_decode: dict[int, deque[Request]] = {}  # colocated: prefilled, waiting for KV room
-        self._local_waiting_kv = [0] * len(self.nodes)  # per node, KV tokens of those requests
         self._issues: dict[int, Issue] = {}
         self._switches: dict[int, _Switch] = {}
         self.last_switch_at: float | None = None
@@ -185,6 +189,17 @@ class Simulator:
         )
         self._fetching: dict[int, int] = {}  # request id -> its fetch's transfer id
         metrics.record_split(0.0, self.split())
+
+    # -- node views -------------------------------------------------------------------------------
+    def _changed(self, index: int) -> None:
+        """Node ``index``'s state, queued sums or model may have changed: its views are rebuilt."""
+        self._prefill_states.touch(index)
+        self._decode_states.touch(index)
+
+    def set_model(self, index: int, model: NodeModel) -> None:
+        """The model the router (and planner) use for node ``index`` from now on."""
+        self.models[index] = model
+        self._changed(index)
 
     # -- event plumbing ---------------------------------------------------------------------------
     def schedule(self, at: float, kind: int, payload: object) -> None:
@@ -240,9 +255,7 @@ class Simulator:
     def _route(self, issue: Issue) -> None:
         req, now, block = issue.req, self.now, self.cfg.block_size
         if self._bind_at_dispatch and req.decode_node < 0 and req.output_tokens > 1:
-            target = choose_decode(
-                req, self.nodes, self.models, self.ctx, now, self._decode_states, self._node_index
-            )
+            target = choose_decode(req, self.ctx, now, self._decode_states, self._node_index)
             if target is None:  # no decode room: wait before the prefill queue (SGLang's prealloc)
                 self._admission.append(issue)
                 return
@@ -256,7 +269,7 @@ class Simulator:
         view = request_view(
             req, issue.turn, issue.new_turn_tokens, found.views, visible, self.system.router_sees_branch
         )
-        states = self._prefill_states.views(self.nodes, self.models, self.queued, now, self._local_waiting_kv)
+        states = self._prefill_states.views(now)
         candidates = prefill_candidates(states, self.ctx)
         try:
             decision = self.policy.choose(view, candidates, self.ctx)
@@ -302,11 +315,13 @@ class Simulator:
         )
         self.queued[idx] = self.queued[idx].with_request(req.uncached_tokens, req.cached_tokens)
         node.submit(req, now)
+        self._changed(idx)
         self._after_step(node)
 
     # -- node events ------------------------------------------------------------------------------
     def _on_wake(self, node: Node) -> None:
         out = node.advance(self.now)
+        self._changed(node.index)
         if out.iteration is not None:
             self.window.iterations.setdefault(node.index, []).append(out.iteration[1])
         for r in out.prefilled:
@@ -327,6 +342,7 @@ class Simulator:
                 self.queued[node.index] = self.queued[node.index].with_request(
                     r.uncached_tokens, r.cached_tokens, -1
                 )
+                self._changed(node.index)
                 if bind and r.output_tokens > 1:
                     self._bind_decode(r, self._issues[r.rid])
             node.started.clear()
@@ -365,6 +381,7 @@ class Simulator:
         if node.role is Role.BOTH:
             self._local_decode.setdefault(node.index, deque()).append(req)
             self._local_waiting_kv[node.index] += req.kv_tokens
+            self._changed(node.index)
             self._admit_local(node)
             return
         if not self._bind_early:
@@ -380,12 +397,11 @@ class Simulator:
             req = waiting.popleft()
             self._local_waiting_kv[node.index] -= req.kv_tokens
             node.join_decode(req, self.now)
+            self._changed(node.index)
             self.in_decode += 1
 
     def _bind_decode(self, req: Request, issue: Issue) -> None:
-        target = choose_decode(
-            req, self.nodes, self.models, self.ctx, self.now, self._decode_states, self._node_index
-        )
+        target = choose_decode(req, self.ctx, self.now, self._decode_states, self._node_index)
         if target is None:
             self._wait_for_decode(req, issue)
             return
@@ -398,6 +414,7 @@ class Simulator:
         dnode = self.nodes[target]
         req.decode_node = target
         dnode.reserve_decode(req)  # KV room held from now on; bound and waiting if not prefilled yet
+        self._changed(target)
         if self.system.branch_ids:
             self.directory.place(req.branch, dnode.name, self.now)
 
@@ -405,6 +422,7 @@ class Simulator:
         """Send the prefilled KV to the bound decode node (GPU to GPU), which starts decoding on arrival.
         Until it arrives the node counts it as joining: a drain of the node waits for it."""
         self.nodes[req.decode_node].handover_started(req, was_waiting=was_waiting)
+        self._changed(req.decode_node)
         if self.transfers is None:
             self.schedule(self.now + self.preset.handover_s(req.input_tokens), _JOIN, (req.decode_node, req))
             return
@@ -473,6 +491,7 @@ class Simulator:
         dnode = self.nodes[target]
         self._store(dnode, req.blocks, ROOT_HASH)
         dnode.handover_arrived(req, self.now)
+        self._changed(target)
         self.in_decode += 1
         self._after_step(dnode)
 
@@ -516,8 +535,11 @@ class Simulator:
         sw = _Switch(index, to, self.now)
         self._switches[index] = sw
         self.last_switch_at = self.now
-        for r in node.begin_drain():
+        taken = node.begin_drain()
+        self._changed(index)
+        for r in taken:
             self.queued[index] = self.queued[index].with_request(r.uncached_tokens, r.cached_tokens, -1)
+            self._changed(index)
             r.reroutes += 1
             self._route(self._issues.pop(r.rid))
         self._after_step(node)
@@ -527,6 +549,7 @@ class Simulator:
         mode = self.system.switch
         keep_kv = mode not in (SwitchMode.RELAUNCH, SwitchMode.STRANDED)
         node.go_down(keep_kv=keep_kv)
+        self._changed(node.index)
         if not keep_kv:
             held = list(self.directory.index.host_access(node.name))
             self.directory.apply_removed(node.name, held, Tier.HOST)
@@ -543,6 +566,7 @@ class Simulator:
         node = self.nodes[index]
         sw = self._switches.pop(index)
         node.finish_switch(sw.to)
+        self._changed(index)
         self.directory.switch_phase(node.name, sw.to)
         self.metrics.switch(node.name, sw.decided_at, sw.drained_at, self.now, self.system.switch)
         self.metrics.record_split(self.now, self.split())

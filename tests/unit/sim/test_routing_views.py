@@ -1,6 +1,6 @@
-"""The simulator's router shell: cached node views and shared prefix views equal fresh builds.
+"""The simulator's router shell: incremental node views and shared prefix views equal fresh builds.
 
-``NodeStates`` returns a node's previous state while its inputs are unchanged, and ``prefixes``
+``NodeStates`` rebuilds only the states of the nodes the simulator touched, and ``prefixes``
 shares the prompt's leading blocks and ``CachedPrefix`` views between nodes with equal prefixes.
 Here every call of a real simulation (disaggregated with phase switches, and colocated) is checked
 against a from-scratch build of the same values.
@@ -47,31 +47,34 @@ def fresh_state(node: Node, model: NodeModel, queue: QueuedPrefill, now: float, 
 class CheckedStates(routing.NodeStates):
     """Compares every answer with fresh states, and counts the states reused from the last call."""
 
-    def __init__(self, size: int, *, prefill: bool) -> None:
-        super().__init__(size, prefill=prefill)
+    def __init__(
+        self,
+        nodes: Sequence[Node],
+        models: Sequence[NodeModel],
+        queued: Sequence[QueuedPrefill] | None,
+        *,
+        prefill: bool,
+        waiting_kv: Sequence[int] | None = None,
+    ) -> None:
+        super().__init__(nodes, models, queued, prefill=prefill, waiting_kv=waiting_kv)
+        self.nodes, self.models, self.queued, self.waiting_kv = nodes, models, queued, waiting_kv
         self.prefill = prefill
         self.calls = 0
         self.reused = 0
         self.last: dict[str, NodeState] = {}
 
-    def views(
-        self,
-        nodes: Sequence[Node],
-        models: Sequence[NodeModel],
-        queued: Sequence[QueuedPrefill] | None,
-        now: float,
-        waiting_kv: Sequence[int] | None = None,
-    ) -> list[NodeState]:
-        got = super().views(nodes, models, queued, now, waiting_kv)
+    def views(self, now: float) -> list[NodeState]:
+        got = super().views(now)
+        queued, waiting_kv = self.queued, self.waiting_kv
         wanted = [
             fresh_state(
                 n,
-                models[n.index],
+                self.models[n.index],
                 EMPTY_QUEUE if queued is None else queued[n.index],
                 now,
                 0 if waiting_kv is None else waiting_kv[n.index],
             )
-            for n in nodes
+            for n in self.nodes
             if n.status is NodeStatus.SERVING
             and (n.role in (Role.PREFILL, Role.BOTH) if self.prefill else n.role is Role.DECODE)
         ]
@@ -90,8 +93,15 @@ resolved: list[Resolution] = []
 def checking(monkeypatch: pytest.MonkeyPatch) -> None:
     checked.clear()
 
-    def make(size: int, *, prefill: bool) -> CheckedStates:
-        c = CheckedStates(size, prefill=prefill)
+    def make(
+        nodes: Sequence[Node],
+        models: Sequence[NodeModel],
+        queued: Sequence[QueuedPrefill] | None,
+        *,
+        prefill: bool,
+        waiting_kv: Sequence[int] | None = None,
+    ) -> CheckedStates:
+        c = CheckedStates(nodes, models, queued, prefill=prefill, waiting_kv=waiting_kv)
         checked.append(c)
         return c
 

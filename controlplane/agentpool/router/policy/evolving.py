@@ -14,8 +14,9 @@ the smallest node id. Fetched tokens are restored like host tokens, so Eq. 3's `
 applies to them unchanged.
 
 The request's own part (``t_c``, ``x``, Eq. 3 of ``w_n``, ``tau(x)``, ``kappa x``) depends only on
-``local_n`` and the node's model: it is computed once per distinct pair (most nodes share a few
-prefix lengths, e.g. a common system prompt), then each node adds its own wait ``W_n``.
+``local_n`` and the node's model: all but Eq. 3 is computed once per distinct ``local_n`` (most
+nodes share a few prefix lengths, e.g. a common system prompt), Eq. 3 once per distinct pair (each
+node has its own model once the planner fitted it), then each node adds its own wait ``W_n``.
 """
 
 from __future__ import annotations
@@ -58,9 +59,7 @@ class Prediction:
 
 
 class _Own(NamedTuple):
-    """The request's own part on a node holding ``local`` tokens of it: E.3 lines 6-8.
-
-    A named tuple: one is made per candidate when the candidates' prefixes all differ."""
+    """The request's own part on a node holding ``local`` tokens of it: E.3 lines 6-8."""
 
     service_s: float
     tau_s: float
@@ -69,13 +68,34 @@ class _Own(NamedTuple):
     fetch_tokens: int  # x
 
 
-def _own(request: RequestView, local: int, model: NodeModel, ctx: PolicyContext) -> _Own:
+class _Fetch(NamedTuple):
+    """The part of :class:`_Own` that depends on ``local`` only (not on the node's model)."""
+
+    t_uc: int
+    t_c: int
+    pairs: float  # attention_pairs(t_uc, t_c)
+    tau_s: float
+    copy_s: float
+    fetch_tokens: int  # x
+
+
+def _fetch(request: RequestView, local: int, ctx: PolicyContext) -> _Fetch:
     missing = max(0, max(request.cluster_prefix, local) - local)
     x = missing if ctx.fetch.fetches(missing) else 0
     t_c = local + x
     t_uc = request.prompt_tokens - t_c
-    service = eq3_of_sums(model, t_uc, t_c, attention_pairs(t_uc, t_c))
-    return _Own(service, ctx.fetch.tau(x), copy_price(ctx.kappa_s_per_token, x), t_c, x)
+    return _Fetch(
+        t_uc, t_c, attention_pairs(t_uc, t_c), ctx.fetch.tau(x), copy_price(ctx.kappa_s_per_token, x), x
+    )
+
+
+def _own_of(f: _Fetch, service_s: float) -> _Own:
+    return _Own(service_s, f.tau_s, f.copy_s, f.t_c, f.fetch_tokens)
+
+
+def _own(request: RequestView, local: int, model: NodeModel, ctx: PolicyContext) -> _Own:
+    f = _fetch(request, local, ctx)
+    return _own_of(f, eq3_of_sums(model, f.t_uc, f.t_c, f.pairs))
 
 
 def _exposed_fetch_s(wait: float, own: _Own) -> float:
@@ -118,28 +138,36 @@ class EvolvingPolicy:
     ) -> RouteDecision:
         require_candidates(candidates)
         prefix = request.local_prefix.get
-        owns: dict[tuple[int, int], _Own] = {}  # the models outlive this call: their ids are stable
+        fetches: dict[int, _Fetch] = {}  # per local prefix: most nodes share a few lengths
+        services: dict[tuple[int, int], float] = {}  # Eq. 3 per (local, model); models outlive the call
         scores: dict[str, float] = {}
-        parts: dict[str, tuple[float, _Own]] = {}
         nan = False
         # the loop runs for every candidate of every request: _ttft is written out (same operations)
         for n in candidates:
             nid = n.node_id
             local = prefix(nid, NO_PREFIX).total
-            key = (local, id(n.model))
-            own = owns.get(key)
-            if own is None:
-                own = owns[key] = _own(request, local, n.model, ctx)
+            f = fetches.get(local)
+            if f is None:
+                f = fetches[local] = _fetch(request, local, ctx)
+            model = n.model
+            key = (local, id(model))
+            service = services.get(key)
+            if service is None:
+                service = services[key] = eq3_of_sums(model, f.t_uc, f.t_c, f.pairs)
             wait = effective_service_s(n, ctx)
-            exposed = own.tau_s - wait
-            score = scores[nid] = wait + own.service_s + (exposed if exposed > 0.0 else 0.0) + own.copy_s
-            parts[nid] = (wait, own)
+            exposed = f.tau_s - wait
+            score = scores[nid] = wait + service + (exposed if exposed > 0.0 else 0.0) + f.copy_s
             if score != score:
                 nan = True
         if len(scores) != len(candidates):
             raise PolicyError("candidate node ids must be distinct")
         best = _pick(scores, request, nan)
-        p = _prediction(*parts[best])
+        # the winner's parts again, from the same caches (not kept per candidate: one of many wins)
+        node = next(n for n in candidates if n.node_id == best)
+        local = prefix(best, NO_PREFIX).total
+        p = _prediction(
+            effective_service_s(node, ctx), _own_of(fetches[local], services[local, id(node.model)])
+        )
         return RouteDecision(
             node_id=best,
             policy=NAME,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import heapq
 import math
+import operator
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,6 +53,7 @@ from agentpool.sim.systems import Eviction, FetchMode, Pool, SwitchMode, SystemC
 
 _ISSUE, _WAKE, _JOIN, _SWITCH_DONE, _TICK, _CALL, _NET = range(7)
 _UNLIMITED_BLOCKS = 1 << 40
+_KV_ROOM = operator.attrgetter("kv_room_tokens")
 __all__ = ["DECODE_BINDINGS", "TRUTHS", "Issue", "SimConfig", "Simulator", "WindowLog"]
 
 
@@ -482,10 +484,8 @@ class Simulator:
         self._pending_decode.append((req, issue))
 
     def _largest_decode_room(self) -> int:
-        serving, decode = NodeStatus.SERVING, Role.DECODE
-        return max(
-            (n.kv_room_tokens for n in self.nodes if n.role is decode and n.status is serving), default=-1
-        )
+        """The most KV room of a serving decode node (-1: none), from the decode views."""
+        return max(map(_KV_ROOM, self._decode_states.views(self.now)), default=-1)
 
     def _on_join(self, target: int, req: Request) -> None:
         dnode = self.nodes[target]

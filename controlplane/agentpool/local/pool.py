@@ -256,6 +256,7 @@ def plan(pool: AgentServingPool, options: LocalOptions, workdir: Path) -> PoolPl
     router_cfg = config_from_settings(
         spec.router.settings(),
         spec.slo.ttft_slo(),
+        tpot_s=spec.slo.tpot_s,
         model=spec.model.client_name,
         nodes=nodes,
         page_size=spec.kv_pool.page_size,

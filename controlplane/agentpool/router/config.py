@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from agentpool.api.settings import RouterSettings
 from agentpool.models import FetchModel, TtftSlo
-from agentpool.router.policy import PolicyContext, PolicyError, Role, create_policy
+from agentpool.router.policy import DEFAULT_TPOT_SLO_S, PolicyContext, PolicyError, Role, create_policy
 
 
 class ConfigError(ValueError):
@@ -31,6 +31,8 @@ class _Strict(BaseModel):
 class SloConfig(_Strict):
     ttft_base_s: float = Field(2.0, gt=0, alias="ttftBase")
     ttft_per_token_s: float = Field(1e-4, ge=0, alias="ttftPerToken")
+    # the pool's TPOT objective (s per output token): smetric's SLO check on colocated nodes
+    tpot_s: float = Field(DEFAULT_TPOT_SLO_S, gt=0, alias="tpot")
 
 
 class FetchConfig(_Strict):
@@ -152,6 +154,7 @@ class RouterConfig(_Strict):
             page_size=self.page_size,
             max_report_age_s=self.max_report_age_s,
             max_queue_per_node=self.max_queue_per_node,
+            tpot_slo_s=self.slo.tpot_s,
         )
 
     @property
@@ -177,6 +180,7 @@ def config_from_settings(
     router: RouterSettings,
     slo: TtftSlo,
     *,
+    tpot_s: float,
     model: str,
     nodes: Sequence[NodeConfig],
     tokenizer: str = "builtin",
@@ -191,7 +195,7 @@ def config_from_settings(
             "tokenizer": tokenizer,
             "policy": router.policy,
             "knobs": dict(router.knobs),
-            "slo": {"ttftBase": slo.base, "ttftPerToken": slo.per_token},
+            "slo": {"ttftBase": slo.base, "ttftPerToken": slo.per_token, "tpot": tpot_s},
             "fetch": {
                 "base": router.fetch.base_s,
                 "perToken": router.fetch.per_token_s,

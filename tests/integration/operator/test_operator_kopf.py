@@ -231,6 +231,7 @@ async def test_ready_with_the_split_then_an_slo_edit_changes_only_the_config_map
     assert [k for k in before if before[k] != after[k]] == [("ConfigMap", "sim-config")]
     config = await cluster.api.get("ConfigMap", cluster.namespace, "sim-config")
     assert config is not None and '"ttftBase":3.0' in config["data"]["router.json"]
+    assert '"tpot":0.04' in config["data"]["router.json"]  # the TPOT objective reaches the router too
     assert [await annotations(cluster, f"sim-engine-{i}") for i in range(6)] == pods_before
 
 

@@ -15,7 +15,7 @@ import yaml
 from agentpool.api import AgentServingPool
 from agentpool.engine.config import load_config
 from agentpool.operator.builders import BuildSettings, InvalidPoolError, children
-from agentpool.operator.builders.sglang import READY_TIMEOUT_S, tp_size_in_args
+from agentpool.operator.builders.sglang import READY_TIMEOUT_S, split_chunk_size, tp_size_in_args
 from agentpool.operator.names import PoolRef
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -57,16 +57,17 @@ def test_the_engine_pod_runs_the_agent_with_gpus_shm_and_the_bootstrap_port() ->
 
 
 @pytest.mark.parametrize(
-    ("args", "gpus", "tp"),
+    ("args", "gpus", "tp", "chunk"),
     [
-        (["--tp-size", "4", "--mem-fraction-static", "0.85"], 4, None),  # the example: args say it
-        (["--tp-size=4"], 4, None),
-        (["--mem-fraction-static", "0.85"], 4, 4),  # from the node's GPUs
-        ([], 8, 8),
+        (["--tp-size", "4", "--mem-fraction-static", "0.85"], 4, None, 8192),  # args say the TP size
+        (["--tp-size=4"], 4, None, 8192),
+        (["--mem-fraction-static", "0.85"], 4, 4, 8192),  # from the node's GPUs
+        ([], 8, 8, 8192),
+        (["--chunked-prefill-size", "4096"], 8, 8, 4096),  # moved to the agent, which sets it
     ],
 )
 def test_each_node_file_loads_in_the_agent_with_the_sglang_section(
-    args: list[str], gpus: int, tp: int | None, tmp_path: Path
+    args: list[str], gpus: int, tp: int | None, chunk: int, tmp_path: Path
 ) -> None:
     objs = build(with_args(args, gpus))
     (engines,) = [
@@ -81,7 +82,8 @@ def test_each_node_file_loads_in_the_agent_with_the_sglang_section(
         assert sglang is not None
         assert (sglang.model, sglang.served_name) == ("Qwen/Qwen3-Coder-30B-A3B-Instruct", "qwen3-coder")
         assert (sglang.port, sglang.bootstrap_port, sglang.tp_size) == (30000, 8998, tp)
-        assert sglang.args == args
+        assert sglang.args == [a for a in args if a not in ("--chunked-prefill-size", "4096")]
+        assert sglang.chunked_prefill_tokens == chunk
         assert sglang.ready_timeout_s == READY_TIMEOUT_S and sglang.require_gpu
         assert config.page_size == 64 and config.host_kv_bytes == 512 * 2**30
         assert config.role.value == ("prefill" if i < 4 else "decode")
@@ -109,3 +111,22 @@ def test_tp_size_in_args() -> None:
     assert tp_size_in_args(["--chunked-prefill-size", "8192", "--tp-size", "2"]) == 2
     assert tp_size_in_args(["--tensor-parallel-size=4"]) == 4
     assert tp_size_in_args(["--mem-fraction-static", "0.85"]) is None
+
+
+@pytest.mark.parametrize(
+    ("args", "chunk", "rest"),
+    [
+        (["--tp-size", "4", "--chunked-prefill-size", "4096", "--x"], 4096, ["--tp-size", "4", "--x"]),
+        (["--chunked-prefill-size=2048"], 2048, []),
+        (["--mem-fraction-static", "0.85"], None, ["--mem-fraction-static", "0.85"]),
+    ],
+)
+def test_the_chunk_size_moves_from_the_args_to_the_agent(
+    args: list[str], chunk: int | None, rest: list[str]
+) -> None:
+    assert split_chunk_size(args) == (chunk, rest)
+
+
+def test_a_bad_chunk_size_is_refused() -> None:
+    with pytest.raises(ValueError, match="--chunked-prefill-size needs a positive integer"):
+        split_chunk_size(["--chunked-prefill-size", "lots"])

@@ -156,12 +156,19 @@ def test_config_from_the_pool_spec_settings_round_trips() -> None:
         state_max_age_s=4.0,
     )
     nodes = [NodeConfig(id="p0", url="http://p0:8080", role=Role.PREFILL)]
-    cfg = config_from_settings(settings, TtftSlo(base=3.0, per_token=2e-4), model="m", nodes=nodes)
+    cfg = config_from_settings(
+        settings, TtftSlo(base=3.0, per_token=2e-4), tpot_s=0.04, model="m", nodes=nodes
+    )
     again = parse_config(render_config(cfg), "json")
     assert again == cfg
     ctx = again.policy_context()
     assert ctx.fetch.tau(1000) == pytest.approx(0.001 + 2e-3)
-    assert (ctx.kappa_s_per_token, ctx.max_report_age_s, ctx.slo.base) == (3e-7, 4.0, 3.0)
+    assert (ctx.kappa_s_per_token, ctx.max_report_age_s, ctx.slo.base, ctx.tpot_slo_s) == (
+        3e-7,
+        4.0,
+        3.0,
+        0.04,
+    )
     assert again.nodes[0].role is Role.PREFILL and again.knobs == {"slack": 1.5, "hit_ratio": 0.7}
 
 

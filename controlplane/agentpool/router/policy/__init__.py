@@ -5,6 +5,7 @@ See :mod:`agentpool.router.policy.contract` for the views a policy sees and the 
 """
 
 from agentpool.router.policy.contract import (
+    DEFAULT_TPOT_SLO_S,
     EMPTY_QUEUE,
     NO_PREFIX,
     CachedPrefix,
@@ -33,6 +34,7 @@ from agentpool.router.policy.decode import (
 from agentpool.router.policy.registry import POLICIES, create_policy, policy_names
 
 __all__ = [
+    "DEFAULT_TPOT_SLO_S",
     "EMPTY_QUEUE",
     "NO_PREFIX",
     "POLICIES",

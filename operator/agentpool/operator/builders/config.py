@@ -60,6 +60,7 @@ def router_config(pool: PoolRef, spec: AgentServingPoolSpec, generation: int) ->
     config = config_from_settings(
         spec.router.settings(),
         spec.slo.ttft_slo(),
+        tpot_s=spec.slo.tpot_s,
         model=spec.model.client_name,
         nodes=nodes,
         page_size=spec.kv_pool.page_size,

@@ -9,6 +9,7 @@ operator fills in what comes from the spec: the model, its served name, the tens
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from agentpool.api import AgentServingPoolSpec
@@ -26,21 +27,41 @@ READY_TIMEOUT_S = STARTUP_PROBE_PERIOD_S * STARTUP_PROBE_FAILURES
 STOP_TIMEOUT_S = 30
 """SIGTERM to SGLang, then SIGKILL; well within the pod's termination grace period."""
 TP_FLAGS = ("--tp-size", "--tp", "--tensor-parallel-size")
+CHUNK_FLAG = "--chunked-prefill-size"
+"""The agent sets it (its iteration records need the chunk size): given in `spec.engine.args`, it
+moves to the agent's `chunkedPrefillTokens` instead of passing through."""
 
 
-def tp_size_in_args(args: list[str]) -> int | None:
-    """The tensor-parallel size `spec.engine.args` sets (`--tp-size 4` or `--tp-size=4`), if any;
-    ValueError for a value that is not a positive integer."""
+def _int_flag(args: list[str], flags: tuple[str, ...]) -> tuple[int, int, int] | None:
+    """(value, index, argument count) of the first of `flags` in `args` (`--flag 4` or
+    `--flag=4`); ValueError for a value that is not a positive integer."""
     for i, arg in enumerate(args):
         flag, sep, value = arg.partition("=")
-        if flag not in TP_FLAGS:
+        if flag not in flags:
             continue
         if not sep:
             value = args[i + 1] if i + 1 < len(args) else ""
         if not value.isdigit() or int(value) < 1:
             raise ValueError(f"spec.engine.args: {flag} needs a positive integer, got {value!r}")
-        return int(value)
+        return int(value), i, 1 if sep else 2
     return None
+
+
+def tp_size_in_args(args: list[str]) -> int | None:
+    """The tensor-parallel size `spec.engine.args` sets (`--tp-size 4` or `--tp-size=4`), if any;
+    ValueError for a value that is not a positive integer."""
+    found = _int_flag(args, TP_FLAGS)
+    return None if found is None else found[0]
+
+
+def split_chunk_size(args: list[str]) -> tuple[int | None, list[str]]:
+    """The prefill chunk size `spec.engine.args` sets (`--chunked-prefill-size`), if any, and the
+    arguments without it; ValueError for a value that is not a positive integer."""
+    found = _int_flag(args, (CHUNK_FLAG,))
+    if found is None:
+        return None, args
+    value, at, count = found
+    return value, args[:at] + args[at + count :]
 
 
 def launch_problem(spec: AgentServingPoolSpec) -> str | None:
@@ -49,9 +70,9 @@ def launch_problem(spec: AgentServingPoolSpec) -> str | None:
     sets itself (the agent's own check, :func:`agentpool.engine.sglang.args.build_args`)."""
     if spec.engine.backend != "sglang":
         return None
-    args = list(spec.engine.args)
     try:
-        tp = tp_size_in_args(args)
+        tp = tp_size_in_args(list(spec.engine.args))
+        chunk, args = split_chunk_size(list(spec.engine.args))
     except ValueError as exc:
         return str(exc)
     gpus = spec.engine.gpus_per_node
@@ -65,6 +86,8 @@ def launch_problem(spec: AgentServingPoolSpec) -> str | None:
         page_size=spec.kv_pool.page_size,
         extra=tuple(args),
     )
+    if chunk is not None:
+        launch = dataclasses.replace(launch, chunked_prefill_tokens=chunk)
     try:
         build_args(launch)
     except LaunchError as exc:
@@ -74,7 +97,7 @@ def launch_problem(spec: AgentServingPoolSpec) -> str | None:
 
 def sglang_settings(spec: AgentServingPoolSpec) -> dict[str, Any]:
     """The engine config's `sglang` section (`agentpool.engine` with `backend: sglang`)."""
-    args = list(spec.engine.args)
+    chunk, args = split_chunk_size(list(spec.engine.args))
     values: dict[str, Any] = {
         "model": spec.model.name,
         "servedName": spec.model.client_name,
@@ -89,4 +112,6 @@ def sglang_settings(spec: AgentServingPoolSpec) -> dict[str, Any]:
     }
     if tp_size_in_args(args) is None and spec.engine.gpus_per_node > 0:
         values["tpSize"] = spec.engine.gpus_per_node
+    if chunk is not None:
+        values["chunkedPrefillTokens"] = chunk
     return values

@@ -41,12 +41,13 @@ class NodeStates:
     """The policy's views of the serving nodes of one kind, kept up to date instead of rebuilt.
 
     A serving node's state is a pure function of its role, status, model, queued sums, running
-    count, KV counts and remaining batch time (its name never changes). The driver calls
-    :meth:`touch` with a node's index after anything that may change one of those inputs except the
-    clock (a node method, its queued sums, its model); :meth:`views` then rebuilds only the touched
-    nodes' states. A node running a prefill batch has its remaining time set at every call (it
-    moves with the clock), in place. The list returned, and the states in it, are the ones the next
-    call updates: a caller uses them before it touches a node or calls again (as a policy does).
+    count, KV counts, waiting decode KV and remaining batch time (its name never changes). The
+    driver calls :meth:`touch` with a node's index after anything that may change one of those
+    inputs except the clock (a node method, its queued sums or waiting decode KV, its model);
+    :meth:`views` then rebuilds only the touched nodes' states. A node running a prefill batch has
+    its remaining time set at every call (it moves with the clock), in place. The list returned,
+    and the states in it, are the ones the next call updates: a caller uses them before it touches
+    a node or calls again (as a policy does).
     """
 
     def __init__(

@@ -19,7 +19,10 @@ from urllib.parse import urlsplit
 
 import grpc
 
+from agentpool.errors import UnauthenticatedError, grpc_code_name
 from agentpool.secret_file import MIN_TOKEN_CHARS, read_secret_file
+
+_UNAUTHENTICATED = grpc.StatusCode[grpc_code_name(UnauthenticatedError)]
 
 
 class ConfigurationError(ValueError):
@@ -60,11 +63,11 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg
         self._expected = f"Bearer {token}".encode()
 
         async def deny(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+            await context.abort(_UNAUTHENTICATED, "missing or wrong bearer token")
 
         async def deny_stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             await _take_first(request)
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+            await context.abort(_UNAUTHENTICATED, "missing or wrong bearer token")
             yield None
 
         self._deny_unary = grpc.unary_unary_rpc_method_handler(deny)

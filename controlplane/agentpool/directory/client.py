@@ -20,6 +20,7 @@ import grpc
 from agentpool.directory import framing
 from agentpool.directory.auth import bearer_metadata, channel_credentials
 from agentpool.directory.convert import phase_from_pb, phase_to_pb, tier_to_pb
+from agentpool.errors import UpstreamError
 from agentpool.kv import HeldBlock, Role, Tier
 from agentpool.v1 import directory_pb2 as pb
 from agentpool.v1 import directory_pb2_grpc as pb_grpc
@@ -28,7 +29,10 @@ T = TypeVar("T")
 _EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]
 
 
-class DirectoryRpcError(Exception):
+class DirectoryRpcError(UpstreamError):
+    """A call to the directory failed: for its callers a service they depend on failed (temporary);
+    ``code`` is the directory's gRPC status, for the callers that act on one (``NOT_FOUND``)."""
+
     def __init__(self, code: grpc.StatusCode, reason: str) -> None:
         super().__init__(f"{code.name}: {reason}")
         self.code = code

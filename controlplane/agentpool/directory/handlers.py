@@ -9,8 +9,9 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError, Message
 
+from agentpool.directory.convert import InvalidRequestError
 from agentpool.directory.route import serve_route
-from agentpool.directory.service import DirectoryService
+from agentpool.directory.service import DirectoryService, grpc_status
 from agentpool.v1 import directory_pb2 as pb
 
 SERVICE_NAME = "agentpool.v1.Directory"
@@ -38,7 +39,7 @@ async def _parse(raw: bytes, kind: type[Message], context: grpc.aio.ServicerCont
     try:
         return kind.FromString(raw)
     except DecodeError as e:
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {kind.__name__}: {e}")
+        await context.abort(grpc_status(InvalidRequestError()), f"malformed {kind.__name__}: {e}")
 
 
 def _unary(method: Callable[[Any, Any], Awaitable[Message | bytes]], kind: type[Message]) -> Any:

@@ -20,8 +20,8 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from agentpool.directory import framing
-from agentpool.directory.convert import InvalidRequestError, QuotaExceededError
-from agentpool.directory.service import Abort, DirectoryService, Placed, grpc_status
+from agentpool.directory.convert import InvalidRequestError
+from agentpool.directory.service import RPC_ERRORS, DirectoryService, Placed, grpc_status
 from agentpool.directory.store import Pending
 from agentpool.directory.writer import Written
 from agentpool.v1 import directory_pb2 as pb
@@ -79,7 +79,7 @@ class RouteSession:
                 self._end_branch(op.id, op.end_branch)
             else:
                 self._reply(
-                    framing.error_reply(op.id, grpc.StatusCode.INVALID_ARGUMENT.value[0], "empty operation")
+                    framing.error_reply(op.id, grpc_status(InvalidRequestError()).value[0], "empty operation")
                 )
         for pending, then in writes:
             self._track(then(self.service.enqueue(pending)))
@@ -89,7 +89,7 @@ class RouteSession:
         code = _OK
         try:
             self._reply(framing.resolve_reply(op_id, self.service.resolve_now(request)))
-        except (InvalidRequestError, QuotaExceededError, Abort) as e:
+        except RPC_ERRORS as e:
             status = grpc_status(e)
             code = status.name
             self._reply(framing.error_reply(op_id, status.value[0], str(e)))
@@ -99,7 +99,7 @@ class RouteSession:
         t0 = time.perf_counter()
         try:
             placed = self.service.place_now(request)
-        except (InvalidRequestError, QuotaExceededError, Abort) as e:
+        except RPC_ERRORS as e:
             status = grpc_status(e)
             self.service.metrics.observe("Place", status.name, time.perf_counter() - t0)
             self._reply(framing.error_reply(op_id, status.value[0], str(e)))
@@ -111,9 +111,10 @@ class RouteSession:
     async def _placed(self, op_id: int, placed: Placed, done: Written, quiet: bool, t0: float) -> None:
         try:
             await self.service.written(placed.pending, done)
-        except Abort as e:
-            self.service.metrics.observe("Place", e.code.name, time.perf_counter() - t0)
-            self._reply(framing.error_reply(op_id, e.code.value[0], e.reason))
+        except RPC_ERRORS as e:
+            status = grpc_status(e)
+            self.service.metrics.observe("Place", status.name, time.perf_counter() - t0)
+            self._reply(framing.error_reply(op_id, status.value[0], str(e)))
             return
         self.service.metrics.observe("Place", _OK, time.perf_counter() - t0)
         if not quiet:
@@ -123,7 +124,7 @@ class RouteSession:
         t0 = time.perf_counter()
         try:
             response, pending = self.service.end_branch_now(request)
-        except (InvalidRequestError, QuotaExceededError, Abort) as e:
+        except RPC_ERRORS as e:
             status = grpc_status(e)
             self.service.metrics.observe("EndBranch", status.name, time.perf_counter() - t0)
             self._reply(framing.error_reply(op_id, status.value[0], str(e)))
@@ -135,9 +136,10 @@ class RouteSession:
     ) -> None:
         try:
             await self.service.written(pending, done)
-        except Abort as e:
-            self.service.metrics.observe("EndBranch", e.code.name, time.perf_counter() - t0)
-            self._reply(framing.error_reply(op_id, e.code.value[0], e.reason))
+        except RPC_ERRORS as e:
+            status = grpc_status(e)
+            self.service.metrics.observe("EndBranch", status.name, time.perf_counter() - t0)
+            self._reply(framing.error_reply(op_id, status.value[0], str(e)))
             return
         self.service.metrics.observe("EndBranch", _OK, time.perf_counter() - t0)
         reply = pb.RouteReplies(replies=[pb.RouteReply(id=op_id, end_branch=response)])
@@ -184,7 +186,7 @@ async def serve_route(service: DirectoryService, batches: AsyncIterator[bytes], 
             await context.write(replies)
         await reader  # done: raises what it did not expect (the call ends UNKNOWN)
     except InvalidRequestError as e:
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        await context.abort(grpc_status(e), str(e))
     finally:
         reader.cancel()
         await session.close()

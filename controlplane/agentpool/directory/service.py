@@ -39,7 +39,7 @@ from agentpool.directory.store import BranchStore, Pending, StoreUnavailableErro
 from agentpool.directory.watch import CountWatchers
 from agentpool.directory.writer import StoreWriter, Written
 from agentpool.errors import AgentpoolError, grpc_code_name
-from agentpool.kv import Changes, Directory
+from agentpool.kv import Changes, Directory, UnknownBranchError, UnknownNodeError
 from agentpool.v1 import directory_pb2 as pb
 from agentpool.v1 import directory_pb2_grpc as pb_grpc
 
@@ -77,19 +77,20 @@ class Placed:
     pending: Pending
 
 
-class Abort(Exception):
-    """Ends an RPC with an explicit gRPC code (the service's own checks)."""
+RPC_ERRORS = (
+    InvalidRequestError,
+    QuotaExceededError,
+    StoreUnavailableError,
+    UnknownNodeError,
+    UnknownBranchError,
+)
+"""The errors an RPC's own checks end it with (answered with their kind's code, the call goes on)."""
 
-    def __init__(self, code: grpc.StatusCode, reason: str) -> None:
-        super().__init__(reason)
-        self.code = code
-        self.reason = reason
 
-
-def grpc_status(e: Abort | AgentpoolError) -> grpc.StatusCode:
-    """The directory's one mapping of errors to gRPC codes: an :class:`Abort` carries its own; a
-    domain error's kind (temporary or permanent, :mod:`agentpool.errors`) picks it from the table."""
-    return e.code if isinstance(e, Abort) else grpc.StatusCode[grpc_code_name(e)]
+def grpc_status(e: AgentpoolError) -> grpc.StatusCode:
+    """The directory's one mapping of errors to gRPC codes: a domain error's kind (temporary or
+    permanent, :mod:`agentpool.errors`) picks it from the root's table."""
+    return grpc.StatusCode[grpc_code_name(e)]
 
 
 class DirectoryService(pb_grpc.DirectoryServicer):
@@ -214,7 +215,7 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         error = await done
         if error is not None:
             if strict:
-                raise Abort(grpc.StatusCode.UNAVAILABLE, f"store unavailable: {error}") from error
+                raise StoreUnavailableError(f"store unavailable: {error}") from error
             return
         self.watchers.publish(pending.changes.counts)
         self._update_gauges()
@@ -226,7 +227,7 @@ class DirectoryService(pb_grpc.DirectoryServicer):
 
     def _require_store(self) -> None:
         if not self.store_ok:
-            raise Abort(grpc.StatusCode.UNAVAILABLE, "store (Redis) unavailable; retry later")
+            raise StoreUnavailableError("store (Redis) unavailable; retry later")
 
     def _update_gauges(self) -> None:
         self.metrics.nodes.set(len(self.dir.phases()))
@@ -240,7 +241,7 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         reason = ""
         try:
             return await work
-        except (AgentpoolError, Abort) as e:
+        except AgentpoolError as e:
             code, reason = grpc_status(e), str(e)
         finally:
             self.metrics.observe(method, code.name, time.perf_counter() - t0)
@@ -250,7 +251,7 @@ class DirectoryService(pb_grpc.DirectoryServicer):
     def _known_node(self, name: str) -> str:
         node = node_name(name)
         if not self.dir.has_node(node):
-            raise Abort(grpc.StatusCode.NOT_FOUND, f"unknown node {node!r}: it has not registered (resync)")
+            raise UnknownNodeError(f"unknown node {node!r}: it has not registered (resync)")
         return node
 
     def _check_branch_cap(self, branch: str) -> None:
@@ -263,9 +264,7 @@ class DirectoryService(pb_grpc.DirectoryServicer):
     def _known_branch(self, name: str) -> str:
         branch = branch_id(name)
         if branch not in self.dir.branches:
-            raise Abort(
-                grpc.StatusCode.NOT_FOUND, f"unknown branch {branch!r}: Resolve a request of it first"
-            )
+            raise UnknownBranchError(f"unknown branch {branch!r}: Resolve a request of it first")
         return branch
 
     # -- Resolve / Place / EndBranch ---------------------------------------------------------
@@ -472,7 +471,7 @@ class DirectoryService(pb_grpc.DirectoryServicer):
     ) -> AsyncIterator[pb.CountUpdate]:
         try:
             node = self._known_node(request.node)
-        except (InvalidRequestError, Abort) as e:
+        except RPC_ERRORS as e:
             code = grpc_status(e)
             await context.abort(code, str(e))
             return

@@ -53,6 +53,10 @@ class OverloadedError(TemporaryError):
     """The caller asks for more than the service takes now (queues or a quota are full)."""
 
 
+class ConflictError(TemporaryError):
+    """The object changed or exists already (a concurrent writer): read it again and retry."""
+
+
 class UpstreamError(TemporaryError):
     """A service this one depends on failed (an engine, a peer, a backend)."""
 
@@ -67,6 +71,7 @@ CODES: dict[type[AgentpoolError], tuple[int, str]] = {
     UnauthenticatedError: (401, "UNAUTHENTICATED"),
     UnavailableError: (503, "UNAVAILABLE"),
     OverloadedError: (429, "RESOURCE_EXHAUSTED"),
+    ConflictError: (409, "ABORTED"),
     UpstreamError: (502, "UNAVAILABLE"),
 }
 
@@ -92,6 +97,7 @@ def grpc_code_name(error: AgentpoolError | type[AgentpoolError]) -> str:
 __all__ = [
     "CODES",
     "AgentpoolError",
+    "ConflictError",
     "InvalidInputError",
     "NotFoundError",
     "OverloadedError",

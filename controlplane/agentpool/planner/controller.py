@@ -29,6 +29,7 @@ from typing import Protocol
 from kubernetes.client.exceptions import ApiException
 
 from agentpool.directory.client import DirectoryRpcError
+from agentpool.errors import UnavailableError
 from agentpool.kv import Role
 from agentpool.models import (
     IterationRecord,
@@ -63,8 +64,9 @@ MIN_WARMUP_RETRY_S = 10.0  # a warmup repeated after a failed fit lasts at least
 SWITCH_POLL_S = 2.0  # how often the roles are read while a switch is in flight
 
 
-class PlannerError(Exception):
-    """The planner cannot proceed: the pool's state contradicts its configuration."""
+class PlannerError(UnavailableError):
+    """The planner cannot proceed now: the pool's state contradicts its configuration (no warmup
+    records, pins it cannot honour); the loop tries again."""
 
 
 class PhaseSink(Protocol):

@@ -17,11 +17,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from agentpool.errors import UnavailableError
 from agentpool.kv import Directory, KvError, PrefixMatch
 from agentpool.router.policy import CachedPrefix
 
 
-class DirectoryError(Exception):
+class DirectoryError(UnavailableError):
     """The directory could not answer (unreachable, or it rejected the call)."""
 
 

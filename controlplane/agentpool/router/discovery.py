@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from agentpool.errors import UpstreamError
 from agentpool.router.config import KubernetesDiscoveryConfig, NodeConfig, RouterConfig
 from agentpool.router.metrics import RouterMetrics
 from agentpool.router.nodes import NodeTable
@@ -31,7 +32,7 @@ KUBERNETES = "kubernetes"
 SERVICE_LABEL = "kubernetes.io/service-name"
 
 
-class DiscoveryError(Exception):
+class DiscoveryError(UpstreamError):
     """The discovery source could not be read (the previous node list stays)."""
 
 

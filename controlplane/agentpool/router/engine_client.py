@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 import httptools
 import orjson
 
+from agentpool.errors import InvalidInputError, UnavailableError, UpstreamError
 from agentpool.wire.engine import EngineEvent, GenerateRequest, encode_generate
 
 GENERATE_PATH = "/agentpool/v1/generate"
@@ -38,11 +39,11 @@ MAX_BUFFER = 1 << 20
 MAX_IDLE = 256
 
 
-class EngineFailure(Exception):
+class EngineFailure(UpstreamError):
     """The engine could not be reached, failed, timed out or broke the protocol."""
 
 
-class EngineRejected(Exception):
+class EngineRejected(InvalidInputError):
     """The engine refused the request for its content (HTTP 400/413/422, or an ``error`` event with a
     4xx ``status``), or the request could not be encoded: the request's fault, not the engine's."""
 
@@ -51,7 +52,7 @@ class EngineRejected(Exception):
 REJECTED_STATUSES = frozenset((400, 413, 422))
 
 
-class EngineBusy(Exception):
+class EngineBusy(UnavailableError):
     """The engine refused the request without failing (HTTP 429/503): route it elsewhere."""
 
 
@@ -343,6 +344,8 @@ class EngineClient:
                     yield event
                     return
                 yield event
+        except (EngineBusy, EngineRejected, EngineFailure):
+            raise  # already the caller's (EngineRejected is a ValueError: not a broken line below)
         except TimeoutError as e:
             raise EngineFailure(f"{url} timed out") from e
         except _ConnectionLost as e:

@@ -16,6 +16,7 @@ import logging
 import orjson
 from pydantic import ValidationError
 
+from agentpool.errors import InvalidInputError, UnauthenticatedError, http_status
 from agentpool.models import NodeModel
 from agentpool.router.http_server import Request, Response, Routes, error_response
 from agentpool.router.nodes import StaleFitsError
@@ -41,17 +42,20 @@ def mount(routes: Routes, service: RouterService) -> None:
 
     async def put_models(request: Request) -> Response:
         if not service.report_auth.allows(request.headers.get("authorization")):
-            return error_response(401, "missing or wrong token", "authentication_error", "invalid_token")
+            status = http_status(UnauthenticatedError)
+            return error_response(status, "missing or wrong token", "authentication_error", "invalid_token")
         try:
             update = ModelSet.model_validate_json(request.body)
             models: dict[str, NodeModel] = {n: m.node_model() for n, m in update.models.items()}
         except (ValidationError, ValueError) as e:
-            return error_response(400, f"invalid model set: {e}", code="invalid_models")
+            return error_response(
+                http_status(InvalidInputError), f"invalid model set: {e}", code="invalid_models"
+            )
         try:
             applied = service.nodes.apply_fits(update.version, models)
         except StaleFitsError as e:
             body = error_body(str(e), "conflict", "stale_version") | {"version": service.nodes.fits_version}
-            return Response(409, orjson.dumps(body))
+            return Response(http_status(e), orjson.dumps(body))
         service.dispatcher.work_log.models_version = update.version
         unknown = sorted(set(models) - set(applied))
         log.info(

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from agentpool.errors import ConflictError
 from agentpool.models import DecodeModel, NodeModel, PrefillModel, Work
 from agentpool.router.config import NodeConfig, NodeModelConfig
 from agentpool.router.policy import EMPTY_QUEUE, NodeState, QueuedPrefill, Role
@@ -85,7 +86,7 @@ class NodeEntry:
 _NO_WORK = Work(t_uc=0.0)  # a decode's dispatch: its prefill work is not counted
 
 
-class StaleFitsError(ValueError):
+class StaleFitsError(ConflictError):
     """A model set no newer than the one the router holds."""
 
 

@@ -26,7 +26,14 @@ import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 
-from agentpool.errors import http_status
+from agentpool.errors import (
+    AgentpoolError,
+    InvalidInputError,
+    NotFoundError,
+    UnauthenticatedError,
+    UnavailableError,
+    http_status,
+)
 from agentpool.kv import InvalidBranchIdError, check_branch_id
 from agentpool.router import work_log
 from agentpool.router.directory_view import DirectoryError
@@ -70,13 +77,18 @@ BRANCH_END = "x-agentpool-branch-end"
 SSE_HEADERS = {"cache-control": "no-cache"}
 
 
-class ApiError(Exception):
-    def __init__(
-        self, status: int, message: str, type_: str, code: str | None = None, param: str | None = None
-    ):
+class ApiError(AgentpoolError):
+    """An error answered in OpenAI's shape (``type``, ``code``, ``param``); its HTTP status is its
+    kind's, from the one table (:func:`agentpool.errors.http_status`): raise a subclass below."""
+
+    def __init__(self, message: str, type_: str, code: str | None = None, param: str | None = None) -> None:
         super().__init__(message)
-        self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
+        self.message, self.type, self.code, self.param = message, type_, code, param
         self.headers: dict[str, str] = {}
+
+    @property
+    def status(self) -> int:
+        return http_status(self)
 
     def with_headers(self, headers: dict[str, str]) -> ApiError:
         self.headers.update(headers)
@@ -87,19 +99,37 @@ class ApiError(Exception):
         return Response(self.status, body, headers={**self.headers, **(headers or {})})
 
 
+class InvalidRequest(ApiError, InvalidInputError):
+    """The client's request is malformed or over a limit (400)."""
+
+
+class NotFound(ApiError, NotFoundError):
+    """The request names a model, branch or engine this router does not have (404)."""
+
+
+class Unauthorized(ApiError, UnauthenticatedError):
+    """A missing or wrong token (401)."""
+
+
+class DirectoryUnavailable(ApiError, UnavailableError):
+    """The KV directory cannot answer now (503)."""
+
+
+def flow_response(e: FlowError, type_: str, code: str, headers: dict[str, str] | None = None) -> Response:
+    """``e`` in OpenAI's shape with its kind's status."""
+    body = orjson.dumps(error_body(str(e), type_, code, None))
+    return Response(http_status(e), body, headers=headers or {})
+
+
 def flow_error(e: FlowError, retry_after: int) -> Response:
     """The status is the kind's (:func:`agentpool.errors.http_status`); OpenAI's type and code name it."""
-    status = http_status(e)
     if isinstance(e, Overloaded):
-        err = ApiError(status, str(e), "rate_limit_error", "overloaded")
-        return err.response({"Retry-After": str(retry_after)})
+        return flow_response(e, "rate_limit_error", "overloaded", {"Retry-After": str(retry_after)})
     if isinstance(e, NoCapacity):
-        return ApiError(status, str(e), "server_error", "no_capacity").response(
-            {"Retry-After": str(retry_after)}
-        )
+        return flow_response(e, "server_error", "no_capacity", {"Retry-After": str(retry_after)})
     if isinstance(e, BadRequest):
-        return ApiError(status, str(e), "invalid_request_error", "rejected_by_engine").response()
-    return ApiError(status, str(e), "server_error", "engine_failed").response()
+        return flow_response(e, "invalid_request_error", "rejected_by_engine")
+    return flow_response(e, "server_error", "engine_failed")
 
 
 # ---- parsing ------------------------------------------------------------------------------------
@@ -110,7 +140,7 @@ def read_json(request: Request, service: RouterService) -> dict[str, Any]:
     try:
         return parse_json(request.body, service.config.limits.max_json_depth)
     except BadJson as e:
-        raise ApiError(400, str(e), "invalid_request_error", "invalid_json") from e
+        raise InvalidRequest(str(e), "invalid_request_error", "invalid_json") from e
 
 
 def parse_body(cls: type[M], body: dict[str, Any]) -> M:
@@ -118,7 +148,7 @@ def parse_body(cls: type[M], body: dict[str, Any]) -> M:
         return cls.model_validate(body)
     except ValidationError as e:
         err = validation_error_body(e)["error"]
-        raise ApiError(400, err["message"], err["type"], err["code"], err["param"]) from e
+        raise InvalidRequest(err["message"], err["type"], err["code"], err["param"]) from e
 
 
 def branch_headers(request: Request) -> tuple[str | None, str | None, bool]:
@@ -134,19 +164,19 @@ def branch_headers(request: Request) -> tuple[str | None, str | None, bool]:
         if parent is not None:
             check_branch_id(parent)
     except InvalidBranchIdError as e:
-        raise ApiError(400, str(e), "invalid_request_error", "invalid_header") from e
+        raise InvalidRequest(str(e), "invalid_request_error", "invalid_header") from e
     if parent is not None and branch is None:
-        raise ApiError(400, f"{PARENT} needs {BRANCH}", "invalid_request_error", "invalid_header")
+        raise InvalidRequest(f"{PARENT} needs {BRANCH}", "invalid_request_error", "invalid_header")
     end = False
     if end_raw is not None:
         value = end_raw.strip().lower()
         if value not in ("true", "false"):
-            raise ApiError(
-                400, f"{BRANCH_END} must be true or false", "invalid_request_error", "invalid_header"
+            raise InvalidRequest(
+                f"{BRANCH_END} must be true or false", "invalid_request_error", "invalid_header"
             )
         end = value == "true"
         if end and branch is None:
-            raise ApiError(400, f"{BRANCH_END} needs {BRANCH}", "invalid_request_error", "invalid_header")
+            raise InvalidRequest(f"{BRANCH_END} needs {BRANCH}", "invalid_request_error", "invalid_header")
     return branch, parent, end
 
 
@@ -160,8 +190,8 @@ async def chat_completions(service: RouterService, request: Request) -> Response
     check_model(service, req.model)
     limits = service.config.limits
     if len(req.messages) > limits.max_messages:
-        raise ApiError(
-            400, f"more than {limits.max_messages} messages", "invalid_request_error", "too_many_messages"
+        raise InvalidRequest(
+            f"more than {limits.max_messages} messages", "invalid_request_error", "too_many_messages"
         )
     check_output_limit(service, req.output_limit())
     # the validated messages as sent, without their null fields (what model_dump(exclude_none=True)
@@ -187,16 +217,16 @@ async def completions(service: RouterService, request: Request) -> Response | St
 
 def check_model(service: RouterService, model: str) -> None:
     if model != service.config.model:
-        raise ApiError(
-            404, f"The model '{model}' does not exist", "invalid_request_error", "model_not_found", "model"
+        raise NotFound(
+            f"The model '{model}' does not exist", "invalid_request_error", "model_not_found", "model"
         )
 
 
 def check_output_limit(service: RouterService, limit: int | None) -> None:
     cap = service.config.limits.max_output_tokens
     if limit is not None and limit > cap:
-        raise ApiError(
-            400, f"max_tokens may be at most {cap}", "invalid_request_error", "invalid_value", "max_tokens"
+        raise InvalidRequest(
+            f"max_tokens may be at most {cap}", "invalid_request_error", "invalid_value", "max_tokens"
         )
 
 
@@ -204,13 +234,12 @@ async def encode(service: RouterService, pending: Awaitable[Encoded]) -> Encoded
     try:
         encoded = await pending
     except TokenizerError as e:
-        raise ApiError(400, str(e), "invalid_request_error", "invalid_prompt") from e
+        raise InvalidRequest(str(e), "invalid_request_error", "invalid_prompt") from e
     if not encoded.token_ids:
-        raise ApiError(400, "the prompt has no tokens", "invalid_request_error", "invalid_prompt")
+        raise InvalidRequest("the prompt has no tokens", "invalid_request_error", "invalid_prompt")
     cap = service.config.limits.max_prompt_tokens
     if len(encoded.token_ids) > cap:
-        raise ApiError(
-            400,
+        raise InvalidRequest(
             f"the prompt has {len(encoded.token_ids)} tokens, more than the {cap} allowed",
             "invalid_request_error",
             "context_length_exceeded",
@@ -257,9 +286,9 @@ async def answer(
                 log.info("client of %s disconnected mid-stream", prep.request_id)
             return resp
     except (StreamBroken, RequestFailed, NoCapacity) as e:
-        code = "502"
+        code = str(http_status(e))
         if not stream:
-            return ApiError(502, str(e), "server_error", "engine_failed").response()
+            return flow_error(e, service.config.retry_after_s)
         raise
     finally:
         service.dispatcher.work_log.finished(prep.request_id, tokens)
@@ -337,13 +366,15 @@ async def delete_branch(service: RouterService, request: Request) -> Response:
     try:
         check_branch_id(branch)
     except InvalidBranchIdError as e:
-        raise ApiError(400, str(e), "invalid_request_error", "invalid_branch") from e
+        raise InvalidRequest(str(e), "invalid_request_error", "invalid_branch") from e
     try:
         found = await service.end_branch(branch)
     except (DirectoryError, TimeoutError) as e:
-        raise ApiError(503, f"directory unavailable: {e}", "server_error", "directory_unavailable") from e
+        raise DirectoryUnavailable(
+            f"directory unavailable: {e}", "server_error", "directory_unavailable"
+        ) from e
     if not found:
-        raise ApiError(404, f"no branch {branch!r}", "invalid_request_error", "branch_not_found")
+        raise NotFound(f"no branch {branch!r}", "invalid_request_error", "branch_not_found")
     return json_response({"id": branch, "object": "branch", "deleted": True})
 
 
@@ -369,8 +400,7 @@ async def metrics(service: RouterService, request: Request) -> Response:
 def check_report_auth(service: RouterService, request: Request) -> None:
     if not service.report_auth.allows(request.headers.get("authorization")):
         service.metrics.rejected_reports.inc()
-        raise ApiError(
-            401,
+        raise Unauthorized(
             "missing or wrong report token",
             "authentication_error",
             "invalid_token",
@@ -381,8 +411,7 @@ async def report(service: RouterService, request: Request) -> Response:
     check_report_auth(service, request)
     rep = parse_body(LoadReport, read_json(request, service))
     if not service.apply_report(rep):
-        raise ApiError(
-            404,
+        raise NotFound(
             f"unknown node {rep.node_id!r} (a report with the engine's url registers it)",
             "invalid_request_error",
             "unknown_node",
@@ -395,7 +424,7 @@ async def deregister(service: RouterService, request: Request) -> Response:
     check_report_auth(service, request)
     node = unquote(request.params)
     if not service.discovery.deregister(node):
-        raise ApiError(404, f"no registered engine {node!r}", "invalid_request_error", "unknown_node")
+        raise NotFound(f"no registered engine {node!r}", "invalid_request_error", "unknown_node")
     return json_response({"id": node, "deleted": True})
 
 

@@ -47,13 +47,15 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
+from agentpool.engine.errors import EngineError
 from agentpool.engine.sglang.args import DEFAULT_LAUNCHER
+from agentpool.errors import InvalidInputError
 from agentpool.models import DecodeModel, PrefillModel
 from agentpool.node import Role
 
 
-class ConfigError(ValueError):
-    """The engine configuration is invalid or unreadable."""
+class ConfigError(EngineError, InvalidInputError):
+    """The engine configuration is invalid or unreadable (a ValueError, as before)."""
 
 
 class _Model(BaseModel):

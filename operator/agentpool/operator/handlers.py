@@ -90,14 +90,14 @@ def build_registry(
     async def reconcile(body: kopf.Body, retry: int, **_: Any) -> None:
         try:
             await reconciler.reconcile(plain(body))
+        except KubeError as exc:  # first: an API error of any kind is retried (a 404 or 409 too)
+            post_event(plain(body), "ReconcileFailed", f"will retry: {exc}", warning=True)
+            raise kopf.TemporaryError(f"Kubernetes API: {exc}", delay=backoff_s(retry)) from exc
         except PermanentError as exc:  # InvalidPool: the status says why; no retry until the pool changes
             raise kopf.PermanentError(str(exc)) from exc
         except TemporaryError as exc:  # NotYet: retry after its delay
             delay = backoff_s(retry) if exc.retry_after_s is None else exc.retry_after_s
             raise kopf.TemporaryError(str(exc), delay=delay) from exc
-        except KubeError as exc:
-            post_event(plain(body), "ReconcileFailed", f"will retry: {exc}", warning=True)
-            raise kopf.TemporaryError(f"Kubernetes API: {exc}", delay=backoff_s(retry)) from exc
 
     @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)
     async def delete(body: kopf.Body, retry: int, **_: Any) -> None:

@@ -21,6 +21,13 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from agentpool.api import GROUP, PLURAL, VERSION
+from agentpool.errors import (
+    AgentpoolError,
+    ConflictError,
+    InvalidInputError,
+    NotFoundError,
+    UnavailableError,
+)
 
 FIELD_MANAGER = "agentpool-operator"
 APPLY_PATCH = "application/apply-patch+yaml"
@@ -50,27 +57,27 @@ KINDS: Mapping[str, Kind] = {
 }
 
 
-class KubeError(Exception):
-    """A Kubernetes API call failed."""
+class KubeError(AgentpoolError):
+    """A Kubernetes API call failed; each subclass is the kind of its HTTP status (the root table)."""
 
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
 
 
-class KubeNotFound(KubeError):
+class KubeNotFound(KubeError, NotFoundError):
     """404: the object does not exist."""
 
 
-class KubeConflict(KubeError):
+class KubeConflict(KubeError, ConflictError):
     """409: it exists already, or it changed since it was read."""
 
 
-class KubeInvalid(KubeError):
+class KubeInvalid(KubeError, InvalidInputError):
     """400/422: the server refuses the object as written; retrying will not help."""
 
 
-class KubeUnavailable(KubeError):
+class KubeUnavailable(KubeError, UnavailableError):
     """Anything else (5xx, 429, 403, connection errors): worth retrying later."""
 
 

@@ -16,7 +16,7 @@ from agentpool.directory.convert import (
     node_name,
     tier_from_pb,
 )
-from agentpool.directory.service import Abort, DirectoryService, ServiceTimers
+from agentpool.directory.service import DirectoryService, ServiceTimers, grpc_status
 from agentpool.directory.store import (
     MemoryBranchStore,
     RowTracker,
@@ -25,7 +25,7 @@ from agentpool.directory.store import (
     decode_branch,
     encode_branch,
 )
-from agentpool.kv import BranchState, Directory, PendingMove, PrefixMatch, Role, Tier
+from agentpool.kv import BranchState, Directory, PendingMove, PrefixMatch, Role, Tier, UnknownBranchError
 from agentpool.v1 import directory_pb2 as pb
 
 
@@ -118,10 +118,10 @@ async def test_failed_write_answers_unavailable_and_reloads_what_the_store_kept(
         await svc._commit(res.changes)
         store.down = True
         res = svc.dir.resolve([9], "a", 2.0)  # compaction, applied in memory, not persisted
-        with pytest.raises(Abort) as err:
+        with pytest.raises(StoreUnavailableError) as err:
             await svc._commit(res.changes)
-        assert err.value.code is grpc.StatusCode.UNAVAILABLE and not svc.store_ok
-        with pytest.raises(Abort):
+        assert grpc_status(err.value) is grpc.StatusCode.UNAVAILABLE and not svc.store_ok
+        with pytest.raises(StoreUnavailableError):
             svc._require_store()
         store.down = False
         for _ in range(200):
@@ -185,9 +185,9 @@ async def test_place_without_hashes_needs_a_known_branch() -> None:
     await svc.start()
     try:
         await svc._commit(svc.dir.register_node("p1", Role.PREFILL))
-        with pytest.raises(Abort) as err:
+        with pytest.raises(UnknownBranchError) as err:
             await svc._place(pb.PlaceRequest(branch="a", node="p1"))
-        assert err.value.code is grpc.StatusCode.NOT_FOUND
+        assert grpc_status(err.value) is grpc.StatusCode.NOT_FOUND
         placed = await svc._place(pb.PlaceRequest(branch="a", node="zz", block_hashes=[1]))
         assert placed.is_new and not placed.node_known and placed.counted_nodes == []  # E.1 only
         assert svc.dir.branches.get("a").path == (1,)
@@ -222,7 +222,7 @@ async def test_a_failed_write_makes_queued_diffs_whole_rows() -> None:
         await svc._commit(svc.dir.register_node("p1", Role.PREFILL))
         await svc._commit(svc.dir.resolve([1, 2], "a", 1.0).changes)
         store.down = True
-        with pytest.raises(Abort):
+        with pytest.raises(StoreUnavailableError):
             await svc._commit(svc.dir.place("a", "p1", 2.0))
         store.down = False
         store.rows.clear()  # what a patch would now land on: nothing of the row

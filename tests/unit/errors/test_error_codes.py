@@ -8,10 +8,12 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from agentpool.directory.client import DirectoryRpcError
 from agentpool.directory.convert import InvalidRequestError, QuotaExceededError
-from agentpool.directory.service import Abort, grpc_status
+from agentpool.directory.service import grpc_status
 from agentpool.directory.store import StoreUnavailableError
 from agentpool.engine import errors as engine
+from agentpool.engine.config import ConfigError
 from agentpool.engine.http_errors import error_middleware
 from agentpool.engine.sglang.control import SglangError
 from agentpool.engine.sglang.process import SglangExited
@@ -24,8 +26,20 @@ from agentpool.errors import (
 )
 from agentpool.kv import InvalidBranchIdError, InvalidEventError, UnknownBranchError, UnknownNodeError
 from agentpool.operator.errors import InvalidPool, NotYet
+from agentpool.operator.kube import KubeConflict, KubeError, KubeInvalid, KubeNotFound, KubeUnavailable
+from agentpool.planner.controller import PlannerError
+from agentpool.router.directory_view import DirectoryError
+from agentpool.router.discovery import DiscoveryError
+from agentpool.router.engine_client import EngineBusy, EngineFailure, EngineRejected
 from agentpool.router.flow import BadRequest, NoCapacity, Overloaded, RequestFailed, StreamBroken
-from agentpool.router.server import flow_error
+from agentpool.router.nodes import StaleFitsError
+from agentpool.router.server import (
+    DirectoryUnavailable,
+    InvalidRequest,
+    NotFound,
+    Unauthorized,
+    flow_error,
+)
 
 T, P = TemporaryError, PermanentError
 # error class -> kind, HTTP status, gRPC code
@@ -38,6 +52,8 @@ TABLE: list[tuple[type[AgentpoolError], type[AgentpoolError] | None, int, str]] 
     (engine.FetchError, T, 502, "UNAVAILABLE"),
     (engine.SwitchFailed, T, 502, "UNAVAILABLE"),
     (engine.BackendUnavailable, T, 503, "UNAVAILABLE"),
+    (engine.Unauthenticated, P, 401, "UNAUTHENTICATED"),
+    (ConfigError, P, 400, "INVALID_ARGUMENT"),
     (SglangError, T, 502, "UNAVAILABLE"),
     (SglangExited, T, 503, "UNAVAILABLE"),
     (InvalidRequestError, P, 400, "INVALID_ARGUMENT"),
@@ -54,6 +70,23 @@ TABLE: list[tuple[type[AgentpoolError], type[AgentpoolError] | None, int, str]] 
     (BadRequest, P, 400, "INVALID_ARGUMENT"),
     (InvalidPool, P, 500, "FAILED_PRECONDITION"),
     (NotYet, T, 503, "UNAVAILABLE"),
+    (KubeError, None, 500, "INTERNAL"),
+    (KubeNotFound, P, 404, "NOT_FOUND"),
+    (KubeConflict, T, 409, "ABORTED"),
+    (KubeInvalid, P, 400, "INVALID_ARGUMENT"),
+    (KubeUnavailable, T, 503, "UNAVAILABLE"),
+    (PlannerError, T, 503, "UNAVAILABLE"),
+    (DirectoryRpcError, T, 502, "UNAVAILABLE"),
+    (DirectoryError, T, 503, "UNAVAILABLE"),
+    (DiscoveryError, T, 502, "UNAVAILABLE"),
+    (EngineFailure, T, 502, "UNAVAILABLE"),
+    (EngineRejected, P, 400, "INVALID_ARGUMENT"),
+    (EngineBusy, T, 503, "UNAVAILABLE"),
+    (StaleFitsError, T, 409, "ABORTED"),
+    (InvalidRequest, P, 400, "INVALID_ARGUMENT"),
+    (NotFound, P, 404, "NOT_FOUND"),
+    (Unauthorized, P, 401, "UNAUTHENTICATED"),
+    (DirectoryUnavailable, T, 503, "UNAVAILABLE"),
 ]
 
 
@@ -80,7 +113,30 @@ def test_the_directory_aborts_with_the_kind_s_grpc_code() -> None:
     assert grpc_status(QuotaExceededError("cap")) is grpc.StatusCode.RESOURCE_EXHAUSTED
     assert grpc_status(InvalidRequestError("bad")) is grpc.StatusCode.INVALID_ARGUMENT
     assert grpc_status(StoreUnavailableError("redis")) is grpc.StatusCode.UNAVAILABLE
-    assert grpc_status(Abort(grpc.StatusCode.NOT_FOUND, "x")) is grpc.StatusCode.NOT_FOUND
+    assert grpc_status(UnknownNodeError("x")) is grpc.StatusCode.NOT_FOUND
+    assert grpc_status(UnknownBranchError("x")) is grpc.StatusCode.NOT_FOUND
+
+
+def test_errors_that_were_value_errors_still_are() -> None:
+    """Callers that caught ValueError (a bad config, a refused request) still catch them."""
+    for cls in (ConfigError, EngineRejected, KubeInvalid, InvalidRequest):
+        assert issubclass(cls, ValueError), cls
+
+
+def test_the_router_s_api_errors_answer_their_kind_s_status() -> None:
+    assert InvalidRequest("bad", "invalid_request_error", "invalid_json").response().status == 400
+    assert NotFound("no branch", "invalid_request_error").response().status == 404
+    unauthorized = Unauthorized("no token", "authentication_error").with_headers(
+        {"WWW-Authenticate": "Bearer"}
+    )
+    assert (unauthorized.response().status, unauthorized.response().headers["WWW-Authenticate"]) == (
+        401,
+        "Bearer",
+    )
+    assert DirectoryUnavailable("down", "server_error").response().status == 503
+    # a request that lost its capacity after the first token: 503 with Retry-After (was 502)
+    late = flow_error(NoCapacity("no decode node"), retry_after=2)
+    assert (late.status, late.headers["Retry-After"]) == (503, "2")
 
 
 def test_the_router_answers_the_kind_s_status() -> None:

@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import logging
 import os
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -295,7 +296,7 @@ class NixlTransport:
         n = len(want)
         deadline = time.monotonic() + timeout_s
         scratch = self._arange[:n]
-        try:
+        with self._reading(peer):
             entry = self._remote(peer)
             sets = np.array([slottable.set_of(h, peer.sets) for h in want], dtype=np.int32)
             self._xfer(peer, self._scratch_sets, scratch, entry.sets, sets, deadline, timeout_s)
@@ -312,28 +313,29 @@ class NixlTransport:
             self._xfer(peer, self._scratch_headers, scratch, entry.headers, remote, deadline, timeout_s)
             if not slottable.valid(self._words[self.scratch_blocks * _SET_WORDS :], want, gens):
                 return IndexedRead(0, "changed")
-        except FetchError:
-            self._forget(peer)
-            raise
-        except self._errors as e:  # NIXL's binding errors (no common base but Exception)
-            self._forget(peer)
-            raise FetchError(f"NIXL read from {peer.agent} failed: {type(e).__name__}: {e}") from None
         return IndexedRead(n * self.block_bytes)
 
     def _read(
         self, peer: PoolInfo, local: npt.NDArray[np.int32], remote: npt.NDArray[np.int32], timeout_s: float
     ) -> int:
         deadline = time.monotonic() + timeout_s
-        try:
+        with self._reading(peer):
             entry = self._remote(peer)
             self._xfer(peer, self._local, local, entry.dlist, remote, deadline, timeout_s)
+        return len(local) * self.block_bytes
+
+    @contextlib.contextmanager
+    def _reading(self, peer: PoolInfo) -> Iterator[None]:
+        """A failed READ from ``peer`` forgets it (its descriptors are rebuilt next time) and is a
+        :class:`FetchError`, whatever NIXL raised."""
+        try:
+            yield
         except FetchError:
             self._forget(peer)
             raise
         except self._errors as e:  # NIXL's binding errors (no common base but Exception)
             self._forget(peer)
             raise FetchError(f"NIXL read from {peer.agent} failed: {type(e).__name__}: {e}") from None
-        return len(local) * self.block_bytes
 
     def _xfer(
         self,

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
 
-from pydantic import Field, field_validator
+from pydantic import Field, Strict, field_validator
 
 from agentpool.api.base import ApiModel
+from agentpool.kv import Role
 
 ConditionType = Literal["Ready", "Progressing", "Degraded"]
 CONDITION_TYPES: tuple[str, ...] = get_args(ConditionType)
-Role = Literal["prefill", "decode", "both"]
-ROLES: tuple[str, ...] = get_args(Role)
+ROLES: tuple[str, ...] = tuple(r.value for r in Role)
+RoleField = Annotated[Role, Strict(False)]
+"""agentpool's one :class:`~agentpool.kv.Role`, read from its string (the status comes from the API
+server as JSON, and the operator writes the annotations' strings); the CRD lists its values."""
 
 CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 
@@ -86,9 +89,9 @@ class NodeStatus(ApiModel):
 
     name: str = Field(min_length=1, max_length=253)
     """Engine pod name."""
-    desired_role: Role
+    desired_role: RoleField
     """Role the planner set (pod annotation `agentpool.io/role`)."""
-    observed_role: Role | None = None
+    observed_role: RoleField | None = None
     """Role the engine reports serving; differs from the desired role while it switches."""
     ready: bool = False
     """Whether the engine serves requests."""

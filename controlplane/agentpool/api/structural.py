@@ -122,7 +122,7 @@ def _convert(node: Schema, defs: dict[str, Schema]) -> Schema:
         elif key == "description":
             out["description"] = " ".join(value.split())
         elif key in _PASSTHROUGH:
-            out[key] = value
+            out[key] = copy.deepcopy(value)  # a $def inlined twice shares no list (no YAML anchors)
         else:
             raise SchemaConversionError(f"no structural equivalent for JSON-schema keyword {key!r}: {node}")
     for name, sub in out.get("properties", {}).items():

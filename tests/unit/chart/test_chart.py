@@ -175,6 +175,7 @@ def test_the_operator_may_grant_what_it_grants_and_do_what_it_does() -> None:
         ("agentpool.io", "agentservingpools", "watch"),
         ("agentpool.io", "agentservingpools/status", "patch"),
         ("", "secrets", "create"),
+        ("", "secrets", "patch"),  # a key a newer operator adds to an existing <pool>-auth (engine-token)
         ("", "pods", "patch"),  # initial roles, drains
         ("", "events", "create"),
         ("coordination.k8s.io", "leases", "delete"),

@@ -59,6 +59,30 @@ class FileRoles:
         self.events.append((reason, message))
 
 
+def live_planner(
+    router_url: str, roles: FileRoles, http: aiohttp.ClientSession, warmup_s: float
+) -> tuple[PlannerInbox, RouterWorkSource, PlannerController]:
+    """A live planner on one router (polled every 0.3 s; fitted models pushed back to it) that
+    writes the engines' desired roles through ``roles``: 2 s windows of 2 slices, one initial
+    prefill node."""
+    inbox = PlannerInbox()
+    broadcast = ModelBroadcast([router_url], http)
+    source = RouterWorkSource([router_url], inbox, http, interval_s=0.3, models=broadcast)
+    controller = PlannerController(
+        pods=roles,
+        inbox=inbox,
+        config=lambda: PlannerConfig(
+            window_s=2.0, slices=2, warmup_s=warmup_s, cooldown_s=1.0, initial_prefill=1
+        ),
+        pool=POOL,
+        metrics=PlannerMetrics(CollectorRegistry()),
+        shape=SHAPE,
+        models_out=broadcast,
+        switch_poll_s=0.2,
+    )
+    return inbox, source, controller
+
+
 async def start_engine(tmp: Path, node: str, port: int, router_url: str) -> asyncio.subprocess.Process:
     role_file = tmp / f"role-{node}"
     role_file.write_text("both\n")
@@ -113,22 +137,8 @@ async def test_engine_iterations_through_the_router_fit_the_planner_and_the_spli
                         await r.read()
                 i += 1
 
-        inbox = PlannerInbox()
-        broadcast = ModelBroadcast([router.url], http)
-        source = RouterWorkSource([router.url], inbox, http, interval_s=0.3, models=broadcast)
         roles = FileRoles({n: tmp_path / f"role-{n}" for n in names}, urls, http)
-        controller = PlannerController(
-            pods=roles,
-            inbox=inbox,
-            config=lambda: PlannerConfig(
-                window_s=2.0, slices=2, warmup_s=4.0, cooldown_s=1.0, initial_prefill=1
-            ),
-            pool=POOL,
-            metrics=PlannerMetrics(CollectorRegistry()),
-            shape=SHAPE,
-            models_out=broadcast,
-            switch_poll_s=0.2,
-        )
+        inbox, source, controller = live_planner(router.url, roles, http, warmup_s=4.0)
         tasks = [asyncio.create_task(t) for t in (agents(), agents(), source.run(stop), controller.run(stop))]
         try:
             started = time.monotonic()

@@ -21,16 +21,9 @@ import aiohttp
 import pytest
 from planner_link_harness import chat, router_config, start_router
 from process_helpers import engine_token_file, free_port
-from prometheus_client import CollectorRegistry
-from test_planner_live_fit import POOL, SHAPE, FileRoles
+from test_planner_live_fit import FileRoles, live_planner
 
 from agentpool.models import PrefillIterationRecord
-from agentpool.planner.config import PlannerConfig
-from agentpool.planner.controller import PlannerController
-from agentpool.planner.inbox import PlannerInbox
-from agentpool.planner.metrics import PlannerMetrics
-from agentpool.planner.router_models import ModelBroadcast
-from agentpool.planner.router_source import RouterWorkSource
 
 pytestmark = pytest.mark.integration
 STANDIN = str(Path(__file__).parents[1] / "engine" / "sglang_standin.py")
@@ -118,22 +111,8 @@ async def test_sglang_engines_records_reach_the_planner_which_fits_them(tmp_path
                         await r.read()
                 i += 1
 
-        inbox = PlannerInbox()
-        broadcast = ModelBroadcast([router.url], http)
-        source = RouterWorkSource([router.url], inbox, http, interval_s=0.3, models=broadcast)
         roles = FileRoles({n: tmp_path / f"role-{n}" for n in names}, urls, http)
-        controller = PlannerController(
-            pods=roles,
-            inbox=inbox,
-            config=lambda: PlannerConfig(
-                window_s=2.0, slices=2, warmup_s=8.0, cooldown_s=1.0, initial_prefill=1
-            ),
-            pool=POOL,
-            metrics=PlannerMetrics(CollectorRegistry()),
-            shape=SHAPE,
-            models_out=broadcast,
-            switch_poll_s=0.2,
-        )
+        inbox, source, controller = live_planner(router.url, roles, http, warmup_s=8.0)
         tasks = [
             asyncio.create_task(t)
             for t in (*(agents() for _ in range(4)), source.run(stop), controller.run(stop))

@@ -18,52 +18,33 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
+import functools
 import os
-import shlex
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from agentpool.sim.cli import compare
 from agentpool.sim.planners import ModelSource, PlannerSettings
 from agentpool.sim.presets import preset
-from agentpool.sim.report import markdown_table
 from agentpool.sim.run import (
     Scenario,
-    best_reference,
     load_conversations,
-    reference_runs,
     run_system,
-    scenario_bound,
     scenario_dict,
 )
 from agentpool.sim.simulator import DECODE_BINDINGS, SimConfig
 from agentpool.sim.systems import DISAGGREGATED_DEFAULT
-
-RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def _write(
-    name: str, title: str, sections: list[tuple[str, Scenario, list[dict[str, Any]]]], notes: str
-) -> None:
-    command = "python -m bench.bench_sim " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    md = [f"# {title}\n", f"Command: `{command}`\n", notes + "\n"]
-    payload: dict[str, Any] = {"command": command, "sections": []}
-    for heading, sc, results in sections:
-        md.append(f"## {heading}\n")
-        md.append(markdown_table(results))
-        slim = [{k: v for k, v in r.items() if k != "ttft_samples"} for r in results]
-        payload["sections"].append({"heading": heading, "scenario": scenario_dict(sc), "results": slim})
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"sim_{name}.md").write_text("\n".join(md), encoding="utf-8")
-    (RESULTS / f"sim_{name}.json").write_text(json.dumps(payload, indent=1, default=float), encoding="utf-8")
-    print(f"wrote {RESULTS / f'sim_{name}.md'}")
-
-
-def _print(heading: str, results: list[dict[str, Any]]) -> None:
-    print(f"\n## {heading}\n{markdown_table(results)}", flush=True)
+from bench.sim_tables import (
+    Runs,
+    command_line,
+    over_seeds,
+    print_results,
+    seed_table,
+    slim,
+    sweep_table,
+    write_sections,
+    write_seeds,
+)
 
 
 def speed(args: argparse.Namespace) -> None:
@@ -100,7 +81,7 @@ def speed(args: argparse.Namespace) -> None:
     )
 
 
-def _cc_scenario(args: argparse.Namespace, agents: int) -> Scenario:
+def _cc_scenario(args: argparse.Namespace, agents: int, seed: int = 0) -> Scenario:
     """The paper's CC setting (9 nodes, the Claude Code trace) with ``agents`` concurrent agents."""
     return Scenario(
         trace=args.trace,
@@ -109,40 +90,8 @@ def _cc_scenario(args: argparse.Namespace, agents: int) -> Scenario:
         duration_s=args.duration,
         max_pause_s=args.max_pause,
         sim=SimConfig(decode_binding=args.decode_binding),
+        seed=seed,
     )
-
-
-def seed_table(by_seed: dict[int, list[dict[str, Any]]], bounds: dict[int, float | None]) -> str:
-    """Mean and spread (min-max) over seeds of each system's key figures, and the bound."""
-    seeds = sorted(by_seed)
-    names = [r["system"] for r in by_seed[seeds[0]]]
-    head = (
-        "| system | req/s mean (min-max) | of bound | TTFT p95 s | E2E mean s | lost reuse | final splits |"
-    )
-    lines = [head, "|---|---|---|---|---|---|---|"]
-
-    def vals(name: str, get: Any) -> list[float]:
-        return [float(get(next(r for r in by_seed[s] if r["system"] == name)["summary"])) for s in seeds]
-
-    for name in names:
-        x = vals(name, lambda m: m["throughput_rps"])
-        share = [v / b for v, b in zip(x, (bounds[s] for s in seeds), strict=True) if b]
-        p95 = vals(name, lambda m: m["ttft_s"]["p95"])
-        e2e = vals(name, lambda m: m["e2e_s"]["mean"])
-        lost = vals(name, lambda m: m["lost_kv_reuse"])
-        splits = []
-        for s in seeds:
-            sp = next(r for r in by_seed[s] if r["system"] == name)["summary"]["final_split"]
-            splits.append(f"{sp[0]}P{sp[1]}D" if sp else "-")
-        lines.append(
-            f"| {name} | {sum(x) / len(x):.3f} ({min(x):.3f}-{max(x):.3f}) | "
-            + (f"{sum(share) / len(share):.0%}" if share else "-")
-            + f" | {sum(p95) / len(p95):.1f} ({min(p95):.1f}-{max(p95):.1f}) | {sum(e2e) / len(e2e):.2f} | "
-            f"{sum(lost) / len(lost):.2%} | {' '.join(splits)} |"
-        )
-    known = [b for b in bounds.values() if b]
-    bound = f"bound {sum(known) / len(known):.3f} req/s (mean over seeds)" if known else "no bound"
-    return "\n".join(lines) + f"\n\nSeeds {', '.join(map(str, seeds))}; {bound}.\n"
 
 
 def cc(args: argparse.Namespace) -> None:
@@ -153,12 +102,12 @@ def cc(args: argparse.Namespace) -> None:
     for agents in args.agents or (90, 108, 126):
         sc = _cc_scenario(args, agents)
         res = compare(sc, list(DISAGGREGATED_DEFAULT), quiet=True, jobs=args.jobs)
-        _print(f"{agents} agents", res)
+        print_results(f"{agents} agents", res)
         sections.append((f"{agents} concurrent agents", sc, res))
     if args.write:
         capped = args.max_pause is not None
         at_end = args.decode_binding == "prefill-end"
-        _write(
+        write_sections(
             ("cc_paper_load" if capped else "cc") + ("_bind_at_end" if at_end else ""),
             "Claude Code trace, 9 nodes (GLM-5.2 on 4xGB300 preset), closed loop"
             + (f", pauses capped at {args.max_pause:g} s" if capped else ", recorded pauses")
@@ -181,7 +130,7 @@ def cc_seeds(args: argparse.Namespace) -> None:
     systems = args.systems.split(",") if args.systems else list(DISAGGREGATED_DEFAULT)
     md = [
         "# Claude Code trace, 9 nodes (GLM-5.2-class on 4xGB300, roofline ground truth), over seeds\n",
-        "Command: `python -m bench.bench_sim " + " ".join(shlex.quote(a) for a in sys.argv[1:]) + "`\n",
+        f"Command: `{command_line()}`\n",
         f"{args.warmup / 60:g} min warmup, {args.duration / 60:g} min measured; pauses "
         + ("as recorded" if args.max_pause is None else f"capped at {args.max_pause:g} s")
         + ". Planned systems start from 6P3D, static-cache-aware runs 4P5D. The seed draws the replay "
@@ -189,56 +138,71 @@ def cc_seeds(args: argparse.Namespace) -> None:
     ]
     payload: dict[str, Any] = {"command": md[1], "sections": []}
     for agents in args.agents or (126,):
-        by_seed: dict[int, list[dict[str, Any]]] = {}
-        bounds: dict[int, float | None] = {}
-        for seed in args.seeds:
-            sc = dataclasses.replace(_cc_scenario(args, agents), seed=seed)
-            convs = load_conversations(sc)
-            by_seed[seed] = best_reference(
-                compare(
-                    sc, reference_runs(systems, sc.sim.nodes), quiet=True, jobs=args.jobs, conversations=convs
-                )
-            )
-            b = scenario_bound(sc, convs)
-            bounds[seed] = None if b is None else b.throughput_rps
-            print(f"{agents} agents, seed {seed}: done", flush=True)
+        by_seed, bounds = over_seeds(
+            functools.partial(_cc_scenario, args, agents),
+            systems,
+            args.seeds,
+            args.jobs,
+            f"{agents} agents",
+        )
         table = seed_table(by_seed, bounds)
         print(f"\n## {agents} agents\n{table}", flush=True)
         md.append(f"## {agents} concurrent agents\n\n{table}")
-        slim = {
-            str(s): [{k: v for k, v in r.items() if k != "ttft_samples"} for r in rs]
-            for s, rs in by_seed.items()
-        }
-        payload["sections"].append({"agents": agents, "bounds": bounds, "results_by_seed": slim})
+        payload["sections"].append({"agents": agents, "bounds": bounds, "results_by_seed": slim(by_seed)})
     if args.write:
-        name = args.name or "cc_seeds"
-        (RESULTS / f"sim_{name}.md").write_text("\n".join(md), encoding="utf-8")
-        (RESULTS / f"sim_{name}.json").write_text(
-            json.dumps(payload, indent=1, default=float), encoding="utf-8"
-        )
-        print(f"wrote {RESULTS / f'sim_{name}.md'}")
+        write_seeds(args.name or "cc_seeds", md, payload)
 
 
-def shifting(args: argparse.Namespace) -> None:
-    sc = Scenario(
+def _shifting_scenario(args: argparse.Namespace, seed: int) -> Scenario:
+    return Scenario(
         workload="shifting",
         agents=args.shift_agents,
         warmup_s=args.warmup,
         duration_s=3 * args.duration,
         static_prefill_nodes=5,
+        seed=seed,
     )
-    systems = ["agentpool", "static-cache-aware", "dynamo-like", "oracle-reference"]
+
+
+SHIFTING_SYSTEMS = ["agentpool", "static-cache-aware", "dynamo-like", "oracle-reference"]
+
+
+def shifting(args: argparse.Namespace) -> None:
+    notes = (
+        f"{args.shift_agents} Putnam agents, then {args.shift_agents // 2} Putnam + "
+        f"{args.shift_agents // 4} OSWorld, then {args.shift_agents // 2} OSWorld, "
+        "one third of the measured time each. static-cache-aware at 5P4D."
+    )
+    systems = args.systems.split(",") if args.systems else SHIFTING_SYSTEMS
+    if args.seeds:
+        by_seed, bounds = over_seeds(
+            lambda seed: _shifting_scenario(args, seed), systems, args.seeds, args.jobs, "shifting"
+        )
+        table = seed_table(by_seed, bounds)
+        print(f"\n## shifting composition\n{table}", flush=True)
+        if args.write:
+            md = [
+                "# Shifting composition: Putnam-like, then mixed, then OSWorld-like (synthetic, §6.3), "
+                "over seeds\n",
+                f"Command: `{command_line()}`\n",
+                notes
+                + f" {args.warmup / 60:g} min warmup, {3 * args.duration / 60:g} min measured. The seed "
+                "draws the synthetic conversations and the iteration noise; no analytic bound applies to "
+                "synthetic periods. Full results: the JSON beside this file.\n",
+                table,
+            ]
+            payload = {"command": md[1], "bounds": bounds, "results_by_seed": slim(by_seed)}
+            write_seeds(args.name or "shifting_seeds", md, payload)
+        return
+    sc = _shifting_scenario(args, 0)
     res = compare(sc, systems, quiet=True, jobs=args.jobs)
-    _print("shifting composition", res)
+    print_results("shifting composition", res)
     if args.write:
-        _write(
+        write_sections(
             "shifting",
             "Shifting composition: Putnam-like, then mixed, then OSWorld-like (synthetic, §6.3)",
             [("Putnam -> Putnam+OSWorld -> OSWorld", sc, res)],
-            f"{args.shift_agents} Putnam agents, then {args.shift_agents // 2} Putnam + "
-            f"{args.shift_agents // 4} OSWorld, then {args.shift_agents // 2} OSWorld, "
-            "one third of the measured time each. "
-            "static-cache-aware at 5P4D.",
+            notes,
         )
 
 
@@ -248,76 +212,75 @@ def _meets_d3(r: dict[str, Any]) -> bool:
     return bool(s["ttft_s"]["p50"] <= 5.0 and s["ttft_s"]["p95"] <= 15.0 and s["e2e_s"]["p50"] <= 10.0)
 
 
+def _open_loop_scenario(args: argparse.Namespace, rate: float, seed: int) -> Scenario:
+    return Scenario(
+        trace=args.trace,
+        arrival_per_min=rate,
+        max_agents=258,
+        warmup_s=args.warmup,
+        duration_s=args.duration,
+        max_pause_s=args.max_pause,
+        sim=SimConfig(prefill_nodes=4),
+        seed=seed,
+    )
+
+
+OPEN_LOOP_SYSTEMS = ["agentpool", "static-cache-aware", "dynamo-like"]
+
+
 def open_loop(args: argparse.Namespace) -> None:
+    systems = args.systems.split(",") if args.systems else OPEN_LOOP_SYSTEMS
+    seeds = args.seeds or [0]
     sections = []
-    convs = None
-    sustained: dict[str, list[float]] = {}
+    md_tables: list[str] = []
+    payload: dict[str, Any] = {"sections": []}
+    sustained: dict[str, list[float]] = {}  # rates at which a system meets D.3 in every seed
     for rate in args.rates:
-        sc = Scenario(
-            trace=args.trace,
-            arrival_per_min=rate,
-            max_agents=258,
-            warmup_s=args.warmup,
-            duration_s=args.duration,
-            max_pause_s=args.max_pause,
-            sim=SimConfig(prefill_nodes=4),
+        by_seed, bounds = over_seeds(
+            functools.partial(_open_loop_scenario, args, rate),
+            systems,
+            seeds,
+            args.jobs,
+            f"{rate} agents/min",
         )
-        convs = convs or load_conversations(sc)
-        systems = ["agentpool", "static-cache-aware", "dynamo-like"]
-        res = compare(sc, systems, quiet=True, jobs=args.jobs, conversations=convs)
-        _print(f"{rate} agents/min", res)
-        for r in res:
-            if _meets_d3(r):
-                sustained.setdefault(r["system"], []).append(rate)
-        sections.append((f"{rate} agents per minute", sc, res))
+        for name in systems:
+            if all(_meets_d3(next(r for r in by_seed[s] if r["system"] == name)) for s in seeds):
+                sustained.setdefault(name, []).append(rate)
+        if len(seeds) == 1:
+            res = by_seed[seeds[0]]
+            print_results(f"{rate} agents/min", res)
+            sections.append((f"{rate} agents per minute", _open_loop_scenario(args, rate, seeds[0]), res))
+        else:
+            table = seed_table(by_seed, bounds)
+            print(f"\n## {rate} agents/min\n{table}", flush=True)
+            md_tables.append(f"## {rate} agents per minute\n\n{table}")
+            payload["sections"].append({"rate_per_min": rate, "results_by_seed": slim(by_seed)})
     summary = "; ".join(f"{k}: {v}" for k, v in sustained.items()) or "none"
-    print(f"rates meeting the App. D.3 targets: {summary}")
-    if args.write:
-        _write(
-            "open_loop_paper_load" if args.max_pause is not None else "open_loop",
-            "Open-loop Poisson agent arrivals on the Claude Code trace, 9 nodes (App. D.3)"
-            + (f", pauses capped at {args.max_pause:g} s" if args.max_pause is not None else ""),
-            sections,
-            "All systems start from 4P5D; at most 258 agents at once, admission wait counts in the first "
-            "request's TTFT. Rates (agents/min) meeting the App. D.3 targets (P50/P95 TTFT <= 5/15 s, "
-            f"P50 E2E <= 10 s): {summary}.",
-        )
-
-
-def _mean_range(xs: list[float], fmt: str) -> str:
-    return f"{fmt.format(sum(xs) / len(xs))} ({fmt.format(min(xs))}-{fmt.format(max(xs))})"
-
-
-Runs = dict[tuple[str, int, int], dict[str, Any]]  # (system, agents, seed) -> run
-
-
-def sweep_table(runs: Runs, systems: list[str], levels: list[int]) -> str:
-    """Per policy and load level: TPS within SLO (mean and min-max over seeds), its peak level, and
-    at each level the lost KV reuse and mean TPOT (means over seeds)."""
-    seeds = sorted({k[2] for k in runs})
-
-    def vals(name: str, level: int, get: Any) -> list[float]:
-        return [float(get(runs[(name, level, s)]["summary"])) for s in seeds]
-
-    head = "| policy | " + " | ".join(f"{a} agents" for a in levels) + " | peak |"
-    lines = [head, "|---|" + "---|" * (len(levels) + 1)]
-    for name in systems:
-        tps = {a: vals(name, a, lambda m: m["tps_within_slo"]) for a in levels}
-        peak = max(levels, key=lambda a: sum(tps[a]))
-        cells = [_mean_range(tps[a], "{:.0f}") for a in levels]
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {peak} agents |")
-    lines += ["", "Lost KV reuse / mean TPOT ms / SLO attainment at each level (means over seeds):", ""]
-    lines += [head.replace(" peak |", ""), "|---|" + "---|" * len(levels)]
-    for name in systems:
-        cells = []
-        for a in levels:
-            lost = vals(name, a, lambda m: m["lost_kv_reuse"])
-            tpot = vals(name, a, lambda m: m["tpot_s"]["mean"])
-            att = vals(name, a, lambda m: m["slo_attainment"])
-            n = len(seeds)
-            cells.append(f"{sum(lost) / n:.1%} / {1000 * sum(tpot) / n:.0f} / {sum(att) / n:.0%}")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + f"\n\nSeeds {', '.join(map(str, seeds))}.\n"
+    print(f"rates meeting the App. D.3 targets (in every seed): {summary}")
+    if not args.write:
+        return
+    title = "Open-loop Poisson agent arrivals on the Claude Code trace, 9 nodes (App. D.3)" + (
+        f", pauses capped at {args.max_pause:g} s" if args.max_pause is not None else ""
+    )
+    notes = (
+        "All systems start from 4P5D; at most 258 agents at once, admission wait counts in the first "
+        "request's TTFT. Rates (agents/min) meeting the App. D.3 targets (P50/P95 TTFT <= 5/15 s, "
+        f"P50 E2E <= 10 s) in every seed: {summary}."
+    )
+    name = "open_loop_paper_load" if args.max_pause is not None else "open_loop"
+    if len(seeds) == 1:
+        write_sections(name, title, sections, notes)
+        return
+    md = [
+        f"# {title}, over seeds\n",
+        f"Command: `{command_line()}`\n",
+        notes + f" {args.warmup / 60:g} min warmup, {args.duration / 60:g} min measured. The seed draws "
+        "the arrivals, the conversations' order and the iteration noise; no analytic bound applies to "
+        "an open loop. Full results: the JSON beside this file.\n",
+        *md_tables,
+    ]
+    payload["command"] = md[1]
+    write_seeds(args.name or name + "_seeds", md, payload)
 
 
 def smetric(args: argparse.Namespace) -> None:
@@ -356,8 +319,7 @@ def smetric(args: argparse.Namespace) -> None:
     table = sweep_table(runs, systems, levels)
     print(table, flush=True)
     if args.write:
-        command = "python -m bench.bench_sim " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-        name = args.name or "smetric"
+        command = command_line()
         md = [
             f"# Colocated routing over load levels, {args.colocated_nodes} Qwen3-30B-A3B-class H200 nodes\n",
             f"Command: `{command}`\n",
@@ -369,10 +331,7 @@ def smetric(args: argparse.Namespace) -> None:
             table,
         ]
         payload["command"] = command
-        (RESULTS / f"sim_{name}.md").write_text("\n".join(md), encoding="utf-8")
-        text = json.dumps(payload, indent=1, default=float)
-        (RESULTS / f"sim_{name}.json").write_text(text, encoding="utf-8")
-        print(f"wrote {RESULTS / f'sim_{name}.md'}")
+        write_seeds(args.name or "smetric", md, payload)
 
 
 def scale(args: argparse.Namespace) -> None:
@@ -423,10 +382,10 @@ def scale(args: argparse.Namespace) -> None:
         f"whole comparison: {wall:.0f} s wall, {cpu:.0f} s CPU of this process, with "
         f"{min(args.jobs, len(systems))} job(s)"
     )
-    _print(f"{gpu_count} GPUs", res)
+    print_results(f"{gpu_count} GPUs", res)
     if args.write:
         minutes = (sc.warmup_s + sc.duration_s) / 60
-        _write(
+        write_sections(
             args.name or "scale",
             f"App. D.2 setting: {nodes} nodes ({gpu_count:,} GB300 GPUs), 10 agents per GPU",
             [(f"{', '.join(systems)}; {agents:,} agents", sc, res)],
@@ -462,11 +421,11 @@ def fit(args: argparse.Namespace) -> None:
                 print(f"{r['system']}: {fitted[-1]}", flush=True)
             elif source is ModelSource.ONLINE:
                 print(f"{r['system']}: no planner window ended, the models were never fitted", flush=True)
-        _print(f"{agents} agents", res)
+        print_results(f"{agents} agents", res)
         rows += res
         sections.append((f"{agents} concurrent agents", base, res))
     if args.write:
-        _write(
+        write_sections(
             "fit",
             "agentpool with fitted models: the preset's true coefficients vs an online NNLS fit",
             sections,
@@ -494,7 +453,7 @@ def pressure(args: argparse.Namespace) -> None:
             sc, ["agentpool", "agentpool-lru", "static-cache-aware"], jobs=args.jobs, conversations=convs
         )
         heading = f"host pool {fraction:g}x of the working set ({host / 1e6:.2f}M tokens per node)"
-        _print(heading, results)
+        print_results(heading, results)
         sections.append((heading, sc, results))
     if args.write:
         notes = (
@@ -502,7 +461,9 @@ def pressure(args: argparse.Namespace) -> None:
             f"computes), host pool per node a fraction of it / {nodes} nodes. agentpool evicts by branch "
             "counts, agentpool-lru is the same system with LRU, static-cache-aware is SGLang's LRU."
         )
-        _write("pressure", "Host-pool capacity pressure: branch-count eviction vs LRU", sections, notes)
+        write_sections(
+            "pressure", "Host-pool capacity pressure: branch-count eviction vs LRU", sections, notes
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -546,10 +507,20 @@ def main(argv: list[str] | None = None) -> int:
         "--jobs", type=int, default=os.cpu_count() or 1, help="systems of a comparison run at once"
     )
     p.add_argument(
-        "--seeds", type=int, nargs="*", default=None, help="cc, smetric: mean and spread over these seeds"
+        "--seeds",
+        type=int,
+        nargs="*",
+        default=None,
+        help="cc, shifting, open-loop, smetric: mean and spread over these seeds",
     )
-    p.add_argument("--systems", default=None, help="cc --seeds, smetric: systems (comma-separated)")
-    p.add_argument("--name", default=None, help="cc --seeds, smetric, scale: results file name (sim_NAME.md)")
+    p.add_argument(
+        "--systems", default=None, help="cc --seeds, shifting, open-loop, smetric: systems (comma-separated)"
+    )
+    p.add_argument(
+        "--name",
+        default=None,
+        help="cc --seeds, shifting/open-loop --seeds, smetric, scale: results file name (sim_NAME.md)",
+    )
     p.add_argument("--write", action="store_true", help="store the results under bench/results/")
     args = p.parse_args(argv)
     {

@@ -13,8 +13,19 @@ Two choices, both documented here because they change the numbers:
   magnitude; columns are scaled to unit norm before the solve and the coefficients scaled back.
   A regressor that is zero on every record (e.g. no restored tokens) gets coefficient 0.
 
+- Records stamped far too short are dropped: relative residuals give a record weight ``1/t``, so
+  one iteration measured at a tenth of its true time (a live engine's clock or stream timing gone
+  wrong) pulls the whole fit towards it. After a fit, a record whose prediction is more than
+  ``OUTLIER_RATIO`` times its measured time and whose relative error is more than
+  ``OUTLIER_MEDIANS`` times the median one is dropped, and the rest fitted again (at most
+  ``OUTLIER_ROUNDS`` times; the first judgement against a fit of absolute residuals, which a few
+  tiny times cannot pull). Records measured too long need no rule: their relative error is
+  at most 1. On clean records (the simulator's: noise of a few percent) nothing is dropped and the
+  fit is the plain one.
+
 The fit report gives the mean absolute percentage error on records held out from the fit: every
-``holdout_every``-th record (deterministic, so a fit is reproducible).
+``holdout_every``-th record (deterministic, so a fit is reproducible), outliers (same rule) not
+counted there but in ``records_dropped``.
 """
 
 from __future__ import annotations
@@ -30,6 +41,11 @@ from agentpool.models.records import DecodeIterationRecord, IterationRecord, Moe
 from agentpool.models.work import attention_pairs
 
 FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+
+OUTLIER_RATIO = 2.0  # predicted / measured above this (and ...)
+OUTLIER_MEDIANS = 10.0  # ... relative error above this many times the median's: an outlier
+OUTLIER_ROUNDS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +56,7 @@ class FitReport:
     records_held_out: int
     mape_held_out: float  # mean |predicted - measured| / measured over the held-out records
     max_ape_held_out: float
+    records_dropped: int = 0  # outliers (measured far too short), fitted or held out
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,24 +172,66 @@ def _fit_and_report(
         raise ValueError(
             f"{what} fit needs at least {x.shape[1]} fitted and 1 held-out record, got {n_fit} and {n_held}"
         )
-    coef = nnls_relative(x[~held], y[~held])
-    mean_ape, max_ape = mape(x[held], y[held], coef)
+    coef, kept = nnls_trimmed(x[~held], y[~held])
+    held_kept = ~outliers(x[held], y[held], coef)
+    if not held_kept.any():
+        held_kept[:] = True  # every held-out record an outlier: report them as they are
+    mean_ape, max_ape = mape(x[held][held_kept], y[held][held_kept], coef)
+    dropped = int((~kept).sum() + (~held_kept).sum())
     return coef, FitReport(
-        records_fit=n_fit, records_held_out=n_held, mape_held_out=mean_ape, max_ape_held_out=max_ape
+        records_fit=int(kept.sum()),
+        records_held_out=int(held_kept.sum()),
+        mape_held_out=mean_ape,
+        max_ape_held_out=max_ape,
+        records_dropped=dropped,
     )
+
+
+def outliers(x: FloatArray, y: FloatArray, coef: FloatArray) -> BoolArray:
+    """Records measured far too short for ``coef``: predicted more than ``OUTLIER_RATIO`` times the
+    measured time, with a relative error over ``OUTLIER_MEDIANS`` times the median relative error."""
+    pred = x @ coef
+    ape = np.abs(pred - y) / y
+    return (pred > OUTLIER_RATIO * y) & (ape > OUTLIER_MEDIANS * float(np.median(ape)))
+
+
+def nnls_trimmed(x: FloatArray, y: FloatArray) -> tuple[FloatArray, BoolArray]:
+    """:func:`nnls_relative` without the records measured far too short (see the module's notes);
+    returns the coefficients and which records they were fitted on.
+
+    The first outliers are judged against a fit of absolute residuals, which a few tiny times cannot
+    pull; from then on against the relative fit of the records kept, until the kept set is stable.
+    Clean records keep every record and give exactly :func:`nnls_relative`'s coefficients."""
+    n = x.shape[1]
+    kept = ~outliers(x, y, _nnls_scaled(x, y))
+    if int(kept.sum()) < n:
+        kept[:] = True
+    coef = nnls_relative(x[kept], y[kept])
+    for _ in range(OUTLIER_ROUNDS):
+        now = ~outliers(x, y, coef)
+        if np.array_equal(now, kept) or int(now.sum()) < n:
+            break
+        kept = now
+        coef = nnls_relative(x[kept], y[kept])
+    return coef, kept
 
 
 def nnls_relative(x: FloatArray, y: FloatArray) -> FloatArray:
     """Nonnegative ``coef`` minimizing ``sum(((x @ coef - y) / y)**2)``, with unit-norm columns."""
     if np.any(y <= 0):
         raise ValueError("measured times must be positive")
-    weighted = x / y[:, None]
-    norms = np.linalg.norm(weighted, axis=0)
+    return _nnls_scaled(x / y[:, None], np.ones_like(y))
+
+
+def _nnls_scaled(x: FloatArray, y: FloatArray) -> FloatArray:
+    """Nonnegative ``coef`` minimizing ``|x @ coef - y|``, solved on unit-norm columns (a column of
+    zeros gets 0)."""
+    norms = np.linalg.norm(x, axis=0)
     used = norms > 0
     # imported here: scipy.optimize takes about 0.5 s to import, which every simulator run would pay
     from scipy.optimize import nnls
 
-    scaled_coef, _ = nnls(weighted[:, used] / norms[used], np.ones_like(y))
+    scaled_coef, _ = nnls(x[:, used] / norms[used], y)
     coef = np.zeros(x.shape[1], dtype=np.float64)
     coef[used] = scaled_coef / norms[used]
     return coef

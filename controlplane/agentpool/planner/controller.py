@@ -304,10 +304,13 @@ class PlannerController:
                 f.node_model(), measure_prefill_window(batches.get(name, []))
             )
             log.info(
-                "fitted %s: prefill MAPE %.1f%%, decode MAPE %.1f%% on held-out records",
+                "fitted %s: prefill MAPE %.1f%%, decode MAPE %.1f%% on held-out records; "
+                "%d prefill and %d decode records dropped as measured far too short",
                 name,
                 100 * f.prefill.report.mape_held_out,
                 100 * f.decode.report.mape_held_out,
+                f.prefill.report.records_dropped,
+                f.decode.report.records_dropped,
             )
         return fits
 

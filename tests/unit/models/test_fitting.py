@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -11,7 +13,10 @@ from agentpool.models.fitting import (
     fit_decode,
     fit_nodes,
     fit_prefill,
+    nnls_relative,
+    prefill_regressors,
 )
+from agentpool.models.iteration import moe_fraction
 from agentpool.models.synthetic import SyntheticWorkload, decode_records, prefill_records
 
 TRUE = NodeModel(
@@ -127,3 +132,39 @@ def test_synthetic_context_effect_adds_kv_read_time_per_context_token() -> None:
         extra = r.seconds - TRUE.decode.iteration_time(r.running)
         assert 1e-9 * 4096 * r.running <= extra + 1e-15
         assert extra <= 1e-9 * 8192 * r.running + 1e-15
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_records_stamped_far_too_short_are_dropped_not_fitted(seed: int) -> None:
+    """A live engine's clock can stamp an iteration far too short; with relative residuals one such
+    record weighs 1/t and drags the plain NNLS fit (held-out error ~0.9 seen live)."""
+    rng = np.random.default_rng(seed)
+    recs = prefill_records("a", TRUE, 400, noise=0.02, rng=rng)
+    bad = set(range(7, 400, 37))  # 11 records measured at 2% of their time
+    stamped = [
+        dataclasses.replace(r, seconds=r.seconds * 0.02) if i in bad else r for i, r in enumerate(recs)
+    ]
+    plain = nnls_relative(
+        np.array([prefill_regressors(r.batch) for r in stamped]), np.array([r.seconds for r in stamped])
+    )
+    # the plain fit is far off (the test would pass trivially if it were not)
+    assert abs(plain[1] - TRUE.prefill.c1) / TRUE.prefill.c1 > 0.3
+    pf = fit_prefill(stamped)
+    assert _coefs(pf.model) == pytest.approx(_coefs(TRUE.prefill), rel=0.05)
+    assert pf.report.records_dropped == len(bad)
+    assert pf.report.mape_held_out < 0.03
+    assert pf.report.records_fit + pf.report.records_held_out + pf.report.records_dropped == len(stamped)
+
+
+def test_clean_records_drop_nothing_and_fit_as_before() -> None:
+    rng = np.random.default_rng(3)
+    recs = decode_records("a", TRUE, 300, noise=0.05, rng=rng)
+    df = fit_decode(recs, SHAPE)
+    assert df.report.records_dropped == 0
+    held = np.arange(len(recs)) % 5 == 4
+    x = np.array(
+        [(1.0, moe_fraction(r.running, 8, 256, SHAPE.t_fwd), float(r.running)) for r in recs],
+        dtype=np.float64,
+    )
+    y = np.array([r.seconds for r in recs])
+    assert _coefs(df.model) == pytest.approx(list(nnls_relative(x[~held], y[~held])), rel=1e-12)

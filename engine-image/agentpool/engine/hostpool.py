@@ -13,7 +13,10 @@ least recently used within a group (``agentpool.kv.eviction``, the one implement
 holds the positive counts the directory streams to this node. A path is touched with access times
 rising with depth, so a parent is never older than its child and eviction takes leaves first.
 
-No I/O, no clock: callers pass ``now``. Not thread-safe; one event loop owns it.
+The buffer is private memory, or with ``shm_path`` a named shared-memory file (``shm.py``) that
+SGLang's scheduler processes map too (the ``sglang`` backend's L3 store, ``sglang/l3_store.py``).
+
+No I/O but that file, no clock: callers pass ``now``. Not thread-safe; one event loop owns it.
 """
 
 from __future__ import annotations
@@ -21,12 +24,14 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
 from agentpool.engine.blockdata import block_matches, check_block_bytes, fill_block
 from agentpool.engine.errors import PoolFullError
+from agentpool.engine.shm import ShmBuffer
 from agentpool.engine.slottable import SlotTable
 from agentpool.kv import ROOT_HASH, HeldBlock, Tier
 from agentpool.kv.eviction import eviction_hashes_counted
@@ -46,13 +51,18 @@ class Reserved:
 class HostPool:
     """Fixed-size block slots in one contiguous host buffer, and which block each slot holds."""
 
-    def __init__(self, slots: int, block_bytes: int) -> None:
+    def __init__(self, slots: int, block_bytes: int, shm_path: Path | None = None) -> None:
         check_block_bytes(block_bytes)
         if slots <= 0:
             raise ValueError(f"a host pool needs at least one slot, got {slots}")
         self.capacity = slots
         self.block_bytes = block_bytes
-        self.buffer: npt.NDArray[np.uint8] = np.zeros(slots * block_bytes, dtype=np.uint8)
+        self.shm: ShmBuffer | None = None
+        if shm_path is None:
+            self.buffer: npt.NDArray[np.uint8] = np.zeros(slots * block_bytes, dtype=np.uint8)
+        else:
+            self.shm = ShmBuffer(shm_path, slots * block_bytes, create=True)
+            self.buffer = self.shm.array
         self.slot_of: dict[int, int] = {}
         self.parent_of: dict[int, int] = {}
         self.access: dict[int, float] = {}
@@ -60,6 +70,11 @@ class HostPool:
         self.counts: dict[int, int] = {}  # positive branch counts from the directory
         self._free: list[int] = list(range(slots))  # a min-heap: reserved runs come out ascending
         self.table = SlotTable(slots)
+
+    def close(self) -> None:
+        """Unlink the shared-memory file, if any (its mappings stay valid)."""
+        if self.shm is not None:
+            self.shm.close()
 
     # -- state ----------------------------------------------------------------------------------
     def __len__(self) -> int:

@@ -1,0 +1,202 @@
+"""The agent's side of SGLang's L3 storage backend: a Unix-socket server over :class:`L3Index`.
+
+SGLang's scheduler processes (one per TP rank) load ``hicache_backend.AgentPoolStorage``, which maps
+the host pool's shared-memory file and asks this server for slots (``l3_wire.py`` lists the ops). The
+pool, its index and its eviction stay in the agent, so SGLang's role switch, which clears SGLang's
+own host tier and calls its storage backend's ``clear()``, leaves the pages here; SGLang's next
+request on them finds them with ``batch_exists`` and prefetches them back.
+
+Access: the socket lives in a directory of mode 0700 (:func:`prepare_run_dir`), the socket itself is
+0600, and every connection's peer must run as this process's user (``SO_PEERCRED``); others are
+closed at once and counted (``refused``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import socket
+import struct
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentpool.engine.errors import PoolFullError
+from agentpool.engine.sglang.l3_index import L3Index, check_keys
+from agentpool.engine.sglang.l3_wire import HEADER, WireError, decode, encode, frame_length
+
+log = logging.getLogger(__name__)
+
+SHM_NAME = "hostpool"
+SOCKET_NAME = "l3.sock"
+_OPS = frozenset({"hello", "clear", "exists", "pin", "unpin", "reserve", "commit", "release"})
+
+
+class StoreDirError(OSError):
+    """The run directory is in use by a live agent, or not ours."""
+
+
+def prepare_run_dir(run_dir: Path) -> None:
+    """Create ``run_dir`` (0700), or take over a stale one (its socket answers no one)."""
+    try:
+        run_dir.mkdir(mode=0o700, parents=True)
+        return
+    except FileExistsError:
+        pass
+    st = run_dir.stat()
+    if st.st_uid != os.getuid():
+        raise StoreDirError(f"{run_dir} belongs to another user (uid {st.st_uid})")
+    sock_path = run_dir / SOCKET_NAME
+    if sock_path.exists():
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(sock_path))
+        except OSError as e:
+            if e.errno not in (errno.ECONNREFUSED, errno.ENOENT):
+                raise
+        else:
+            raise StoreDirError(f"{run_dir}: another agent serves {sock_path}")
+        finally:
+            probe.close()
+    for name in (SOCKET_NAME, SHM_NAME):
+        with contextlib.suppress(FileNotFoundError):
+            (run_dir / name).unlink()
+    run_dir.chmod(0o700)
+
+
+@dataclass(eq=False)
+class _Conn:
+    pinned: dict[str, int] = field(default_factory=dict)
+    reserved: set[int] = field(default_factory=set)
+
+
+class L3StoreServer:
+    def __init__(self, index: L3Index, run_dir: Path) -> None:
+        self.index = index
+        self.run_dir = run_dir
+        self.path = run_dir / SOCKET_NAME
+        self.refused = 0
+        self.requests = 0
+        self._server: asyncio.AbstractServer | None = None
+
+    @property
+    def shm_path(self) -> Path:
+        return self.run_dir / SHM_NAME
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_unix_server(self._serve, path=str(self.path))
+        os.chmod(self.path, 0o600)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        _pid, uid, _gid = struct.unpack("3i", creds)
+        if uid != os.getuid():
+            self.refused += 1
+            log.warning("L3 store: refused a connection from uid %d", uid)
+            writer.close()
+            return
+        conn = _Conn()
+        try:
+            while True:
+                try:
+                    header = await reader.readexactly(HEADER)
+                    msg = decode(await reader.readexactly(frame_length(header)))
+                except asyncio.IncompleteReadError:
+                    return
+                except WireError as e:
+                    writer.write(encode({"ok": False, "error": str(e)}))
+                    await writer.drain()
+                    return
+                self.requests += 1
+                writer.write(encode(self._handle(conn, msg)))
+                await writer.drain()
+        except ConnectionError:
+            return
+        finally:
+            self._release(conn)
+            writer.close()
+
+    def _release(self, conn: _Conn) -> None:
+        for key, n in conn.pinned.items():
+            for _ in range(n):
+                self.index.unpin([key])
+        self.index.release(sorted(conn.reserved))
+
+    def _handle(self, conn: _Conn, msg: dict[str, Any]) -> dict[str, Any]:
+        op = msg.get("op")
+        now = time.monotonic()
+        ix = self.index
+        if op not in _OPS:
+            return {"ok": False, "error": f"unknown op {op!r}"}
+        try:
+            if op == "hello":
+                page_bytes = msg.get("page_bytes")
+                bb = ix.pool.block_bytes
+                if page_bytes != bb:
+                    return {
+                        "ok": False,
+                        "error": f"SGLang's page is {page_bytes} bytes, the pool's blocks {bb}",
+                    }
+                return {
+                    "ok": True,
+                    "shm": str(self.shm_path),
+                    "size": ix.pool.buffer.nbytes,
+                    "block_bytes": bb,
+                }
+            if op == "clear":
+                return {"ok": True, "kept": ix.clear()}
+            keys = check_keys(msg.get("keys"))
+            if op == "exists":
+                return {"ok": True, "n": ix.prefix(keys, now)}
+            if op == "pin":
+                pinned = ix.pin(keys, now)
+                for k, s in zip(keys, pinned, strict=True):
+                    if s is not None:
+                        conn.pinned[k] = conn.pinned.get(k, 0) + 1
+                return {"ok": True, "slots": pinned}
+            if op == "unpin":
+                for k in keys:
+                    n = conn.pinned.get(k, 0)
+                    if n:
+                        ix.unpin([k])
+                        if n > 1:
+                            conn.pinned[k] = n - 1
+                        else:
+                            del conn.pinned[k]
+                return {"ok": True}
+            if op == "reserve":
+                got = ix.reserve(keys)
+                conn.reserved.update(s for s in got if s is not None)
+                return {"ok": True, "slots": got}
+            raw = msg.get("slots")
+            if not isinstance(raw, list) or not all(isinstance(s, int) and s in conn.reserved for s in raw):
+                return {"ok": False, "error": "slots must be slots this connection reserved"}
+            taken: list[int] = raw
+            if op == "commit":
+                if len(taken) != len(keys):
+                    return {"ok": False, "error": "commit: as many slots as keys"}
+                conn.reserved.difference_update(taken)
+                ix.commit(keys, taken, now)
+                return {"ok": True}
+            if op == "release":
+                conn.reserved.difference_update(taken)
+                ix.release(taken)
+                return {"ok": True}
+        except PoolFullError as e:
+            return {"ok": False, "error": f"full: {e}"}
+        except ValueError as e:
+            return {"ok": False, "error": str(e)}
+        raise AssertionError(op)  # every op in _OPS is handled above

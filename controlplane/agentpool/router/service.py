@@ -26,7 +26,9 @@ from agentpool.router.metrics import QueueDepthCollector, RouterMetrics
 from agentpool.router.nodes import NodeTable
 from agentpool.router.policy import RequestView, create_policy
 from agentpool.router.policy.contract import serves_prefill
+from agentpool.router.prompt_cache import PromptCache
 from agentpool.router.tokenizer import (
+    BuiltinTokenizer,
     Encoded,
     Message,
     Tokenizer,
@@ -67,6 +69,7 @@ class RouterService:
         authorization = None if engine_auth is None else engine_auth.header
         self.engines = EngineClient(t.connect_s, t.first_event_s, t.between_events_s, authorization)
         self.tokenizer: Tokenizer = load_tokenizer(config.tokenizer)
+        self.prompts = prompt_cache(self.tokenizer, config.page_size)
         self.routing = Routing(config, create_policy(config.policy, config.knobs), config.policy_context())
         self.nodes.configure(config.nodes, config.node_model)
         self.metrics.registry.register(QueueDepthCollector(lambda: self.nodes.snapshot(time.monotonic())))
@@ -118,6 +121,13 @@ class RouterService:
             self.tokenizer = tokenizer
         elif config.tokenizer != old.config.tokenizer:
             self.tokenizer = load_tokenizer(config.tokenizer)
+        prompts = self.prompts
+        if (
+            prompts is None
+            or prompts.tokenizer is not self.tokenizer
+            or prompts.page_size != config.page_size
+        ):
+            self.prompts = prompt_cache(self.tokenizer, config.page_size)
         self.routing = Routing(config, policy, config.policy_context())
         self.dispatcher.routing = self.routing
         self.nodes.max_report_age_s = config.max_report_age_s
@@ -193,6 +203,12 @@ class RouterService:
 
     # -- requests ----------------------------------------------------------------------------
     async def encode_chat(self, messages: Sequence[Message]) -> Encoded:
+        prompts = self.prompts
+        if prompts is not None:  # the messages seen before come from the memo; the rest maybe in a thread
+            found = prompts.lookup(messages)
+            if found.missing_chars > _THREAD_TOKENIZE_CHARS:
+                return prompts.finish(found, await asyncio.to_thread(prompts.tokenize, found))
+            return prompts.finish(found, prompts.tokenize(found))
         chars = sum(len(str(m.get("content") or "")) for m in messages)
         if chars > _THREAD_TOKENIZE_CHARS:
             return await asyncio.to_thread(encode_chat, self.tokenizer, messages)
@@ -203,9 +219,12 @@ class RouterService:
             return await asyncio.to_thread(encode_completion, self.tokenizer, prompt)
         return encode_completion(self.tokenizer, prompt)
 
-    async def resolve(self, token_ids: Sequence[int], branch: str | None, parent: str | None) -> Resolved:
+    async def resolve(self, encoded: Encoded, branch: str | None, parent: str | None) -> Resolved:
         """One directory round trip; on failure route without prefix knowledge (counted, logged)."""
-        hashes = block_hashes(token_ids, self.config.page_size)
+        page = self.config.page_size
+        hashes = encoded.hashes
+        if hashes is None or encoded.page_size != page:
+            hashes = block_hashes(encoded.token_ids, page)
         try:
             if isinstance(self.directory, InProcessDirectoryView):  # answers without waiting: no timer
                 return await self.directory.resolve(hashes, branch, parent)
@@ -226,7 +245,7 @@ class RouterService:
         branch: str | None,
         parent: str | None,
     ) -> Prepared:
-        resolved = await self.resolve(encoded.token_ids, branch, parent)
+        resolved = await self.resolve(encoded, branch, parent)
         prompt = len(encoded.token_ids)
         kind = "chatcmpl" if endpoint == "chat" else "cmpl"
         view = RequestView(
@@ -250,3 +269,9 @@ class RouterService:
         except (DirectoryError, TimeoutError):
             self.metrics.directory_errors.labels("end_branch").inc()
             raise
+
+
+def prompt_cache(tokenizer: Tokenizer, page_size: int) -> PromptCache | None:
+    """The per-message memo of chat prompts, for the tokenizer whose prompts it can split (the
+    built-in one: :mod:`.prompt_cache`); ``None`` for the others, which tokenize whole prompts."""
+    return PromptCache(tokenizer, page_size) if isinstance(tokenizer, BuiltinTokenizer) else None

@@ -24,17 +24,23 @@ import xxhash
 Message = dict[str, Any]
 
 
+GENERATION_PROMPT = "<|assistant|>"  # the built-in tokenizer's generation prompt line
+
+
 class TokenizerError(ValueError):
     """A tokenizer could not be loaded, or a prompt could not be rendered."""
 
 
 @dataclass(frozen=True, slots=True)
 class Encoded:
-    """A tokenized prompt: its ids, its turn, and how many tokens its newest turn appended."""
+    """A tokenized prompt: its ids, its turn, and how many tokens its newest turn appended;
+    ``hashes``: its full pages' block hashes at ``page_size`` when the encoder computed them."""
 
     token_ids: list[int]
     turn: int
     new_turn_tokens: int
+    hashes: list[int] | None = None
+    page_size: int = 0
 
 
 def turn_of(messages: Sequence[Message]) -> int:
@@ -134,14 +140,21 @@ class BuiltinTokenizer:
         return out
 
     def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool) -> str:
-        lines = []
-        for m in messages:
-            lines.append(f"<|{m.get('role', 'user')}|> {content_text(m.get('content'))}")
-            if m.get("tool_calls"):
-                lines.append(json.dumps(m["tool_calls"], sort_keys=True))
+        lines = [self.render_message(m) for m in messages]
         if add_generation_prompt:
-            lines.append("<|assistant|>")
+            lines.append(GENERATION_PROMPT)
         return "\n".join(lines)
+
+    @staticmethod
+    def render_message(m: Message) -> str:
+        """One message's lines: its ``<|role|>`` marker and content, then its tool calls as JSON.
+
+        The prompt joins these with newlines, and words never span a newline, so a prompt's tokens
+        are its messages' tokens one after the other (what :mod:`.prompt_cache` relies on)."""
+        line = f"<|{m.get('role', 'user')}|> {content_text(m.get('content'))}"
+        if m.get("tool_calls"):
+            line += "\n" + json.dumps(m["tool_calls"], sort_keys=True)
+        return line
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return " ".join(f"t{t}" for t in token_ids)

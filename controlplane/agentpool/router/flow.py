@@ -9,9 +9,12 @@ bound node continues the stream from the handed-over KV.
 Failures: an engine that fails before the first token reaches the client is excluded and the
 request re-dispatched, at most ``max_retries`` times; a ``requeue`` (a draining engine giving the
 request back) or a busy answer re-routes it without counting as a failure (at most
-``max_requeues`` times). After the first token a failure raises :class:`StreamBroken`: the server
-ends the stream with an error event. Every engine call has connect, first-event and between-event
-timeouts, so no client hangs.
+``max_requeues`` times). A decode node that cannot get the KV because the prefill node is gone or
+refuses (``requeue`` with reason :data:`~agentpool.wire.engine.KV_SOURCE_LOST`, before any output)
+makes the router place the request again from the start, on another prefill node, once
+(``agentpool_router_retries_total{reason="kv_source_lost"}``); a second loss is a 503. After the
+first token a failure raises :class:`StreamBroken`: the server ends the stream with an error event.
+Every engine call has connect, first-event and between-event timeouts, so no client hangs.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ from agentpool.router.policy import (
 )
 from agentpool.router.policy.contract import serves_prefill
 from agentpool.router.work_log import WorkLog
-from agentpool.wire.engine import EngineEvent, KvSource, Phase, Usage, generate_body
+from agentpool.wire.engine import KV_SOURCE_LOST, EngineEvent, KvSource, Phase, Usage, generate_body
 
 Endpoint = Literal["chat", "completion"]
 log = logging.getLogger(__name__)
@@ -126,6 +129,11 @@ class _Requeue(Exception):
     pass
 
 
+class _KvSourceLost(Exception):
+    """A decode node could not get the request's KV from its prefill node (gone or refusing) and sent
+    nothing: the request is placed again from the start."""
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -174,7 +182,7 @@ class Dispatcher:
     # -- running -----------------------------------------------------------------------------
     async def run(self, prep: Prepared) -> AsyncGenerator[Chunk | Finish, None]:
         cfg = self.routing.config
-        failures = requeues = 0
+        failures = requeues = kv_lost = 0
         first_token = False
         last_error = ""
         while True:
@@ -216,6 +224,23 @@ class Dispatcher:
                 self.metrics.retries.labels("requeue").inc()
                 if requeues > cfg.max_requeues:
                     raise NoCapacity(f"re-routed {requeues} times: {e}") from e
+            except _KvSourceLost as e:
+                if first_token:  # placing it again would send the client its first token twice
+                    raise StreamBroken(f"the prefilled KV was lost after the first token: {e}") from e
+                kv_lost += 1
+                down_s = self.nodes.mark_down(node, self.clock())
+                prep.excluded.add(node)
+                log.warning(
+                    "request %s: the KV prefilled on %s was lost (%s); sending %s nothing for %g s",
+                    prep.request_id,
+                    node,
+                    e,
+                    node,
+                    down_s,
+                )
+                if kv_lost > 1:
+                    raise NoCapacity(f"the prefilled KV was lost {kv_lost} times, last: {e}") from e
+                self.metrics.retries.labels("kv_source_lost").inc()
             except EngineRejected as e:
                 self.metrics.engine_failures.labels("request").inc()
                 log.warning("request %s: %s refused it for its content: %s", prep.request_id, node, e)
@@ -303,6 +328,8 @@ class Dispatcher:
     def _refused(node: str, ev: EngineEvent) -> None:
         """Raise what a ``requeue`` or ``error`` event means."""
         if ev.type == "requeue":
+            if ev.reason == KV_SOURCE_LOST:
+                raise _KvSourceLost(f"{node}: {ev.message or ev.reason}")
             raise _Requeue(f"{node}: {ev.reason or 'requeued'}")
         if ev.type == "error":
             if ev.status is not None and ev.status < 500:

@@ -8,7 +8,10 @@ Dispatch: ``POST {engine}/agentpool/v1/generate`` with a :class:`GenerateRequest
 - ``prefilled``: prefill done on a prefill node; the KV waits under ``transfer_id`` for the decode
   node, which the router then asks with ``phase=decode`` and ``kv_source``/``transfer_id``;
 - ``requeue``: the engine gives the request back unserved (it is draining for a role switch or
-  shedding load); the router re-routes it, and this does not count as a failure;
+  shedding load); the router re-routes it, and this does not count as a failure. One ``reason`` is
+  typed, :data:`KV_SOURCE_LOST`: a decode node cannot get the request's KV because the prefill node
+  in ``kv_source`` is gone or refuses, and it has sent nothing; the router then places the request
+  again from the start (a prefill on another node, then a decode), once;
 - ``done``: finished, with ``finish_reason`` and ``usage``;
 - ``error``: the engine failed the request.
 
@@ -43,6 +46,11 @@ from agentpool.wire.iterations import MAX_ITERATIONS_PER_REPORT, WireIteration
 
 Phase = Literal["both", "prefill", "decode"]
 EventType = Literal["started", "token", "prefilled", "requeue", "done", "error"]
+
+KV_SOURCE_LOST = "kv_source_lost"
+"""The ``reason`` of a decode node's ``requeue`` when the KV it was to take cannot be had: the prefill
+node named in ``kv_source`` is gone or refuses (and the decode node cannot prefill the prompt itself).
+Sent only before any output; other ``requeue`` reasons are free text."""
 
 
 class KvSource(BaseModel):

@@ -1,8 +1,8 @@
 """P->D on the ``sglang`` backend with the KV transfer checked (stand-ins in prefill and decode mode,
 the decode one asking the prefill one's bootstrap server for the room): a transfer that fails makes
 the decode agent ask the prefill agent for the prefill again and decode with the new room
-(``agentpool_engine_handover_recomputed_total``); with the prefill node gone the request ends with
-``error``, and the agent goes on serving."""
+(``agentpool_engine_handover_recomputed_total``); with the prefill node gone the request goes back
+to the router (``requeue``, reason ``kv_source_lost``), and the agent goes on serving."""
 
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ async def test_a_failed_transfer_is_prefilled_again_at_the_source(tmp_path: Path
             assert metric(text, "agentpool_engine_fetch_recomputed_tokens_total") == len(prompt)
 
             # the prefill node is gone (nothing listens at its agent's or its bootstrap port): nothing
-            # can prefill it again, the request ends with error
+            # can prefill it again, the request goes back to the router (kv_source_lost)
             kv = {
                 "node_id": "p9",
                 "url": f"http://127.0.0.1:{free_port()}",
@@ -104,11 +104,12 @@ async def test_a_failed_transfer_is_prefilled_again_at_the_source(tmp_path: Path
             }
             body = gen_body("gone", prompt, phase="decode", max_tokens=3, kv_source=kv)
             events = await generate(http, d.url, body)
-            assert events[-1]["type"] == "error" and "could not redo it" in events[-1]["message"], events
-            assert [e["type"] for e in events] == ["error"], events  # nothing reached the client before
+            assert [e["type"] for e in events] == ["requeue"], events  # nothing reached the client before
+            assert events[0]["reason"] == "kv_source_lost" and "could not redo it" in events[0]["message"]
             text = await d_metrics()
             assert metric(text, "agentpool_engine_handover_recomputed_total") == 1
             assert metric(text, 'agentpool_engine_fetch_failures_total{kind="handover"}') == 2
+            assert metric(text, 'agentpool_engine_requeued_requests_total{reason="kv_source_lost"}') == 1
             async with http.get(d.url + "/ready") as r:
                 assert r.status == 200
     finally:

@@ -31,6 +31,8 @@ class StandIn:
     # ``error`` event with status 400 when ``reject_in_stream``), as a real engine refuses bad input
     reject_marker: str | None = None
     reject_in_stream: bool = False
+    # the first token's text in ``prefilled`` ("": the decode node streams every token, as on SGLang)
+    first_text: str = "first "
     # the most requests at once that have arrived and not yet started to decode (or been handed off)
     waiting: int = 0
     max_waiting: int = 0
@@ -111,7 +113,7 @@ class StandIn:
             if req.phase == "prefill":
                 transfer = f"{self.node_id}-{req.request_id}"
                 self.transfers[transfer] = len(req.prompt_token_ids)
-                await send({"type": "prefilled", "transfer_id": transfer, "text": "first "})
+                await send({"type": "prefilled", "transfer_id": transfer, "text": self.first_text})
                 self.completed.append(req.request_id)
             else:
                 await self._tokens(req, send, 0)

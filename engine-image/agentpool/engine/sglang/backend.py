@@ -55,7 +55,7 @@ from agentpool.engine.sglang.iterations import IterationRecorder
 from agentpool.engine.sglang.process import SglangProcess
 from agentpool.engine.sglang.zmq_bridge import ZmqKvBridge
 from agentpool.kv import HeldBlock, Role, Tier
-from agentpool.wire.engine import GenerateRequest, QueuedItem
+from agentpool.wire.engine import KV_SOURCE_LOST, GenerateRequest, QueuedItem
 
 log = logging.getLogger(__name__)
 
@@ -410,8 +410,12 @@ class SglangBackend:
             )
             port, room = parse_transfer_id(transfer)
         except (FetchError, BadRequestError) as e:
+            # nothing went to the router yet: it places the request again from the start
             job.retrying = False
-            self._fail_now(job, f"KV hand-over failed ({why}); the prefill node could not redo it: {e}", 502)
+            message = f"KV hand-over failed ({why}); the prefill node could not redo it: {e}"
+            log.warning("%s: %s; handing it back (%s)", g.request_id, message, KV_SOURCE_LOST)
+            self.metrics.requeued.labels(KV_SOURCE_LOST).inc()
+            job.finish({"type": "requeue", "reason": KV_SOURCE_LOST, "message": message})
             self._gone(job)
             return
         self.metrics.handover_recomputed.inc()

@@ -8,8 +8,10 @@ same prompt and sampling, phase ``prefill``, over the engine protocol. Its ``pre
 a new bootstrap room, and the decode agent gives its SGLang the request again with that room. The
 client sees nothing of it: an SGLang prefill node streams no token before the decode node does.
 
-What this cannot recover: a prefill agent that is gone or refuses (the decode request then ends
-with ``error``, as before). Only one retry per request.
+What this cannot recover: a prefill agent that is gone or refuses. The decode agent then hands the
+request back with ``requeue``, reason ``kv_source_lost`` (:data:`agentpool.wire.engine.KV_SOURCE_LOST`;
+nothing was streamed), and the router places it again from the start on a live prefill node. Only
+one retry per request here.
 """
 
 from __future__ import annotations

@@ -1,0 +1,244 @@
+"""A prefill node that dies after prefilling, before the decode node took the KV: a router and engine
+agents, each started from its command line.
+
+- ``sglang`` backend (stand-ins, the decode one checking the prefill one's bootstrap room): SGLang's
+  decode mode cannot prefill, so the decode agent hands the request back (``requeue``, reason
+  ``kv_source_lost``) and the router places it again from the start on the other prefill node; the
+  client gets every token once (``agentpool_router_retries_total{reason="kv_source_lost"}``).
+- ``sim`` backend: the decode engine prefills the prompt itself and streams the tokens after the
+  first one, which the dead prefill node had sent.
+
+The moment: the decode agent is stopped (SIGSTOP) before the request, so the router's decode call waits
+in its socket while the test kills the prefill node; then the decode agent goes on (SIGCONT)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from engine_processes import PAGE, engine_config, start_engine, state, wait_until
+from process_helpers import Proc, engine_token_file, free_port, launch
+
+pytestmark = pytest.mark.integration
+REPORT_TOKEN = "r" * 32
+STANDIN = str(Path(__file__).with_name("sglang_standin.py"))
+
+
+def sglang_section(tmp: Path, node: str) -> dict[str, Any]:
+    return {
+        "model": "stand-in/model",
+        "port": free_port(),
+        "kvEventsEndpoint": f"tcp://127.0.0.1:{free_port()}",
+        "bootstrapPort": free_port(),
+        "launcher": [
+            sys.executable, STANDIN, "--record", str(tmp / f"argv-{node}.json"), "--load-s", "0.2",
+            "--standin-check-rooms",
+        ],
+        "requireGpu": False,
+        "loadPollS": 0.2,
+    }  # fmt: skip
+
+
+def metric(text: str, name: str) -> float:
+    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+async def read_sse(resp: aiohttp.ClientResponse) -> AsyncIterator[Any]:
+    async for raw in resp.content:
+        line = raw.decode().strip()
+        if line.startswith("data: "):
+            data = line[len("data: ") :]
+            yield data if data == "[DONE]" else json.loads(data)
+
+
+def text_of(events: list[Any]) -> str:
+    return "".join(
+        e["choices"][0].get("text") or "" for e in events if isinstance(e, dict) and e.get("choices")
+    )
+
+
+def kill_agent(p: Proc) -> None:
+    """SIGKILL the agent and the process group of each child it started (the SGLang stand-in)."""
+    pid = p.proc.pid
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    p.kill()
+    for child in children:
+        os.killpg(int(child), signal.SIGKILL)
+
+
+async def port_closed(port: int) -> bool:
+    try:
+        _, w = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return True
+    w.close()
+    return False
+
+
+class Pool:
+    """A router on a known port and the engines reporting to it."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.procs: list[Proc] = []
+        self.configs: dict[str, dict[str, Any]] = {}
+        report_token = tmp / "report-token"
+        report_token.write_text(REPORT_TOKEN)
+        self.report_token = report_token
+        self.common: dict[str, Any] = {"routers": [{"url": self.url, "tokenFile": str(report_token)}]}
+
+    async def engine(self, node: str, role: str, **kw: Any) -> Proc:
+        cfg = engine_config(node, role=role, **self.common, **kw)
+        self.configs[node] = cfg
+        p = await start_engine(self.tmp, cfg)
+        self.procs.append(p)
+        return p
+
+    async def router(self, engines: list[tuple[Proc, str, str]]) -> Proc:
+        config = self.tmp / "router.json"
+        nodes = [{"id": node, "url": p.url, "role": role} for p, node, role in engines]
+        config.write_text(
+            json.dumps({"model": "test-model", "policy": "least-loaded", "pageSize": PAGE, "nodes": nodes})
+        )
+        router = await launch(
+            "router", "agentpool.router", "--config", str(config), "--host", "127.0.0.1",
+            "--port", str(self.port), "--report-token-file", str(self.report_token),
+            "--engine-token-file", str(engine_token_file()),
+        )  # fmt: skip
+        self.procs.append(router)
+        await router.wait_for(r"router listening on (http://\S+)")
+        async with aiohttp.ClientSession() as http:
+
+            async def reported() -> bool:
+                for p, _, _ in engines:
+                    s = await state(http, p.url)
+                    if s["reports_sent"] < 2 or s["report_error"] is not None:
+                        return False
+                async with http.get(self.url + "/ready") as r:
+                    return r.status == 200
+
+            await wait_until(reported, 60, "the router to take every engine's reports")
+        return router
+
+    async def stop(self) -> None:
+        for p in self.procs:
+            if p.proc.returncode is None:
+                os.kill(p.proc.pid, signal.SIGCONT)
+            await p.stop()
+
+
+@pytest.fixture
+async def pool(tmp_path: Path) -> AsyncIterator[Pool]:
+    pool = Pool(tmp_path)
+    try:
+        yield pool
+    finally:
+        await pool.stop()
+
+
+async def test_sglang_a_dead_prefill_node_is_placed_again_from_the_start(pool: Pool, tmp_path: Path) -> None:
+    prefill = {
+        n: await pool.engine(n, "prefill", backend="sglang", sglang=sglang_section(tmp_path, n))
+        for n in ("p0", "p1")
+    }
+    d0 = await pool.engine("d0", "decode", backend="sglang", sglang=sglang_section(tmp_path, "d0"))
+    router = await pool.router(
+        [(prefill["p0"], "p0", "prefill"), (prefill["p1"], "p1", "prefill"), (d0, "d0", "decode")]
+    )
+    standin_port = {n: int(pool.configs[n]["sglang"]["port"]) for n in prefill}
+    async with aiohttp.ClientSession() as http:
+
+        async def prefills(node: str) -> int:
+            async with http.get(f"http://127.0.0.1:{standin_port[node]}/standin/requests") as r:
+                return len((await r.json())["requests"])
+
+        os.kill(d0.proc.pid, signal.SIGSTOP)  # the router's decode call waits in d0's socket
+        body = {
+            "model": "test-model",
+            "prompt": "a prompt for the pool " * 4,
+            "max_tokens": 3,
+            "stream": True,
+        }
+
+        async def complete() -> list[Any]:
+            # the router answers once the first token is there (after the kill below)
+            async with http.post(pool.url + "/v1/completions", json=body) as resp:
+                assert resp.status == 200, (await resp.text()) + router.text() + d0.text()
+                return [e async for e in read_sse(resp)]
+
+        client = asyncio.create_task(complete())
+        first: list[str] = []
+
+        async def prefilled_somewhere() -> bool:
+            for node in prefill:
+                if await prefills(node) > 0:
+                    first.append(node)
+                    return True
+            return False
+
+        await wait_until(prefilled_somewhere, 10, "a prefill on p0 or p1")
+        await asyncio.sleep(0.5)  # the router reads `prefilled` and calls d0
+        dead = first[0]
+        kill_agent(prefill[dead])
+        await wait_until(lambda: port_closed(standin_port[dead]), 10, f"{dead}'s SGLang gone")
+        os.kill(d0.proc.pid, signal.SIGCONT)
+        events = await asyncio.wait_for(client, 30)
+        assert events[-1] == "[DONE]", events
+        assert not any(isinstance(e, dict) and "error" in e for e in events), events
+        assert text_of(events) == "w0 w1 w2 ", events  # every token once
+        live = "p1" if dead == "p0" else "p0"
+        assert await prefills(live) == 1  # placed again from the start on the live prefill node
+        async with http.get(pool.url + "/metrics") as r:
+            rm = await r.text()
+        assert metric(rm, 'agentpool_router_retries_total{reason="kv_source_lost"}') == 1, rm
+        assert metric(rm, 'agentpool_router_engine_failures_total{kind="engine"}') == 0, rm
+        async with http.get(d0.url + "/metrics") as r:
+            dm = await r.text()
+        assert metric(dm, 'agentpool_engine_requeued_requests_total{reason="kv_source_lost"}') == 1, dm
+    assert "Traceback" not in router.text(), router.text()
+    assert "Traceback" not in d0.text(), d0.text()
+
+
+async def test_sim_a_dead_prefill_node_is_recomputed_on_the_decode_node(pool: Pool) -> None:
+    p0 = await pool.engine("p0", "prefill")
+    d0 = await pool.engine("d0", "decode")
+    router = await pool.router([(p0, "p0", "prefill"), (d0, "d0", "decode")])
+    async with aiohttp.ClientSession() as http:
+        os.kill(d0.proc.pid, signal.SIGSTOP)
+        body = {
+            "model": "test-model",
+            "prompt": "a prompt for the pool " * 4,
+            "max_tokens": 4,
+            "stream": True,
+        }
+        async with http.post(pool.url + "/v1/completions", json=body) as resp:
+            assert resp.status == 200, await resp.text()
+            events: list[Any] = []
+            async for e in read_sse(resp):
+                events.append(e)
+                if len(events) == 1:  # the first token came from p0's `prefilled`
+                    kill_agent(p0)
+                    await p0.proc.wait()
+                    os.kill(d0.proc.pid, signal.SIGCONT)
+        assert events[-1] == "[DONE]", events
+        assert not any(isinstance(e, dict) and "error" in e for e in events), events
+        assert text_of(events) == "t0 t1 t2 t3 ", events  # every token once
+        async with http.get(d0.url + "/metrics") as r:
+            dm = await r.text()
+        assert metric(dm, "agentpool_engine_handover_recomputed_total") == 1, dm
+        async with http.get(pool.url + "/metrics") as r:
+            rm = await r.text()
+        assert metric(rm, 'agentpool_router_retries_total{reason="kv_source_lost"}') == 0, rm
+    assert "Traceback" not in router.text(), router.text()

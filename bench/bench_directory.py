@@ -86,7 +86,7 @@ async def store_writes(session: aiohttp.ClientSession, url: str) -> float:
 
 async def run(a: argparse.Namespace) -> None:
     ns = f"agentpool-bench:{uuid.uuid4().hex}"
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "controlplane"))
+    env = dict(os.environ, PYTHONPATH=str((a.directory_tree or ROOT) / "controlplane"))
     token = secrets.token_hex(16)
     token_dir = tempfile.mkdtemp(prefix="agentpool-bench-")
     token_file = Path(token_dir) / "token"
@@ -294,7 +294,8 @@ async def resolve_under_bulk_work(
     held = [HeldBlock(h, big[i - 1] if i else ROOT_HASH, Tier.HOST) for i, h in enumerate(big)]
     batch = resync_batch("bulk-engine", 1, Role.PREFILL, held)
     print(
-        f"bulk work: a resync of {a.bulk_blocks:,} blocks ({batch.ByteSize() / 2**20:.1f} MiB), then a purge"
+        f"bulk work: a resync of {a.bulk_blocks:,} blocks ({batch.ByteSize() / 2**20:.1f} MiB), then a purge "
+        f"with {a.bulk_branches} branches counting up to 2,000 blocks each on the engine"
     )
     core_pauses(held)
     # the bulk engine has a connection of its own, as a separate engine process would
@@ -309,6 +310,9 @@ async def resolve_under_bulk_work(
         resync_s = time.perf_counter() - t0
         assert not ack.resync_requested, ack
         assert (await client.health()).blocks >= a.bulk_blocks
+        per = a.bulk_blocks // max(1, a.bulk_branches)
+        for i in range(a.bulk_branches):  # branches counting on the engine: the purge releases them
+            await session.place_and_wait(f"bulk-{i}", "bulk-engine", big[i * per : (i + 1) * per][:2000])
         t0 = time.perf_counter()
         drop = asyncio.ensure_future(engine.drop_node("bulk-engine"))
         during_purge = await resolves_until(client, session, prompt, drop.done)
@@ -468,6 +472,13 @@ def main() -> None:
     ap.add_argument("--cpu-repeats", type=int, default=3)
     ap.add_argument("--cpu-prompt", type=int, default=8, help="blocks of the CPU measurement's prompt")
     ap.add_argument("--bulk-blocks", type=int, default=1_000_000, help="resync/purge size (0: skip)")
+    ap.add_argument("--bulk-branches", type=int, default=500, help="branches counting on the purged engine")
+    ap.add_argument(
+        "--directory-tree",
+        type=Path,
+        default=None,
+        help="run the directory from this checkout (e.g. an older commit's, for before/after runs)",
+    )
     asyncio.run(run(ap.parse_args()))
 
 

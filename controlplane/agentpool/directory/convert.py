@@ -9,11 +9,15 @@ import re
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from operator import eq
+from typing import TYPE_CHECKING
 
 from agentpool.errors import InvalidInputError, OverloadedError
 from agentpool.kv import EvictionCandidate, PrefixMatch, Role, Tier, check_branch_id
 from agentpool.kv.branches import InvalidBranchIdError
 from agentpool.v1 import directory_pb2 as pb
+
+if TYPE_CHECKING:
+    from agentpool.directory.resync_wire import PackedResync
 
 NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$")
 
@@ -101,7 +105,7 @@ def stored_chain(parent: int, hashes: Sequence[int], max_blocks: int) -> list[in
     return out
 
 
-def resync_size(resync: pb.Resync) -> int:
+def resync_size(resync: pb.Resync | PackedResync) -> int:
     return len(resync.blocks) or len(resync.block_hashes)
 
 
@@ -120,7 +124,7 @@ class ResyncBlocks:
 _TIER_VALUES: dict[int, int] = {pb.TIER_GPU: 1, pb.TIER_HOST: 2, pb.TIER_GPU_AND_HOST: 3}
 
 
-def held_blocks(resync: pb.Resync, max_blocks: int) -> ResyncBlocks:
+def held_blocks(resync: pb.Resync | PackedResync, max_blocks: int) -> ResyncBlocks:
     """:func:`held_blocks_steps` at once."""
     steps = held_blocks_steps(resync, max_blocks)
     while True:
@@ -132,13 +136,14 @@ def held_blocks(resync: pb.Resync, max_blocks: int) -> ResyncBlocks:
 
 
 def held_blocks_steps(
-    resync: pb.Resync, max_blocks: int, step: int = 1024
+    resync: pb.Resync | PackedResync, max_blocks: int, step: int = 1024
 ) -> Generator[None, None, ResyncBlocks]:
     """A resync's block list in steps of ``step`` blocks (a generator), checked block by block: no hash
     0, a valid tier, no block its own parent. Either wire form: ``blocks`` (a message per block) or
-    the packed ``block_hashes``/``parent_hashes``/``tiers``. The checks over the whole list (no block
-    twice, parents before children) run in the core's resync (:meth:`PrefixIndex.resync_steps`),
-    which raises before changing anything."""
+    the packed ``block_hashes``/``parent_hashes``/``tiers`` (of the parsed message, or views of the
+    received bytes: :class:`agentpool.directory.resync_wire.PackedResync`). The checks over the whole
+    list (no block twice, parents before children) run in the core's resync
+    (:meth:`PrefixIndex.resync_steps`), which raises before changing anything."""
     n = resync_size(resync)
     if n > max_blocks:
         raise InvalidRequestError(f"resync has {n} blocks, more than the limit {max_blocks}")

@@ -10,6 +10,7 @@ import grpc
 from google.protobuf.message import DecodeError, Message
 
 from agentpool.directory.convert import InvalidRequestError
+from agentpool.directory.resync_wire import PackedResync, parse_batch
 from agentpool.directory.route import serve_route
 from agentpool.directory.service import DirectoryService, grpc_status
 from agentpool.v1 import directory_pb2 as pb
@@ -65,9 +66,12 @@ def directory_handler(service: DirectoryService) -> grpc.GenericRpcHandler[Any, 
     async def publish(
         raw_batches: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[Message]:
-        async def batches() -> AsyncIterator[pb.KvEventBatch]:
+        async def batches() -> AsyncIterator[tuple[pb.KvEventBatch, PackedResync | None]]:
             async for raw in raw_batches:
-                yield await _parse(raw, pb.KvEventBatch, context)
+                try:
+                    yield parse_batch(raw)  # a big resync's block lists stay in ``raw``
+                except DecodeError as e:
+                    await context.abort(grpc_status(InvalidRequestError()), f"malformed KvEventBatch: {e}")
 
         async for ack in service.PublishEvents(batches(), context):
             yield ack

@@ -23,6 +23,7 @@ from agentpool.directory.convert import (
     tier_from_pb,
 )
 from agentpool.directory.metrics import DirectoryMetrics
+from agentpool.directory.resync_wire import PackedResync
 from agentpool.directory.steps import run_steps
 from agentpool.kv import Changes, Directory, InvalidEventError, Tier
 from agentpool.v1 import directory_pb2 as pb
@@ -133,19 +134,23 @@ class EventIngest:
         self._seq[node] = batch.seq
         return pb.PublishAck(node=node, seq=batch.seq), changes
 
-    async def resync(self, batch: pb.KvEventBatch) -> tuple[pb.PublishAck, Changes]:
+    async def resync(
+        self, batch: pb.KvEventBatch, packed: PackedResync | None = None
+    ) -> tuple[pb.PublishAck, Changes]:
         """A resync batch, checked and applied in steps that leave the event loop to other RPCs between
-        time slices (a million blocks take seconds; Resolves go on meanwhile)."""
+        time slices (a million blocks take seconds; Resolves go on meanwhile). ``packed``: its block
+        lists, when the batch was parsed without them (:func:`resync_wire.parse_batch`)."""
         node = node_name(batch.node)
         phase = phase_from_pb(batch.phase)
-        size, cap = resync_size(batch.resync), self.limits.max_blocks_per_node
+        resync = batch.resync if packed is None else packed
+        size, cap = resync_size(resync), self.limits.max_blocks_per_node
         if size > cap:
             raise QuotaExceededError(
                 f"resync of {node} lists {size} blocks, more than the cap of {cap} per node"
             )
         self._busy.add(node)
         try:
-            blocks = await run_steps(held_blocks_steps(batch.resync, self.limits.max_resync_blocks))
+            blocks = await run_steps(held_blocks_steps(resync, self.limits.max_resync_blocks))
             changes = Changes()
             if not self.dir.has_node(node):
                 check_node_cap(self.dir, self.limits.max_nodes)

@@ -34,6 +34,7 @@ from agentpool.directory.convert import (
 )
 from agentpool.directory.ingest import EventIngest, ServiceLimits, check_node_cap
 from agentpool.directory.metrics import DirectoryMetrics
+from agentpool.directory.resync_wire import PackedResync
 from agentpool.directory.steps import run_steps, settled
 from agentpool.directory.store import BranchStore, Pending, StoreUnavailableError
 from agentpool.directory.watch import CountWatchers
@@ -392,6 +393,9 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         return pb.EvictionOrderResponse(blocks=[eviction_entry(c) for c in order])
 
     async def Health(self, request: pb.HealthRequest, context: Ctx) -> pb.HealthResponse:
+        return self.health_response()
+
+    def health_response(self) -> pb.HealthResponse:
         return pb.HealthResponse(
             serving=self.store_ok,
             store_ok=self.store_ok,
@@ -402,12 +406,13 @@ class DirectoryService(pb_grpc.DirectoryServicer):
 
     # -- engine event stream -----------------------------------------------------------------
     async def PublishEvents(
-        self, request_iterator: AsyncIterator[pb.KvEventBatch], context: Ctx
+        self, request_iterator: AsyncIterator[tuple[pb.KvEventBatch, PackedResync | None]], context: Ctx
     ) -> AsyncIterator[pb.PublishAck]:
-        async for batch in request_iterator:
+        """The engine's stream; its batches come parsed by :func:`resync_wire.parse_batch`."""
+        async for batch, packed in request_iterator:
             t0 = time.perf_counter()
             try:
-                ack = await self.apply_batch(batch)
+                ack = await self.apply_batch(batch, packed)
             except (InvalidRequestError, QuotaExceededError) as e:
                 code = grpc_status(e)
                 self.metrics.requests.labels("PublishEvents", code.name).inc()
@@ -416,14 +421,15 @@ class DirectoryService(pb_grpc.DirectoryServicer):
             self.metrics.latency.labels("PublishEvents").observe(time.perf_counter() - t0)
             yield ack
 
-    async def apply_batch(self, batch: pb.KvEventBatch) -> pb.PublishAck:
+    async def apply_batch(self, batch: pb.KvEventBatch, packed: PackedResync | None = None) -> pb.PublishAck:
         """Apply one engine batch (validated as a whole first), persist what it changed; returns its ack.
         A resync runs in steps (other RPCs are served between them); the node's lock keeps its other
         batches and its purge out meanwhile. A resync runs to its end even when its stream goes away
-        meanwhile (a half-applied one would leave the node's index inconsistent)."""
+        meanwhile (a half-applied one would leave the node's index inconsistent). ``packed``: the
+        resync's block lists when the batch was parsed without them."""
         if batch.HasField("resync"):
-            return await self._to_the_end(self._apply(batch))
-        return await self._apply(batch)
+            return await self._to_the_end(self._apply(batch, packed))
+        return await self._apply(batch, packed)
 
     def _to_the_end(self, work: Awaitable[T]) -> Awaitable[T]:
         """Run ``work`` as a task that a cancelled caller does not cancel (stop() does)."""
@@ -433,10 +439,10 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         task.add_done_callback(self._background.discard)
         return asyncio.shield(task)
 
-    async def _apply(self, batch: pb.KvEventBatch) -> pb.PublishAck:
+    async def _apply(self, batch: pb.KvEventBatch, packed: PackedResync | None) -> pb.PublishAck:
         async with self._node_lock(node_name(batch.node)):
             if batch.HasField("resync"):
-                ack, changes = await self.ingest.resync(batch)
+                ack, changes = await self.ingest.resync(batch, packed)
             else:
                 ack, changes = self.ingest.apply(batch)
         if changes:

@@ -10,13 +10,14 @@ one tracked container per block). Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Generator, Iterable, Mapping
 from itertools import compress, repeat
 from operator import add, not_, sub
 
 from agentpool.kv.branches import BranchState
 
 CountChanges = dict[str, dict[int, int]]  # node -> block -> new R[b, n]
+BranchLookup = Callable[[str], BranchState | None]
 
 _NO_BLOCKS: frozenset[int] = frozenset()
 
@@ -25,6 +26,8 @@ class BranchCounts:
     def __init__(self) -> None:
         self._counts: dict[str, dict[int, int]] = {}  # node -> block -> R[b, node] > 0
         self._counting: dict[str, set[str]] = {}  # node -> branches with a non-empty C[beta, node]
+        # node -> (branches whose C[beta, node] is left to clear, their lookup): see forget_node
+        self._forgetting: dict[str, tuple[list[str], BranchLookup]] = {}
 
     def count(self, node: str, block: int) -> int:
         """``R[block, node]``."""
@@ -51,7 +54,12 @@ class BranchCounts:
         """``Count(beta, n, pi)``: make ``state`` count exactly the blocks of ``path`` on ``node``.
 
         New blocks get +1, dropped blocks -1; the new ``R`` of every changed block goes into ``out``.
+        On a node being forgotten (:meth:`forget_node`) the branch only loses its set there.
         """
+        if node in self._forgetting:
+            state.counted.pop(node, None)
+            state.pending.pop(node, None)
+            return
         new = frozenset(path)
         old = state.counted.get(node, _NO_BLOCKS)
         if new == old:
@@ -74,6 +82,44 @@ class BranchCounts:
     def release(self, state: BranchState, node: str, out: CountChanges) -> None:
         """``Release(beta, n) = Count(beta, n, {})``."""
         self.set_counted(state, node, (), out)
+
+    def forget_node(self, node: str, branches: Iterable[str], find: BranchLookup) -> None:
+        """``node`` is gone: every ``R[b, node]`` is 0 at once (its table goes whole, no count is
+        released one by one); the sets ``C[beta, node]`` and pending moves to the node of ``branches``
+        (every branch with a set there, and those with a move there) are cleared by
+        :meth:`forget_steps`, a few thousand branches a step. Meanwhile a branch's set on the node is
+        only cleared (an E.1 version bump, an end), never counted again."""
+        self.finish_forgetting(node)
+        self._counts.pop(node, None)
+        self._counting.pop(node, None)
+        left = list(branches)
+        if left:
+            self._forgetting[node] = (left, find)
+
+    def forget_steps(self, node: str, step: int = 4096) -> Generator[None, None, None]:
+        """Clear the branches' sets on a node :meth:`forget_node` left, ``step`` branches a step."""
+        while node in self._forgetting:
+            yield
+            self._forget_some(node, step)
+
+    def finish_forgetting(self, node: str) -> None:
+        """Clear at once what is left of a forgotten node's sets (before it registers again)."""
+        while node in self._forgetting:
+            self._forget_some(node, 1 << 30)
+
+    def _forget_some(self, node: str, step: int) -> None:
+        entry = self._forgetting.get(node)
+        if entry is None:
+            return
+        left, find = entry
+        for beta in left[-step:]:
+            state = find(beta)
+            if state is not None:
+                state.counted.pop(node, None)
+                state.pending.pop(node, None)
+        del left[-step:]
+        if not left:
+            del self._forgetting[node]
 
     def restore(self, state: BranchState) -> None:
         """Add a persisted branch's counted sets (rebuild after a restart)."""

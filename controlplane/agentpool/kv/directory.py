@@ -20,6 +20,8 @@ from agentpool.kv.index import PrefixIndex
 from agentpool.kv.steps import drain
 from agentpool.kv.types import HeldBlock, PrefixMatch, Role, Tier, UnknownNodeError, split_blocks
 
+_DONE = object()
+
 
 @dataclass
 class Changes:
@@ -100,6 +102,7 @@ class Directory:
         """Add ``node`` in ``phase``; an already registered node switches phase instead."""
         if node in self._phases:
             return self.switch_phase(node, phase)
+        self.counts.finish_forgetting(node)  # dropped, not yet cleared to the end: clear the rest now
         self._phases[node] = phase
         self.index.add_node(node)
         return Changes(nodes={node})
@@ -121,23 +124,19 @@ class Directory:
 
     def drop_node_steps(self, node: str) -> Generator[None, None, Changes]:
         """:meth:`drop_node` in steps (a generator): the node, its phase and its counts are gone before the
-        first step; the steps clear its placements from the index."""
-        changes = self._forget_node(node)
-        yield from self.index.drop_node_steps(node)
-        return changes
-
-    def _forget_node(self, node: str) -> Changes:
+        first step; the steps clear the branches' counted sets on the node, then its placements in the
+        index."""
         self.phase(node)
-        changes = Changes(nodes={node})
         affected = self._branches_counting_on(node) | self._branches_pending_on(node)
-        for beta in sorted(affected):
-            state = self.branches.get(beta)
-            self.counts.release(state, node, changes.counts)
-            state.pending.pop(node, None)
-            changes.branches.add(state.branch_id)
-        changes.counts.pop(node, None)
+        changes = Changes(branches=affected, nodes={node})
+        self.counts.forget_node(node, affected, self.branches.find)
         self._pending_hint.pop(node, None)
         del self._phases[node]
+        index_steps = self.index.drop_node_steps(node)
+        entries_left = next(index_steps, _DONE) is not _DONE  # the node has left the index's answers
+        yield from self.counts.forget_steps(node)
+        if entries_left:
+            yield from index_steps  # then its entries are cleared
         return changes
 
     def _branches_counting_on(self, node: str) -> set[str]:

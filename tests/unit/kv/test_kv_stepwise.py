@@ -79,3 +79,81 @@ def test_bad_lists_are_refused_before_anything_changes(blocks: list[HeldBlock], 
     with pytest.raises(InvalidEventError, match=reason):
         d.resync_node("a", blocks, 1.0)
     assert sorted(d.index.node_blocks("a"), key=lambda b: b.block_hash) == before
+
+
+def many_branches(n: int) -> Directory:
+    """``n`` branches counting on node a (some also on b), a few with a move to a pending."""
+    d = setup()
+    for i in range(n):
+        d.observe(f"br-{i}", list(range(1 + i % 7, 12 + i % 7)), 0.0)
+        d.place(f"br-{i}", "a", 0.0)
+        if i % 3 == 0:
+            d.place(f"br-{i}", "b", 0.0)
+    for i in range(5):  # a path a does not hold: placed on b, then on a, the move to a waits
+        d.observe(f"mv-{i}", [50_000 + i, 60_000 + i], 0.0)
+        d.place(f"mv-{i}", "b", 0.0)
+        d.place(f"mv-{i}", "a", 0.0)
+    return d
+
+
+def meanwhile(d: Directory) -> None:
+    """What other RPCs do while a is being purged (each its own step)."""
+    d.observe("br-1", [1, 2, 3, 900], 1.0)  # a version bump: E.1 releases what left the path (a too)
+    d.end_branch("br-2")
+    d.place("br-4", "b", 1.0)
+    d.observe("mv-1", [50_001, 60_001], 1.0)
+    d.place("mv-1", "b", 1.0)
+
+
+def state_of(d: Directory) -> object:
+    rows = {
+        b: (s.version, tuple(s.path), dict(s.counted), dict(s.pending))
+        for b in sorted(d.branches.ids())
+        if (s := d.branches.find(b)) is not None
+    }
+    counts = {n: (d.counts.counts(n), sorted(d.counts.counting(n))) for n in ("a", "b")}
+    return rows, counts
+
+
+@pytest.mark.parametrize("register_again", [False, True])
+def test_a_purge_releases_counts_in_steps_and_ends_where_one_at_once_ends(register_again: bool) -> None:
+    """Branch sets on a purged node are cleared in steps; whatever runs between the steps, the end state
+    is the one of the purge at once followed by the same operations."""
+    at_once, stepwise = many_branches(10_000), many_branches(10_000)
+    expected = at_once.drop_node("a")
+    meanwhile(at_once)
+    if register_again:
+        at_once.register_node("a", Role.PREFILL)
+        at_once.place("br-5", "a", 2.0)
+    steps = stepwise.drop_node_steps("a")
+    next(steps)
+    assert stepwise.count("a", 2) == 0 and not stepwise.counts.counting("a")  # counts gone at once
+    assert all("a" in stepwise.branches.get(f"br-{i}").counted for i in (1, 2, 4))  # sets not cleared yet
+    meanwhile(stepwise)
+    if register_again:
+        stepwise.register_node("a", Role.PREFILL)  # finishes the release first
+        stepwise.place("br-5", "a", 2.0)
+    next(steps)
+    n = 2
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            changes = done.value
+            break
+        n += 1
+    assert n >= (3 if register_again else 4)  # 6,672 branches on a: steps of 4,096, then the index's
+    assert state_of(stepwise) == state_of(at_once)
+    assert changes == expected and len(changes.branches) == 6_672 and "a" not in changes.counts
+
+
+def test_a_purged_node_is_never_counted_again_until_it_registers() -> None:
+    d = many_branches(10)
+    steps = d.drop_node_steps("a")
+    next(steps)
+    assert "a" in d.branches.get("br-1").counted
+    d.observe("br-1", [2, 3, 4], 1.0)  # a version bump on a branch whose set on a is not cleared yet
+    assert d.counts.counts("a") == {} and "a" not in d.branches.get("br-1").counted
+    for _ in steps:
+        pass
+    assert all("a" not in d.branches.get(b).counted for b in d.branches.ids())

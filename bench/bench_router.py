@@ -358,9 +358,9 @@ def start_agentpool(
     }
     path = tmp / f"router-{policy}{name}.json"
     path.write_text(json.dumps(config))
-    # the bench engines post no load reports
+    # the bench engines post no load reports and check no engine token
     args = ["--config", str(path), "--host", "127.0.0.1", "--port", str(port)]
-    args.append("--insecure-allow-unauthenticated-reports")
+    args += ["--insecure-allow-unauthenticated-reports", "--insecure-engines-without-token"]
     args += ["--loop", loop]
     args += extra
     proc = subprocess.Popen(

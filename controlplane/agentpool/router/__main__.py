@@ -11,8 +11,12 @@ token in ``--report-token-file`` (or the file named by ``$AGENTPOOL_REPORT_TOKEN
 refuses to start without one unless ``--insecure-allow-unauthenticated-reports`` is given.
 
 Requests to the engines carry the pool's engine token from ``--engine-token-file`` (or the file named
-by ``$AGENTPOOL_ENGINE_TOKEN_FILE``); without one the router sends none and warns (engines refuse it
-unless they were started with ``insecureAllowUnauthenticated``).
+by ``$AGENTPOOL_ENGINE_TOKEN_FILE``); the router refuses to start without one unless
+``--insecure-engines-without-token`` is given (it then sends none and warns; engines refuse it unless
+they were started with ``insecureAllowUnauthenticated``).
+
+A start-up refusal (no token, an unreadable or short one, a bad config or TLS file) exits with code 2
+and the reason on stderr.
 
 Everything (the gRPC channel included) is built inside the event loop that serves: a gRPC aio
 channel made before the loop runs is bound to another loop and fails every call. ``--port 0``
@@ -27,6 +31,7 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -62,7 +67,7 @@ def directory_view(
     ``ca_file``: TLS, trusting that CA; ``client_cert_file``/``client_key_file``: mutual TLS."""
     if spec == "inprocess":
         if any(f is not None for f in (token_file, ca_file, client_cert_file, client_key_file)):
-            raise SystemExit(
+            raise AuthConfigError(
                 "--directory-token-file and the --directory-*-file TLS files need --directory HOST:PORT"
             )
         return InProcessDirectoryView(Directory(page_size), time.monotonic)
@@ -113,6 +118,11 @@ def parser() -> argparse.ArgumentParser:
         help=f"file with the pool's engine token, sent to the engines (default: ${ENGINE_TOKEN_FILE_ENV})",
     )
     p.add_argument(
+        "--insecure-engines-without-token",
+        action="store_true",
+        help="call the engines without a token (tests and demos only: engines that require one refuse)",
+    )
+    p.add_argument(
         "--loop",
         choices=("uvloop", "asyncio"),
         default="uvloop",
@@ -140,11 +150,21 @@ def report_auth(args: argparse.Namespace, env: dict[str, str]) -> ReportAuth:
 
 
 def engine_token(args: argparse.Namespace, env: dict[str, str]) -> EngineToken:
-    """The engine token from ``--engine-token-file`` or ``$AGENTPOOL_ENGINE_TOKEN_FILE`` (open: none)."""
+    """The engine token from ``--engine-token-file`` or ``$AGENTPOOL_ENGINE_TOKEN_FILE``; none only with
+    ``--insecure-engines-without-token``."""
     path = args.engine_token_file
     if path is None and env.get(ENGINE_TOKEN_FILE_ENV):
         path = Path(env[ENGINE_TOKEN_FILE_ENV])
-    return EngineToken.unauthenticated() if path is None else EngineToken.token_file(path)
+    if path is not None:
+        if args.insecure_engines_without_token:
+            raise AuthConfigError("give an engine token file or --insecure-engines-without-token, not both")
+        return EngineToken.token_file(path)
+    if args.insecure_engines_without_token:
+        return EngineToken.unauthenticated()
+    raise AuthConfigError(
+        f"the engines need the pool's engine token: give --engine-token-file (or ${ENGINE_TOKEN_FILE_ENV}), "
+        "or --insecure-engines-without-token"
+    )
 
 
 async def serve(args: argparse.Namespace, auth: ReportAuth, engine_token: EngineToken) -> None:
@@ -165,7 +185,7 @@ async def serve(args: argparse.Namespace, auth: ReportAuth, engine_token: Engine
         if auth.open:
             log.warning("engine load reports are NOT authenticated (--insecure-allow-unauthenticated-*)")
         if engine_token.open:
-            log.warning("no --engine-token-file: requests to the engines carry no token")
+            log.warning("requests to the engines carry NO token (--insecure-engines-without-token)")
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -198,7 +218,8 @@ def main(argv: list[str] | None = None) -> None:
         with asyncio.Runner(loop_factory=factory) as runner:
             runner.run(serve(args, auth, token))
     except (AuthConfigError, ConfigError, SecretFileError, TlsFilesError) as e:
-        raise SystemExit(f"agentpool.router: {e}") from e
+        print(f"agentpool.router: {e}", file=sys.stderr)
+        raise SystemExit(2) from e
 
 
 if __name__ == "__main__":

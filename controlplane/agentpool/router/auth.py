@@ -1,7 +1,8 @@
 """Who may post engine load reports: a bearer token read from a file, or (explicitly) anyone.
 
 Reports steer routing and role switches, so they are authenticated by default: the router refuses to
-start without a token unless it is told, in so many words, to accept unauthenticated reports.
+start without a token unless it is told, in so many words, to accept unauthenticated reports. The
+same holds for the engine token it sends (``--insecure-engines-without-token``).
 The token is read from a file (a mounted Kubernetes Secret), never from a command line.
 """
 
@@ -18,7 +19,7 @@ ENGINE_TOKEN_FILE_ENV = "AGENTPOOL_ENGINE_TOKEN_FILE"
 
 
 class AuthConfigError(ValueError):
-    """The report token is missing, unreadable or too short."""
+    """A token (report, engine, directory) is missing, unreadable or too short, or its options clash."""
 
 
 @dataclass(frozen=True, slots=True)

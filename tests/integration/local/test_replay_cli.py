@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 from local_trace import write_small_trace
-from process_helpers import free_port
+from process_helpers import engine_token_file, free_port
 from router_engine_standin import StandIn
 
 pytestmark = pytest.mark.integration
@@ -32,6 +32,7 @@ async def router(tmp_path: Path) -> AsyncIterator[tuple[str, list[StandIn]]]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "agentpool.router", "--config", str(config), "--host", "127.0.0.1",
         "--port", str(port), "--report-token-file", str(token),
+        "--engine-token-file", str(engine_token_file()),
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"

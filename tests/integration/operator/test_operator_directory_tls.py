@@ -101,7 +101,8 @@ def test_the_router_command_line_says_which_tls_file_is_wrong(tmp_path: Path) ->
     argv = [
         sys.executable, "-m", "agentpool.router", f"--config={config}", "--port=0",
         "--directory=127.0.0.1:1", f"--directory-token-file={f / 'token'}",
-        f"--report-token-file={f / 'token'}", f"--directory-ca-file={f / 'server-ca.crt'}",
+        f"--report-token-file={f / 'token'}", f"--engine-token-file={f / 'token'}",
+        f"--directory-ca-file={f / 'server-ca.crt'}",
         f"--directory-client-cert-file={f / 'client.crt'}",
     ]  # fmt: skip
     run = subprocess.run(

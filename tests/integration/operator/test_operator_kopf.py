@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import pytest
 from conftest import OPERATOR_ARGS, Cluster, OperatorThread, load_example
-from process_helpers import start_router
+from process_helpers import engine_token_file, start_router
 
 from agentpool.operator.names import COMPONENT_LABEL, POOL_LABEL, ROUTER
 
@@ -445,7 +445,9 @@ async def test_a_colocated_pool_shows_the_generation_its_routers_run(
     config = tmp_path / "router.json"
     nodes = [{"id": "sim-engine-0", "url": "http://127.0.0.1:9", "role": "both"}]
     config.write_text(json.dumps({"model": "m", "policy": "lmetric", "nodes": nodes, "generation": 1}))
-    router, url = await start_router(config, "--insecure-allow-unauthenticated-reports")
+    router, url = await start_router(
+        config, "--insecure-allow-unauthenticated-reports", "--engine-token-file", str(engine_token_file())
+    )
     try:
         await router_pod(cluster, url)
         obj = await status_where(

@@ -33,6 +33,7 @@ def test_module_entry_point_serves_models_and_metrics(tmp_path: Path) -> None:
             "--port",
             str(port),
             "--insecure-allow-unauthenticated-reports",
+            "--insecure-engines-without-token",
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -15,7 +15,15 @@ from typing import Any
 
 import aiohttp
 import pytest
-from process_helpers import kubeconfig, launch, redis_namespace, running, start_directory, start_router
+from process_helpers import (
+    engine_token_file,
+    kubeconfig,
+    launch,
+    redis_namespace,
+    running,
+    start_directory,
+    start_router,
+)
 from router_engine_standin import StandIn
 from router_harness import chat_body, read_sse, streamed_text, wait_until
 
@@ -74,7 +82,7 @@ async def test_a_streamed_completion_through_directory_router_and_planner_starte
         router, url = await start_router(
             config,
             "--directory", address, "--directory-token-file", str(dir_token),
-            "--report-token-file", str(report_token),
+            "--report-token-file", str(report_token), "--engine-token-file", str(engine_token_file()),
         )  # fmt: skip
         async with (
             running(
@@ -156,16 +164,25 @@ async def test_a_streamed_completion_through_directory_router_and_planner_starte
             await e.kill()
 
 
-async def test_the_router_refuses_to_start_without_a_report_token(tmp_path: Path) -> None:
+async def test_the_router_refuses_to_start_without_its_tokens(tmp_path: Path) -> None:
     config = tmp_path / "router.yaml"
     config.write_text("model: m\nnodes: [{id: a, url: 'http://127.0.0.1:9'}]\n")
-    router = await launch("router", "agentpool.router", "--config", str(config), "--port", "0")
-    assert await router.proc.wait() == 1
-    await router.stop()
-    assert "--insecure-allow-unauthenticated-reports" in router.text()
+    engine = ("--engine-token-file", str(engine_token_file()))
+
+    async def refused(*args: str) -> str:
+        router = await launch("router", "agentpool.router", "--config", str(config), "--port", "0", *args)
+        assert await router.proc.wait() == 2, router.text()
+        await router.stop()
+        assert "Traceback" not in router.text(), router.text()
+        return router.text()
+
+    assert "--insecure-allow-unauthenticated-reports" in await refused(*engine)
     short = secret(tmp_path / "short", "abc")
-    args = ("--config", str(config), "--port", "0", "--report-token-file", str(short))
-    router = await launch("router", "agentpool.router", *args)
-    assert await router.proc.wait() == 1
-    await router.stop()
-    assert "at least 16 characters" in router.text()
+    assert "at least 16 characters" in await refused("--report-token-file", str(short), *engine)
+    # the engine token: a file, or the explicit opt-out, never silently none
+    report = ("--report-token-file", str(secret(tmp_path / "report-token", "r" * 40)))
+    text = await refused(*report)
+    assert "--engine-token-file" in text and "--insecure-engines-without-token" in text, text
+    text = await refused(*report, *engine, "--insecure-engines-without-token")
+    assert "not both" in text, text
+    assert "at least 16 characters" in await refused(*report, "--engine-token-file", str(short))

@@ -398,6 +398,18 @@ async def wait_switches(http: aiohttp.ClientSession, url: str, n: int) -> None:
 
 
 # -- 2. switch times ---------------------------------------------------------------------------------
+def switch_roles(current: str, n: int) -> list[str]:
+    """The roles to write for ``n`` switches of an engine serving ``current``: each the other one.
+    (Counting from a fixed role instead made a second series after an odd first one write the role
+    the engine already served, and wait for a switch that never came.)"""
+    other = {"prefill": "decode", "decode": "prefill"}
+    out: list[str] = []
+    for _ in range(n):
+        current = other[current]
+        out.append(current)
+    return out
+
+
 async def bench_switch(tmp: Path, switches: int) -> None:
     role_file = tmp / "role"
     role_file.write_text("prefill")
@@ -427,15 +439,18 @@ async def bench_switch(tmp: Path, switches: int) -> None:
 
                     workers = [asyncio.create_task(worker(w, stop)) for w in range(8)]
                     await asyncio.sleep(0.3)
-                done0 = len((await state(http, url))["switches"])
-                roles = ["decode", "prefill"]
-                for k in range(switches):
-                    role_file.write_text(roles[k % 2])
+                before = await state(http, url)
+                done0 = len(before["switches"])
+                for k, role in enumerate(switch_roles(before["role"], switches)):
+                    role_file.write_text(role)
                     await wait_switches(http, url, done0 + k + 1)
                     await asyncio.sleep(0.1 if load else 0.02)
                 stop.set()
                 for t in workers:
                     t.cancel()
+                for r in await asyncio.gather(*workers, return_exceptions=True):
+                    if isinstance(r, Exception):  # not CancelledError (a BaseException): a failed worker
+                        raise r
                 hist = (await state(http, url))["switches"][done0:]
                 total = [h["total_s"] * 1e3 for h in hist]
                 drain = [h["drain_s"] * 1e3 for h in hist]

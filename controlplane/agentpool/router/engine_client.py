@@ -28,7 +28,7 @@ import httptools
 import orjson
 
 from agentpool.errors import InvalidInputError, UnavailableError, UpstreamError
-from agentpool.wire.engine import EngineEvent, GenerateRequest, encode_generate
+from agentpool.wire.engine import AnyEvent, GenerateRequest, encode_generate, parse_event
 
 GENERATE_PATH = "/agentpool/v1/generate"
 # The longest event line accepted.
@@ -209,7 +209,8 @@ def _expire(waiter: asyncio.Future[None]) -> None:
 
 
 class EngineClient:
-    """Streams :class:`EngineEvent` objects from one ``generate`` call over pooled connections."""
+    """Streams engine events (:func:`~agentpool.wire.engine.parse_event`) from ``generate`` calls
+    over pooled connections."""
 
     def __init__(
         self,
@@ -297,7 +298,7 @@ class EngineClient:
             conn.close()
             raise
 
-    async def generate(self, url: str, request: GenerateRequest | bytes) -> AsyncGenerator[EngineEvent, None]:
+    async def generate(self, url: str, request: GenerateRequest | bytes) -> AsyncGenerator[AnyEvent, None]:
         """``request``: the model, or its JSON (:func:`agentpool.wire.engine.generate_body`)."""
         if not self._started:
             raise RuntimeError("EngineClient.start() was not called")
@@ -336,7 +337,7 @@ class EngineClient:
                 if not line.strip():
                     continue
                 try:
-                    event = EngineEvent.model_validate_json(line)
+                    event = parse_event(line)
                 except ValueError as e:  # pydantic's ValidationError is a ValueError
                     raise EngineFailure(f"{url} sent an invalid event: {e}") from e
                 if event.type in ("done", "error", "requeue"):

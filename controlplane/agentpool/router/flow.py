@@ -57,7 +57,7 @@ from agentpool.router.policy import (
 )
 from agentpool.router.policy.contract import serves_prefill
 from agentpool.router.work_log import WorkLog
-from agentpool.wire.engine import KV_SOURCE_LOST, EngineEvent, KvSource, Phase, Usage, generate_body
+from agentpool.wire.engine import KV_SOURCE_LOST, AnyEvent, KvSource, Phase, Usage, generate_body
 
 Endpoint = Literal["chat", "completion"]
 log = logging.getLogger(__name__)
@@ -317,7 +317,7 @@ class Dispatcher:
         except (orjson.JSONEncodeError, UnicodeEncodeError) as e:
             raise EngineRejected(f"the request cannot be encoded for the engine: {e}") from e
 
-    def _engine(self, node: str, request: bytes) -> AsyncGenerator[EngineEvent, None]:
+    def _engine(self, node: str, request: bytes) -> AsyncGenerator[AnyEvent, None]:
         """The engine call's events (not yet started); the caller checks each (:meth:`_refused`),
         turns :class:`EngineBusy` into a re-route and closes the generator."""
         if node not in self.nodes:  # discovery removed it while the request waited: route again
@@ -325,7 +325,7 @@ class Dispatcher:
         return self.engines.generate(self.nodes.get(node).url, request)
 
     @staticmethod
-    def _refused(node: str, ev: EngineEvent) -> None:
+    def _refused(node: str, ev: AnyEvent) -> None:
         """Raise what a ``requeue`` or ``error`` event means."""
         if ev.type == "requeue":
             if ev.reason == KV_SOURCE_LOST:
@@ -338,7 +338,7 @@ class Dispatcher:
 
     async def _events(
         self, node: str, request: bytes, place: Prepared | None = None
-    ) -> AsyncGenerator[EngineEvent, None]:
+    ) -> AsyncGenerator[AnyEvent, None]:
         """The engine's events; with ``place``, its branch is placed on ``node`` at the first event
         (the engine accepted the request)."""
         try:

@@ -214,6 +214,33 @@ def completion_chunk(rid: str, model: str, created: int, text: str, finish: str 
     }
 
 
+_MARK = "\x00agentpool-token\x00"  # stands for a token's text while a frame's JSON is built
+
+
+class TokenFrames:
+    """The SSE frames of one streamed answer's token chunks (``chat_chunk`` with ``{"content": text}``
+    or ``completion_chunk`` with ``text``, no finish reason): the JSON around the text is built once
+    per answer, and each token only JSON-encodes its text (the same bytes as :func:`sse` of the
+    chunk)."""
+
+    __slots__ = ("_chat", "_created", "_head", "_model", "_rid", "_tail")
+
+    def __init__(self, chat: bool, rid: str, model: str, created: int) -> None:
+        self._chat, self._rid, self._model, self._created = chat, rid, model, created
+        parts = sse(self._chunk(_MARK)).split(orjson.dumps(_MARK))
+        self._head, self._tail = (parts[0], parts[1]) if len(parts) == 2 else (b"", b"")
+
+    def _chunk(self, text: str) -> dict[str, Any]:
+        if self._chat:
+            return chat_chunk(self._rid, self._model, self._created, {"content": text}, None)
+        return completion_chunk(self._rid, self._model, self._created, text, None)
+
+    def token(self, text: str) -> bytes:
+        if not self._head:  # the mark also appeared elsewhere (never for ids and model names)
+            return sse(self._chunk(text))
+        return self._head + orjson.dumps(text) + self._tail
+
+
 def usage_chunk(rid: str, model: str, created: int, obj: str, usage: Usage) -> dict[str, Any]:
     return {
         "id": rid,

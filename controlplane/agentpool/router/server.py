@@ -54,6 +54,7 @@ from agentpool.router.openai_api import (
     BadJson,
     ChatCompletionRequest,
     CompletionRequest,
+    TokenFrames,
     chat_chunk,
     chat_response,
     completion_chunk,
@@ -329,6 +330,7 @@ async def stream_sse(
     rid = prep.request_id
     chat = prep.endpoint == "chat"
     count = 0
+    frames = TokenFrames(chat, rid, model, created)
     if chat:
         await resp.write(sse(chat_chunk(rid, model, created, {"role": "assistant", "content": ""}, None)))
     item: Chunk | Finish = head
@@ -344,10 +346,7 @@ async def stream_sse(
                     await resp.write(sse(usage_chunk(rid, model, created, obj, item.usage)))
                 break
             count += 1
-            if chat:
-                await resp.write(sse(chat_chunk(rid, model, created, {"content": item.text}, None)))
-            else:
-                await resp.write(sse(completion_chunk(rid, model, created, item.text, None)))
+            await resp.write(frames.token(item.text))
             item = await anext(outs)
     except FlowError as e:
         log.warning("request %s failed mid-stream: %s", rid, e)

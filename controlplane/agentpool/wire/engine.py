@@ -36,6 +36,7 @@ shuts down cleanly may ``DELETE {router}/agentpool/v1/engines/{node_id}`` (same 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import orjson
@@ -144,6 +145,46 @@ class EngineEvent(BaseModel):
     message: str = ""
     # with ``error``: 4xx when the request's content is at fault (the engine is fine), else absent/5xx
     status: int | None = Field(None, ge=400, le=599)
+
+
+@dataclass(slots=True)
+class Event:
+    """A ``token`` or ``started`` event read without pydantic: :class:`EngineEvent`'s fields and
+    defaults (a value: never modified; not frozen, which would cost more to build than pydantic's
+    validation). :func:`parse_event` gives one for a line with nothing but ``type`` and ``text``
+    (every token of every stream), and the validated :class:`EngineEvent` for any other line."""
+
+    type: EventType
+    text: str = ""
+    transfer_id: str | None = None
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    reason: str = ""
+    message: str = ""
+    status: int | None = None
+
+
+AnyEvent = Event | EngineEvent  # what :func:`parse_event` gives: the same attributes either way
+
+
+def parse_event(line: bytes) -> AnyEvent:
+    """One event line (raises ``ValueError`` for a line :class:`EngineEvent` would not accept).
+
+    The lean path takes only lines whose keys are ``type`` (``token`` or ``started``) and
+    ``text`` (a string): :class:`EngineEvent` checks those fields and nothing else, and its
+    defaults fill the rest, so both give the same event; every other line, and any line orjson
+    cannot read, goes to :class:`EngineEvent` (same acceptance and errors as before)."""
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        obj = None
+    if type(obj) is dict:
+        kind = obj.get("type")
+        if kind == "token" or kind == "started":
+            text = obj.get("text", "")
+            if type(text) is str and len(obj) == (2 if "text" in obj else 1):
+                return Event(kind, text)
+    return EngineEvent.model_validate_json(line)
 
 
 class QueuedItem(BaseModel):

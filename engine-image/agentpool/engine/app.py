@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -24,6 +26,7 @@ from agentpool.engine.nixl_transport import NixlTransport
 from agentpool.engine.reports import DispatchSeqs, Reporter, ReportTarget
 from agentpool.engine.roles import KubeRoleWatch, RoleFileWatch, Switcher
 from agentpool.engine.server import build_app
+from agentpool.engine.sglang.l3_store import SHM_NAME, prepare_run_dir
 from agentpool.kv import Role, Tier
 from agentpool.secret_file import read_optional_secret
 from agentpool.wire.engine import LoadReport
@@ -31,12 +34,24 @@ from agentpool.wire.engine import LoadReport
 log = logging.getLogger(__name__)
 
 
+def l3_run_dir(cfg: EngineConfig) -> Path | None:
+    """The sglang backend's L3 store directory (the host pool then lives in shared memory there)."""
+    s = cfg.sglang
+    if cfg.backend != "sglang" or s is None or not s.keep_host_kv or not s.host_tier_gib(cfg.host_kv_bytes):
+        return None
+    base = s.l3_dir or (Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir()))
+    return prepare_run_dir(base, cfg.node_id)
+
+
 class EngineApp:
     def __init__(self, cfg: EngineConfig) -> None:
         self.cfg = cfg
         self.metrics = EngineMetrics()
         self.dispatch_seqs = DispatchSeqs()
-        self.pool = HostPool(cfg.host_slots, cfg.block_bytes)
+        self.l3_dir = l3_run_dir(cfg)
+        self.pool = HostPool(
+            cfg.host_slots, cfg.block_bytes, None if self.l3_dir is None else self.l3_dir / SHM_NAME
+        )
         self.transport = NixlTransport(cfg.node_id, self.pool.buffer, cfg.block_bytes, table=self.pool.table)
         self.auth = engine_auth(cfg)
         self.exporter = KvExporter(
@@ -85,7 +100,9 @@ class EngineApp:
                 client_cert=tls.client_cert,
                 client_key=tls.client_key,
             )
-        parts = BackendParts(cfg, self.pool, self.exporter, fetcher, self.metrics, self.directory)
+        parts = BackendParts(
+            cfg, self.pool, self.exporter, fetcher, self.metrics, self.directory, self.l3_dir
+        )
         self.backend: Backend = BACKENDS[cfg.backend](parts)
         if self.directory is not None and cfg.directory is not None:
             self.link = DirectoryLink(
@@ -152,6 +169,10 @@ class EngineApp:
         if self.directory is not None:
             await self.directory.close()
         await self.transport.close()
+        self.pool.close()
+        if self.l3_dir is not None:
+            with contextlib.suppress(OSError):
+                self.l3_dir.rmdir()
 
     def retire(self) -> None:
         """The operator removes this pod (``agentpool.io/drain``): stop admitting for good, hand the

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from agentpool.directory.client import DirectoryClient
@@ -48,6 +49,7 @@ class BackendParts:
     fetcher: PeerFetcher
     metrics: EngineMetrics
     directory: DirectoryClient | None
+    l3_dir: Path | None = None  # the sglang backend's L3 store: the pool is in shared memory there
 
 
 class Backend(Protocol):

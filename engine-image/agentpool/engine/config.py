@@ -34,6 +34,10 @@ sglang:                        # backend sglang only (required there): the SGLan
   chunkedPrefillTokens: 8192   # --chunked-prefill-size (bounds the prefill iteration records)
   args: ["--mem-fraction-static", "0.85"]  # more SGLang flags (not the ones the agent sets)
   readyTimeoutS: 1800          # model load until /health answers 200
+  keepHostKv: true             # SGLang's host-tier pages also in this agent's host pool (its L3
+                               # storage backend over shared memory): kept across a role switch;
+                               # blockBytes must be SGLang's page bytes per TP rank
+  l3Dir: /dev/shm              # where the pool's shared-memory file and socket go (default /dev/shm)
 ```
 """
 
@@ -163,6 +167,14 @@ class SglangSettings(_Model):
     load_poll_s: float = Field(0.5, gt=0)
     """How often ``/v1/loads`` is read for the load reports."""
     request_timeout_s: float = Field(3600.0, gt=0)
+    keep_host_kv: bool = True
+    """SGLang loads the agent's HiCache L3 storage backend (``sglang/hicache_backend.py``): the pages
+    it writes through to its host tier are copied into this agent's host pool (a shared-memory file),
+    which SGLang's role switch does not clear, and read back on a later request. Needs a host tier;
+    ``blockBytes`` must be SGLang's page size in bytes per TP rank (checked when SGLang connects)."""
+    l3_dir: Path | None = None
+    """Directory for the host pool's shared-memory file and the L3 store's socket (one private
+    subdirectory per agent process); unset: ``/dev/shm``, or the temp directory without it."""
 
     @property
     def url(self) -> str:

@@ -28,7 +28,18 @@ answers ``/health`` with 503 for S seconds (model loading), then serves:
 - ``GET /v1/loads``, ``POST /pause_generation``, ``/continue_generation``, ``/pd_role_switch`` (only
   while paused; clears the prefix cache and publishes ``AllBlocksCleared``, as SGLang does),
   ``/abort_request``;
-- ``GET /standin/requests``: the generate payloads it got (for the tests).
+- HiCache L3 storage (``--hicache-storage-backend dynamic --hicache-storage-backend-extra-config``):
+  checks the extra config as SGLang's ``StorageBackendFactory`` does (``backend_name``,
+  ``module_path``, ``class_name``; the module must be importable) and then, since that class needs
+  SGLang and torch, drives what it delegates to (``agentpool.engine.sglang.l3_client.L3Client``, keys
+  suffixed per rank as it suffixes them) like SGLang's cache controller: every computed page
+  (``--standin-page-bytes`` bytes derived from its storage key, a chained SHA-256 over the page's
+  tokens as SGLang's ``get_hash_str``) goes into the stand-in's host tier and is written through to
+  storage (``batch_set``); a prompt page missing from its device/host cache is looked up with
+  ``batch_exists`` and read back (``batch_get``), checked byte for byte against the page it would
+  compute, and counted as cached (a mismatch is recomputed); ``/pd_role_switch`` clears its own host
+  tier and calls the backend's ``clear()``, as SGLang 0.5.23's switch does;
+- ``GET /standin/requests``: the generate payloads it got (for the tests), and ``l3`` counters.
 SIGTERM: exits 0 after printing ``stand-in stopped``.
 """
 
@@ -37,6 +48,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import importlib.util
 import json
 import signal
 import sys
@@ -45,6 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import zmq
 import zmq.asyncio
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
@@ -52,11 +65,66 @@ from aiohttp import ClientError, ClientSession, ClientTimeout, web
 sys.path.insert(0, str(Path(__file__).parents[2] / "unit" / "engine"))
 from sglang_frames import cleared, message, stored
 
+from agentpool.engine.sglang.l3_client import L3Client, key_suffix
+
 
 def sglang_hash(parent: int | None, tokens: list[int]) -> int:
     """A 63-bit block hash of SGLang's own kind (not ours: the agent maps them by token ids)."""
     h = hashlib.sha256(f"{parent}:{tokens}".encode()).digest()
     return int.from_bytes(h[:8], "big") >> 1
+
+
+def storage_key(prior: str | None, tokens: list[int]) -> str:
+    """A page's storage key of SGLang's kind: SHA-256 over the previous key and the page's tokens."""
+    h = hashlib.sha256(bytes.fromhex(prior) if prior else b"")
+    for t in tokens:
+        h.update(t.to_bytes(4, "little"))
+    return h.hexdigest()
+
+
+def page_bytes_of(key: str, n: int) -> np.ndarray:
+    """The KV bytes the stand-in "computes" for a page (derived from its key, so copies are checkable)."""
+    rng = np.random.default_rng(int(key[:16], 16))
+    return rng.integers(0, 256, n, dtype=np.uint8)
+
+
+class StandInStorage:
+    """The L3 storage backend as SGLang 0.5.23's factory loads it, driven as its cache controller does."""
+
+    def __init__(self, extra_json: str, page_bytes: int) -> None:
+        extra = json.loads(extra_json)
+        for f in ("backend_name", "module_path", "class_name"):  # the factory's required fields
+            if f not in extra:
+                raise SystemExit(f"Missing required field '{f}' in backend config for 'dynamic' backend")
+        if importlib.util.find_spec(extra["module_path"]) is None:
+            raise SystemExit(
+                f"Failed to import backend '{extra['backend_name']}' from '{extra['module_path']}'"
+            )
+        cfg = argparse.Namespace(is_mla_model=False, tp_rank=0, tp_size=1, pp_size=1, attn_cp_size=1)
+        self.suffix = key_suffix(cfg)
+        self.page_bytes = page_bytes
+        self.client = L3Client(Path(extra["agentpool_socket"]), page_bytes)
+        self.stats = {"written_pages": 0, "hit_pages": 0, "mismatched_pages": 0, "clears": 0}
+
+    def backup(self, keys: list[str], pages: list[np.ndarray]) -> None:
+        ok = self.client.write([k + self.suffix for k in keys], pages)
+        self.stats["written_pages"] += sum(ok)
+
+    def prefetch(self, keys: list[str]) -> int:
+        """How many leading pages storage gives back byte-exact (``batch_exists`` then ``batch_get``)."""
+        n = self.client.exists([k + self.suffix for k in keys])
+        dst = [np.zeros(self.page_bytes, dtype=np.uint8) for _ in range(n)]
+        got = self.client.read([k + self.suffix for k in keys[:n]], dst)
+        good = 0
+        for k, hit, d in zip(keys, got, dst, strict=False):
+            if not hit:
+                break
+            if not np.array_equal(d, page_bytes_of(k, self.page_bytes)):
+                self.stats["mismatched_pages"] += 1
+                break
+            good += 1
+        self.stats["hit_pages"] += good
+        return good
 
 
 @dataclass(eq=False)
@@ -100,6 +168,13 @@ class StandIn:
         self.unpaused = asyncio.Event()
         self.unpaused.set()
         self.cache: dict[tuple[int, ...], int] = {}  # page-aligned prefix -> SGLang block hash
+        self.host_tier: dict[str, np.ndarray] = {}  # storage key -> page bytes (write-through)
+        self.recomputed_pages = 0
+        self.storage: StandInStorage | None = None
+        if args.hicache_storage_backend is not None:
+            if args.hicache_storage_backend != "dynamic" or not args.enable_hierarchical_cache:
+                raise SystemExit("the stand-in knows the dynamic storage backend, with a host tier, only")
+            self.storage = StandInStorage(args.hicache_storage_backend_extra_config, args.standin_page_bytes)
         self.requests: list[dict[str, Any]] = []
         self.aborted: list[str] = []
         self.calls: list[str] = []
@@ -155,18 +230,36 @@ class StandIn:
         return web.Response(text="")
 
     async def prefill(self, ids: list[int]) -> int:
-        """Cache the prompt's full pages; publish what is new. Returns the tokens found cached."""
+        """Cache the prompt's full pages; publish what is new. Returns the tokens found cached (in its
+        device/host cache, or read back from L3 storage)."""
         cached = 0
         parent: int | None = None
         new_hashes: list[int] = []
         new_tokens: list[int] = []
         first_parent: int | None = None
-        for i in range(0, len(ids) - len(ids) % self.page, self.page):
+        full = len(ids) - len(ids) % self.page
+        keys: list[str] = []
+        for i in range(0, full, self.page):
+            keys.append(storage_key(keys[-1] if keys else None, ids[i : i + self.page]))
+        from_storage = 0
+        written: list[str] = []
+        for n, i in enumerate(range(0, full, self.page)):
             key = tuple(ids[: i + self.page])
             if key in self.cache:
                 cached = i + self.page
                 parent = self.cache[key]
                 continue
+            if self.storage is not None and not new_hashes and from_storage == 0:
+                from_storage = self.storage.prefetch(keys[n:])  # the first miss: ask L3 storage
+            if from_storage > 0:
+                from_storage -= 1
+                cached = i + self.page
+                self.host_tier[keys[n]] = page_bytes_of(keys[n], self.storage.page_bytes)  # type: ignore[union-attr]
+            else:
+                self.recomputed_pages += 1
+                if self.storage is not None:
+                    self.host_tier[keys[n]] = page_bytes_of(keys[n], self.storage.page_bytes)
+                    written.append(keys[n])
             h = sglang_hash(parent, ids[i : i + self.page])
             if not new_hashes:
                 first_parent = parent
@@ -174,6 +267,8 @@ class StandIn:
             new_hashes.append(h)
             new_tokens.extend(ids[i : i + self.page])
             parent = h
+        if self.storage is not None and written:
+            self.storage.backup(written, [self.host_tier[k] for k in written])  # write-through to L3
         if new_hashes:
             events = [stored(new_hashes, first_parent, new_tokens, self.page, "GPU")]
             if self.write_through:
@@ -322,6 +417,10 @@ class StandIn:
             return web.json_response(out, status=400)
         old, self.role = self.role, body["new_role"]
         self.cache.clear()  # SGLang flushes its prefix cache, host tier included
+        self.host_tier.clear()
+        if self.storage is not None:  # and calls its storage backend's clear() (role_switch.py)
+            self.storage.stats["clears"] += 1
+            self.storage.client.clear()
         await self.publish([cleared()])
         return web.json_response({"success": True, "message": "", "old_role": old, "new_role": self.role})
 
@@ -330,7 +429,13 @@ class StandIn:
         return web.json_response({})
 
     async def recorded(self, r: web.Request) -> web.Response:
-        return web.json_response({"requests": self.requests, "calls": self.calls, "aborted": self.aborted})
+        l3 = (
+            None
+            if self.storage is None
+            else {**self.storage.stats, "recomputed_pages": self.recomputed_pages}
+        )
+        body = {"requests": self.requests, "calls": self.calls, "aborted": self.aborted, "l3": l3}
+        return web.json_response(body)
 
 
 async def main() -> None:
@@ -351,6 +456,9 @@ async def main() -> None:
     p.add_argument("--standin-check-rooms", action="store_true")
     p.add_argument("--disaggregation-bootstrap-port", type=int)
     p.add_argument("--standin-decode-s", default="0.02,0")
+    p.add_argument("--hicache-storage-backend")
+    p.add_argument("--hicache-storage-backend-extra-config")
+    p.add_argument("--standin-page-bytes", type=int, default=16384)
     args, _ = p.parse_known_args()
     args.record.write_text(json.dumps(sys.argv[1:]))
     s = StandIn(args)

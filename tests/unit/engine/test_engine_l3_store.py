@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import socket
 import stat
 import struct
 import subprocess
@@ -22,7 +21,7 @@ from agentpool.engine.errors import PoolFullError
 from agentpool.engine.hostpool import HostPool
 from agentpool.engine.sglang.l3_client import L3Client, L3Error
 from agentpool.engine.sglang.l3_index import L3Index, key_hash
-from agentpool.engine.sglang.l3_store import SHM_NAME, L3StoreServer, StoreDirError, prepare_run_dir
+from agentpool.engine.sglang.l3_store import SHM_NAME, L3StoreServer, prepare_run_dir
 from agentpool.engine.sglang.l3_wire import MAX_FRAME, WireError, decode, encode, frame_length
 from agentpool.engine.shm import ShmBuffer, ShmError
 
@@ -94,29 +93,27 @@ def test_wire_frames() -> None:
         decode(b"\xff")
 
 
-def test_run_dir_is_private_and_taken_over_only_when_stale(tmp_path: Path) -> None:
-    d = tmp_path / "run"
-    prepare_run_dir(d)
+def test_run_dir_is_private_per_process_and_stale_ones_are_removed(tmp_path: Path) -> None:
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os;print(os.getpid())"], capture_output=True, text=True
+    )
+    stale = tmp_path / f"agentpool-n1.{int(dead.stdout)}"
+    stale.mkdir()
+    (stale / SHM_NAME).write_bytes(b"x" * 100)
+    live = tmp_path / f"agentpool-n1.{os.getppid()}"  # a live process's directory stays
+    live.mkdir()
+    other = tmp_path / "agentpool-n2.1"  # another node's stays
+    other.mkdir()
+    d = prepare_run_dir(tmp_path, "n1")
+    assert d == tmp_path / f"agentpool-n1.{os.getpid()}"
     assert stat.S_IMODE(d.stat().st_mode) == 0o700
-    (d / SHM_NAME).write_bytes(b"stale")
-    stale = socket.socket(socket.AF_UNIX)
-    stale.bind(str(d / "l3.sock"))
-    stale.close()  # bound, nobody listening: a dead agent's socket
-    prepare_run_dir(d)
-    assert not (d / SHM_NAME).exists()
-    live = socket.socket(socket.AF_UNIX)
-    live.bind(str(d / "l3.sock"))
-    live.listen(1)
-    try:
-        with pytest.raises(StoreDirError, match="another agent"):
-            prepare_run_dir(d)
-    finally:
-        live.close()
+    assert not stale.exists() and live.exists() and other.exists()
+    (d / SHM_NAME).write_bytes(b"y")  # this process's own leftover (a restarted container's pid)
+    assert prepare_run_dir(tmp_path, "n1") == d and not (d / SHM_NAME).exists()
 
 
 async def test_server_and_client_copy_pages_byte_exact(tmp_path: Path) -> None:
-    d = tmp_path / "run"
-    prepare_run_dir(d)
+    d = prepare_run_dir(tmp_path, "n")
     pool = HostPool(8, B, shm_path=d / SHM_NAME)
     ix = L3Index(pool)
     server = L3StoreServer(ix, d)
@@ -170,8 +167,7 @@ async def test_server_refuses_another_user() -> None:
         pytest.skip("needs root to connect as another user")
     top = Path(tempfile.mkdtemp(prefix="l3-peer-"))  # pytest's tmp_path is closed to other users
     os.chmod(top, 0o755)
-    d = top / "run"
-    prepare_run_dir(d)
+    d = prepare_run_dir(top, "n")
     os.chmod(d, 0o755)
     pool = HostPool(2, B, shm_path=d / SHM_NAME)
     server = L3StoreServer(L3Index(pool), d)

@@ -52,6 +52,9 @@ def test_a_colocated_node_is_not_disaggregated_and_has_no_host_tier_without_memo
         SglangLaunch("m", Role.DECODE, bootstrap_port=70000),
         SglangLaunch("m", Role.DECODE, chunked_prefill_tokens=32),
         SglangLaunch("m", Role.DECODE, extra=("--chunked-prefill-size", "4096")),
+        SglangLaunch("m", Role.DECODE, l3_socket="/run/l3.sock"),  # no host tier to back
+        SglangLaunch("m", Role.DECODE, host_kv_gib=1, l3_socket="l3.sock"),
+        SglangLaunch("m", Role.DECODE, extra=("--hicache-storage-backend", "file")),
     ],
 )
 def test_invalid_settings_are_refused(launch: SglangLaunch) -> None:
@@ -65,3 +68,18 @@ def test_the_launcher_and_tp_size_come_first_and_from_the_settings() -> None:
     assert flag(args, "--tp-size") == "4"
     with pytest.raises(LaunchError, match="empty"):
         build_args(SglangLaunch("m", Role.DECODE), launcher=())
+
+
+def test_the_agents_l3_storage_backend_is_loaded_through_sglangs_dynamic_factory() -> None:
+    args = build_args(SglangLaunch("m", Role.DECODE, host_kv_gib=8, l3_socket="/dev/shm/agentpool-n/l3.sock"))
+    assert flag(args, "--hicache-storage-backend") == "dynamic"
+    extra = json.loads(flag(args, "--hicache-storage-backend-extra-config"))
+    # the three fields SGLang 0.5.23's StorageBackendFactory requires for "dynamic", and our socket
+    assert extra == {
+        "backend_name": "agentpool",
+        "module_path": "agentpool.engine.sglang.hicache_backend",
+        "class_name": "AgentPoolStorage",
+        "agentpool_socket": "/dev/shm/agentpool-n/l3.sock",
+    }
+    assert "interface_v1" not in extra  # SGLang's generic page path: batch_set / batch_get
+    assert "--hicache-storage-backend" not in build_args(SglangLaunch("m", Role.DECODE, host_kv_gib=8))

@@ -4,6 +4,10 @@ A prefill or decode node runs disaggregated (``--disaggregation-mode``) with run
 (``--enable-pd-role-switch``) over the NIXL transfer backend; a colocated node (role ``both``) runs
 without disaggregation. Every node keeps a host KV tier (HiCache, write-through, ``--hicache-size``
 GiB), publishes KV events over ZMQ (``--kv-events-config``) and exports Prometheus metrics.
+
+With ``l3_socket`` (and a host tier) SGLang also loads the agent's HiCache L3 storage backend
+(``--hicache-storage-backend dynamic``, :func:`storage_extra_config`): the pages it writes through
+are kept in the agent's host pool, which SGLang's role switch does not clear (``hicache_backend.py``).
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ _OWNED = frozenset(
         "--hicache-size",
         "--hicache-ratio",
         "--hicache-write-policy",
+        "--hicache-storage-backend",
+        "--hicache-storage-backend-extra-config",
         "--kv-events-config",
         "--enable-metrics",
     }
@@ -56,6 +62,7 @@ class SglangLaunch:
     kv_events_endpoint: str = "tcp://127.0.0.1:5557"
     kv_events_topic: str = "kv"
     bootstrap_port: int = 8998
+    l3_socket: str | None = None  # the agent's L3 store socket: SGLang's storage backend over our pool
     extra: tuple[str, ...] = ()
 
 
@@ -67,6 +74,19 @@ def kv_events_config(endpoint: str, topic: str) -> str:
     return json.dumps(
         {"publisher": "zmq", "endpoint": endpoint, "topic": topic, "bind": True}, sort_keys=True
     )
+
+
+STORAGE_BACKEND = {
+    "backend_name": "agentpool",
+    "module_path": "agentpool.engine.sglang.hicache_backend",
+    "class_name": "AgentPoolStorage",
+}
+
+
+def storage_extra_config(socket_path: str) -> str:
+    """SGLang's ``--hicache-storage-backend-extra-config`` for the ``dynamic`` backend: the class its
+    ``StorageBackendFactory`` loads, and the socket of the agent's L3 store it connects to."""
+    return json.dumps({**STORAGE_BACKEND, "agentpool_socket": socket_path}, sort_keys=True)
 
 
 def build_args(s: SglangLaunch, launcher: Sequence[str] = DEFAULT_LAUNCHER) -> list[str]:
@@ -82,6 +102,8 @@ def build_args(s: SglangLaunch, launcher: Sequence[str] = DEFAULT_LAUNCHER) -> l
         raise LaunchError("tp_size and page_size must be positive, host_kv_gib non-negative")
     if s.chunked_prefill_tokens < s.page_size:
         raise LaunchError("chunked_prefill_tokens must be at least one page")
+    if s.l3_socket is not None and (not s.l3_socket.startswith("/") or not s.host_kv_gib):
+        raise LaunchError("l3_socket needs an absolute path and a host tier (host_kv_gib > 0)")
     given = {a.split("=", 1)[0] for a in s.extra if a.startswith("--")}
     clash = sorted(given & _OWNED)
     if clash:
@@ -113,6 +135,13 @@ def build_args(s: SglangLaunch, launcher: Sequence[str] = DEFAULT_LAUNCHER) -> l
             "--hicache-write-policy",
             "write_through",
         ]
+        if s.l3_socket is not None:
+            args += [
+                "--hicache-storage-backend",
+                "dynamic",
+                "--hicache-storage-backend-extra-config",
+                storage_extra_config(s.l3_socket),
+            ]
     args += [
         "--kv-events-config",
         kv_events_config(s.kv_events_endpoint, s.kv_events_topic),

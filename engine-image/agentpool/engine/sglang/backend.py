@@ -14,6 +14,10 @@
 - **Switch**: drain (queued colocated requests are aborted in SGLang and handed back), then
   ``/pause_generation``, ``/pd_role_switch``, ``/continue_generation``; the mirror keeps the host
   tier across the switch's ``AllBlocksCleared``.
+- **Host KV across a switch** (``keepHostKv``): SGLang loads the agent's L3 storage backend
+  (``hicache_backend.py``), which copies its write-through pages into this agent's host pool
+  (shared memory) through the L3 store (``l3_store.py``); the store keeps them when the switch
+  calls the backend's ``clear()``, and SGLang prefetches them back on a later request.
 """
 
 from __future__ import annotations
@@ -52,6 +56,8 @@ from agentpool.engine.sglang.generate import (
 )
 from agentpool.engine.sglang.handover import prefill_again
 from agentpool.engine.sglang.iterations import IterationRecorder
+from agentpool.engine.sglang.l3_index import L3Index
+from agentpool.engine.sglang.l3_store import L3StoreServer
 from agentpool.engine.sglang.process import SglangProcess
 from agentpool.engine.sglang.zmq_bridge import ZmqKvBridge
 from agentpool.kv import HeldBlock, Role, Tier
@@ -81,7 +87,7 @@ def preflight(s: SglangSettings) -> None:
         )
 
 
-def launch_argv(cfg: EngineConfig, s: SglangSettings) -> list[str]:
+def launch_argv(cfg: EngineConfig, s: SglangSettings, l3_socket: str | None = None) -> list[str]:
     launch = SglangLaunch(
         model=s.model,
         role=cfg.role,
@@ -94,6 +100,7 @@ def launch_argv(cfg: EngineConfig, s: SglangSettings) -> list[str]:
         kv_events_endpoint=s.kv_events_endpoint,
         kv_events_topic=s.kv_events_topic,
         bootstrap_port=s.bootstrap_port,
+        l3_socket=l3_socket,
         extra=tuple(s.args),
     )
     try:
@@ -119,7 +126,9 @@ class SglangBackend:
         cfg = parts.cfg
         assert cfg.sglang is not None  # the config requires it with backend sglang
         preflight(cfg.sglang)
-        return cls(cfg, cfg.sglang, launch_argv(cfg, cfg.sglang), parts.metrics, parts.fetcher.authorization)
+        store = None if parts.l3_dir is None else L3StoreServer(L3Index(parts.pool), parts.l3_dir)
+        argv = launch_argv(cfg, cfg.sglang, None if store is None else str(store.path))
+        return cls(cfg, cfg.sglang, argv, parts.metrics, parts.fetcher.authorization, store)
 
     def __init__(
         self,
@@ -128,10 +137,12 @@ class SglangBackend:
         argv: list[str],
         metrics: EngineMetrics,
         authorization: str | None = None,
+        store: L3StoreServer | None = None,
     ) -> None:
         """``authorization``: the engine token's header value, sent to the prefill agent that redoes
         a failed hand-over (``handover.py``)."""
         self.cfg = cfg
+        self.store = store  # the L3 store SGLang's storage backend uses (keepHostKv)
         self._authorization = authorization
         self.s = s
         self.argv = argv
@@ -162,6 +173,8 @@ class SglangBackend:
             self._control = SglangControl(self.url, http)
             bridge = asyncio.create_task(self.bridge.run())  # SUB connects before SGLang binds: fine
             try:
+                if self.store is not None:
+                    await self.store.start()  # before SGLang: its storage backend connects at start
                 await self.process.start()
                 await self.process.wait_healthy(http, self.url, self.s.ready_timeout_s)
                 self._ready = True
@@ -175,6 +188,8 @@ class SglangBackend:
                 for job in list(self.jobs.values()):
                     job.finish({"type": "error", "message": "the engine is stopping"})
                 await self.process.stop(self.s.stop_timeout_s)
+                if self.store is not None:
+                    await self.store.close()
 
     async def _poll_loads(self) -> None:
         while True:
@@ -257,7 +272,19 @@ class SglangBackend:
                 "kv_event_gaps": self.mirror.gaps,
                 "mirror_blocks": len(self.mirror.tiers),
                 "kept_across_switch": self.mirror.kept_across_switch,
+                "l3": None if self.store is None else self.store_state(),
             },
+        }
+
+    def store_state(self) -> dict[str, Any]:
+        assert self.store is not None
+        ix = self.store.index
+        return {
+            "pages": len(ix),
+            "requests": self.store.requests,
+            "refused": self.store.refused,
+            "clears_kept": ix.kept_clears,
+            "clears_dropped": ix.dropped_clears,
         }
 
     # -- generate -----------------------------------------------------------------------------
@@ -492,6 +519,8 @@ class SglangBackend:
         if self._clear_grace is not None:
             self._clear_grace.cancel()
         self.mirror.expect_switch_clear()
+        if self.store is not None:
+            self.store.index.switching = True  # SGLang's switch calls its storage backend's clear()
         try:
             await self._control.switch(role)
         except SglangError as e:
@@ -499,6 +528,8 @@ class SglangBackend:
             self._draining = False
             raise SwitchFailed(str(e)) from None
         finally:
+            if self.store is not None:
+                self.store.index.switching = False
             self.records.barrier(time.monotonic())  # SGLang was paused: no pass spans the switch
         self._clear_grace = asyncio.get_running_loop().call_later(
             _SWITCH_CLEAR_GRACE_S, self.mirror.expect_switch_clear, False

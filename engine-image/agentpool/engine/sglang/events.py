@@ -14,7 +14,8 @@ token ids each ``BlockStored`` carries (and the mapped parent), keeps the mappin
 Role switch: SGLang's ``/pd_role_switch`` clears its prefix cache, host tier included, and publishes
 ``AllBlocksCleared``. The agent calls :meth:`SglangKvMirror.expect_switch_clear` before a switch: the
 next ``AllBlocksCleared`` then removes the GPU tier only, and the node's host-tier blocks stay in the
-mirror and in the directory (the pool stays authoritative for them across the switch).
+mirror and in the directory (with ``keepHostKv`` the bytes stay in the agent's host pool, SGLang's L3
+storage backend: ``hicache_backend.py``).
 """
 
 from __future__ import annotations

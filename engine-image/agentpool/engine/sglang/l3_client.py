@@ -23,6 +23,17 @@ from agentpool.engine.shm import ShmBuffer
 Page = npt.NDArray[np.uint8]
 
 
+def key_suffix(cfg: Any) -> str:
+    """What SGLang's storage keys get appended per rank (``cfg``: SGLang's ``HiCacheStorageConfig``):
+    each TP rank's shard apart; MLA's one copy shared by the ranks, as SGLang's file backend keys them."""
+    suffix = "@mla" if cfg.is_mla_model else f"@tp{cfg.tp_rank}of{cfg.tp_size}"
+    if cfg.pp_size > 1:
+        suffix += f"@pp{cfg.pp_rank}of{cfg.pp_size}"
+    if getattr(cfg, "attn_cp_size", 1) > 1:
+        suffix += f"@cp{cfg.attn_cp_rank}of{cfg.attn_cp_size}"
+    return suffix
+
+
 class L3Error(RuntimeError):
     """The agent's L3 store refused a request or cannot be reached."""
 

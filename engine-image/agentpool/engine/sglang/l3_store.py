@@ -6,16 +6,15 @@ pool, its index and its eviction stay in the agent, so SGLang's role switch, whi
 own host tier and calls its storage backend's ``clear()``, leaves the pages here; SGLang's next
 request on them finds them with ``batch_exists`` and prefetches them back.
 
-Access: the socket lives in a directory of mode 0700 (:func:`prepare_run_dir`), the socket itself is
-0600, and every connection's peer must run as this process's user (``SO_PEERCRED``); others are
-closed at once and counted (``refused``).
+Access: the socket lives in a private directory (0700, one per agent, :func:`prepare_run_dir`),
+the socket itself is 0600, and every connection's peer must run as this process's user
+(``SO_PEERCRED``); others are closed at once and counted (``refused``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import os
 import socket
@@ -37,35 +36,41 @@ _OPS = frozenset({"hello", "clear", "exists", "pin", "unpin", "reserve", "commit
 
 
 class StoreDirError(OSError):
-    """The run directory is in use by a live agent, or not ours."""
+    """The run directory cannot be made."""
 
 
-def prepare_run_dir(run_dir: Path) -> None:
-    """Create ``run_dir`` (0700), or take over a stale one (its socket answers no one)."""
+def _alive(pid: int) -> bool:
     try:
-        run_dir.mkdir(mode=0o700, parents=True)
-        return
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def prepare_run_dir(base: Path, node_id: str) -> Path:
+    """A new private directory (0700) ``base/agentpool-NODE.PID`` for the pool's shared-memory file
+    and the socket. Directories of this node left by processes that are gone (or by an earlier
+    process with this pid: a restarted container) are removed first, shared memory included."""
+    base.mkdir(parents=True, exist_ok=True)
+    prefix = f"agentpool-{node_id}."
+    for old in base.glob(prefix + "*"):
+        pid = old.name[len(prefix) :]
+        if not pid.isdigit() or not old.is_dir() or old.stat().st_uid != os.getuid():
+            continue
+        if int(pid) == os.getpid() or not _alive(int(pid)):
+            for name in (SOCKET_NAME, SHM_NAME):
+                with contextlib.suppress(FileNotFoundError):
+                    (old / name).unlink()
+            with contextlib.suppress(OSError):
+                old.rmdir()
+    run_dir = base / f"{prefix}{os.getpid()}"
+    try:
+        run_dir.mkdir(mode=0o700)
     except FileExistsError:
-        pass
-    st = run_dir.stat()
-    if st.st_uid != os.getuid():
-        raise StoreDirError(f"{run_dir} belongs to another user (uid {st.st_uid})")
-    sock_path = run_dir / SOCKET_NAME
-    if sock_path.exists():
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(str(sock_path))
-        except OSError as e:
-            if e.errno not in (errno.ECONNREFUSED, errno.ENOENT):
-                raise
-        else:
-            raise StoreDirError(f"{run_dir}: another agent serves {sock_path}")
-        finally:
-            probe.close()
-    for name in (SOCKET_NAME, SHM_NAME):
-        with contextlib.suppress(FileNotFoundError):
-            (run_dir / name).unlink()
-    run_dir.chmod(0o700)
+        raise StoreDirError(f"{run_dir} exists and holds files this agent does not know") from None
+    return run_dir
 
 
 @dataclass(eq=False)

@@ -11,7 +11,9 @@ them, or a prefilled request's KV waits for its decode node) are never evicted.
 Eviction (Algorithm E.2 ``EvictHost``) follows the directory's branch counts: zero-count blocks first,
 least recently used within a group (``agentpool.kv.eviction``, the one implementation). ``counts``
 holds the positive counts the directory streams to this node. A path is touched with access times
-rising with depth, so a parent is never older than its child and eviction takes leaves first.
+rising with depth, so a parent is never older than its child and eviction takes leaves first. A
+block held under another hash (SGLang's pages under their storage keys, ``sglang/l3_index.py``) takes
+the count of the directory block it is an alias of (:meth:`HostPool.alias`).
 
 The buffer is private memory, or with ``shm_path`` a named shared-memory file (``shm.py``) that
 SGLang's scheduler processes map too (the ``sglang`` backend's L3 store, ``sglang/l3_store.py``).
@@ -67,7 +69,9 @@ class HostPool:
         self.parent_of: dict[int, int] = {}
         self.access: dict[int, float] = {}
         self.pins: dict[int, int] = {}
-        self.counts: dict[int, int] = {}  # positive branch counts from the directory
+        self.counts: dict[int, int] = {}  # positive branch counts from the directory (and aliases)
+        self.alias_of: dict[int, int] = {}  # block -> the directory block whose count it takes
+        self._aliases: dict[int, set[int]] = {}  # directory block -> blocks aliasing it
         self._free: list[int] = list(range(slots))  # a min-heap: reserved runs come out ascending
         self.table = SlotTable(slots)
 
@@ -146,10 +150,31 @@ class HostPool:
         if snapshot:
             self.counts.clear()
         for h, c in counts.items():
-            if c > 0:
-                self.counts[h] = c
-            else:
-                self.counts.pop(h, None)
+            for t in (h, *self._aliases.get(h, ())):
+                if c > 0:
+                    self.counts[t] = c
+                else:
+                    self.counts.pop(t, None)
+
+    def alias(self, h: int, directory_hash: int) -> None:
+        """Held block ``h`` takes ``directory_hash``'s branch count from now on (eviction order)."""
+        if h not in self.slot_of or h == directory_hash:
+            return
+        self._unalias(h)
+        self.alias_of[h] = directory_hash
+        self._aliases.setdefault(directory_hash, set()).add(h)
+        c = self.counts.get(directory_hash)
+        if c:
+            self.counts[h] = c
+
+    def _unalias(self, h: int) -> None:
+        d = self.alias_of.pop(h, None)
+        if d is not None:
+            group = self._aliases[d]
+            group.discard(h)
+            if not group:
+                del self._aliases[d]
+            self.counts.pop(h, None)
 
     # -- writes ---------------------------------------------------------------------------------
     def touch(self, hashes: Sequence[int], now: float) -> None:
@@ -242,6 +267,7 @@ class HostPool:
         return out
 
     def _drop(self, h: int) -> None:
+        self._unalias(h)
         self.table.unindex(h)
         heapq.heappush(self._free, self.slot_of.pop(h))
         del self.parent_of[h]

@@ -8,7 +8,8 @@ answers ``/health`` with 503 for S seconds (model loading), then serves:
 - ``POST /generate`` (``input_ids``, ``sampling_params.max_new_tokens``, ``stream``, ``rid``, bootstrap
   fields): words ``w0 w1 ...``, streamed as ``data: {json}`` lines with the text so far and
   ``meta_info`` (``cached_tokens`` from its prefix cache), then ``data: [DONE]``; ``stream: false``
-  answers one JSON object. A prefill publishes ``BlockStored`` for its new full pages, on ``GPU``
+  answers one JSON object. A prefill publishes ``BlockStored`` for its new full pages (block hashes
+  as SGLang 0.5.23 makes them: ``hash_str_to_int64`` of each page's chained hash), on ``GPU``
   and, with ``--enable-hierarchical-cache`` (write-through), on ``CPU_PINNED``. Requests run in
   SGLang's kind of loop: a prefill pass for the waiting requests (up to ``--chunked-prefill-size``
   uncached tokens), else a decode pass for the running ones, each followed by every request's chunk;
@@ -68,18 +69,19 @@ from sglang_frames import cleared, message, stored
 from agentpool.engine.sglang.l3_client import L3Client, key_suffix
 
 
-def sglang_hash(parent: int | None, tokens: list[int]) -> int:
-    """A 63-bit block hash of SGLang's own kind (not ours: the agent maps them by token ids)."""
-    h = hashlib.sha256(f"{parent}:{tokens}".encode()).digest()
-    return int.from_bytes(h[:8], "big") >> 1
-
-
 def storage_key(prior: str | None, tokens: list[int]) -> str:
     """A page's storage key of SGLang's kind: SHA-256 over the previous key and the page's tokens."""
     h = hashlib.sha256(bytes.fromhex(prior) if prior else b"")
     for t in tokens:
         h.update(t.to_bytes(4, "little"))
     return h.hexdigest()
+
+
+def event_hash(key: str) -> int:
+    """The block hash SGLang 0.5.23 puts in a KV event for the page of storage key ``key``
+    (``hash_str_to_int64`` of the page hash: not ours; the agent maps them by token ids)."""
+    u = int(key[:16], 16)
+    return u - (1 << 64) if u >= 1 << 63 else u
 
 
 def page_bytes_of(key: str, n: int) -> np.ndarray:
@@ -167,7 +169,7 @@ class StandIn:
         self.paused = False
         self.unpaused = asyncio.Event()
         self.unpaused.set()
-        self.cache: dict[tuple[int, ...], int] = {}  # page-aligned prefix -> SGLang block hash
+        self.cache: dict[tuple[int, ...], int] = {}  # page-aligned prefix -> SGLang's event block hash
         self.host_tier: dict[str, np.ndarray] = {}  # storage key -> page bytes (write-through)
         self.recomputed_pages = 0
         self.storage: StandInStorage | None = None
@@ -260,7 +262,7 @@ class StandIn:
                 if self.storage is not None:
                     self.host_tier[keys[n]] = page_bytes_of(keys[n], self.storage.page_bytes)
                     written.append(keys[n])
-            h = sglang_hash(parent, ids[i : i + self.page])
+            h = event_hash(keys[n])
             if not new_hashes:
                 first_parent = parent
             self.cache[key] = h

@@ -30,6 +30,10 @@ async def standin_l3(http: aiohttp.ClientSession, sg: str) -> dict[str, Any] | N
         return out
 
 
+async def _aliased(http: aiohttp.ClientSession, url: str, n: int) -> bool:
+    return bool((await state(http, url))["sglang"]["l3"]["aliased"] == n)
+
+
 @pytest.mark.parametrize("keep", [True, False], ids=["keepHostKv", "without"])
 async def test_pages_written_before_a_switch_are_read_back_byte_exact_after_it(
     tmp_path: Path, keep: bool
@@ -75,7 +79,10 @@ async def test_pages_written_before_a_switch_are_read_back_byte_exact_after_it(
             if keep:
                 l3 = await standin_l3(http, sg)
                 assert l3 is not None and l3["written_pages"] == 6
-                assert (await state(http, engine.url))["sglang"]["l3"]["pages"] == 6
+                l3_state = (await state(http, engine.url))["sglang"]["l3"]
+                assert l3_state["pages"] == 6
+                # each page takes the directory count of our block its KV event maps it to
+                await wait_until(lambda: _aliased(http, engine.url, 6), 10, "the pages mapped to our blocks")
 
             # prefill -> decode -> prefill: each switch clears SGLang's prefix cache and host tier
             for role in ("decode", "prefill"):

@@ -20,7 +20,7 @@ import pytest
 from agentpool.engine.errors import PoolFullError
 from agentpool.engine.hostpool import HostPool
 from agentpool.engine.sglang.l3_client import L3Client, L3Error
-from agentpool.engine.sglang.l3_index import L3Index, key_hash
+from agentpool.engine.sglang.l3_index import L3Index, key_hash, sglang_event_hash
 from agentpool.engine.sglang.l3_store import SHM_NAME, L3StoreServer, prepare_run_dir
 from agentpool.engine.sglang.l3_wire import MAX_FRAME, WireError, decode, encode, frame_length
 from agentpool.engine.shm import ShmBuffer, ShmError
@@ -188,3 +188,45 @@ async def test_server_refuses_another_user() -> None:
         await server.close()
         pool.close()
         shutil.rmtree(top)
+
+
+def test_sglang_event_hash_is_hash_str_to_int64_of_the_page_hash() -> None:
+    # SGLang 0.5.23 mem_cache/utils.py hash_str_to_int64: the first 16 hex digits, as a signed int64
+    assert sglang_event_hash("0000000000000007" + "a" * 48 + "@tp0of2") == 7
+    assert sglang_event_hash("ffffffffffffffff" + "0" * 48) == -1
+    assert sglang_event_hash("8000000000000000" + "0" * 48) == -(1 << 63)
+    assert sglang_event_hash("not-hex-at-all!!") is None and sglang_event_hash("abc") is None
+
+
+def test_pages_take_the_directory_counts_of_the_blocks_their_events_map_to() -> None:
+    pool = HostPool(3, B)
+    ours = {7: 1007, 8: 1008}  # SGLang event hash -> our block hash (the mirror's map)
+    ix = L3Index(pool, resolve=ours.get)
+    keys = [f"{h:016x}" + "0" * 48 + "@tp0of1" for h in (7, 8, 9)]
+    for i, k in enumerate(keys):  # written oldest first: LRU alone would evict keys[0] first
+        [slot] = ix.reserve([k])
+        assert slot is not None
+        ix.commit([k], [slot], now=float(i))
+    assert ix.aliased == 2
+    pool.set_counts({1007: 5}, snapshot=True)  # the directory: our block 1007 is on 5 branches
+    assert pool.counts[key_hash(keys[0])] == 5
+    # eviction: zero-count pages first (keys[1], then keys[2] by age), the counted one last
+    assert ix.reserve(["x" * 64]) != [None] and ix.prefix(keys[:1], now=9.0) == 1
+    assert len(ix) == 2 and ix.prefix([keys[1]], now=9.0) == 0
+    pool.set_counts({1007: 0}, snapshot=False)
+    assert key_hash(keys[0]) not in pool.counts
+    pool.set_counts({1008: 2}, snapshot=True)  # an evicted page's alias is gone with it
+    assert key_hash(keys[1]) not in pool.counts and key_hash(keys[1]) not in pool.alias_of
+
+
+def test_a_page_whose_event_comes_later_is_aliased_then() -> None:
+    pool = HostPool(2, B)
+    ours: dict[int, int] = {}
+    ix = L3Index(pool, resolve=ours.get)
+    k = f"{5:016x}" + "0" * 48
+    [slot] = ix.reserve([k])
+    ix.commit([k], [slot or 0], now=1.0)
+    assert ix.aliased == 0
+    ours[5] = 2005  # the mirror learns the block from SGLang's event
+    ix.alias_pending()
+    assert ix.aliased == 1 and pool.alias_of[key_hash(k)] == 2005

@@ -154,7 +154,13 @@ class SglangBackend:
         self.jobs: dict[str, SglangJob] = {}  # by SGLang rid: in SGLang now
         self.mirror = SglangKvMirror(cfg.page_size, NoSink())
         self._request_resync: Callable[[], None] = lambda: None
-        self.bridge = ZmqKvBridge(s.kv_events_endpoint, s.kv_events_topic, self.mirror, self._on_gap)
+        on_batch = None
+        if store is not None:  # its pages take the directory counts of the blocks the mirror maps them to
+            store.index.resolve = self.mirror.ours.get
+            on_batch = store.index.alias_pending
+        self.bridge = ZmqKvBridge(
+            s.kv_events_endpoint, s.kv_events_topic, self.mirror, self._on_gap, on_batch=on_batch
+        )
         self.process = SglangProcess(argv)
         self.last_load: SglangLoad | None = None
         self.records = IterationRecorder(s.chunked_prefill_tokens)
@@ -285,6 +291,7 @@ class SglangBackend:
             "refused": self.store.refused,
             "clears_kept": ix.kept_clears,
             "clears_dropped": ix.dropped_clears,
+            "aliased": ix.aliased,
         }
 
     # -- generate -----------------------------------------------------------------------------

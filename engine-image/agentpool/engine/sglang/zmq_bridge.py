@@ -26,11 +26,14 @@ class ZmqKvBridge:
         mirror: SglangKvMirror,
         on_gap: Callable[[], None],
         context: zmq.asyncio.Context | None = None,
+        on_batch: Callable[[], None] | None = None,
     ) -> None:
+        """``on_batch``: called after each batch the mirror applied."""
         self.endpoint = endpoint
         self.topic = topic
         self.mirror = mirror
         self.on_gap = on_gap
+        self.on_batch = on_batch
         self.context = context or zmq.asyncio.Context.instance()
         self.received = 0
         self.bad_frames = 0
@@ -58,3 +61,5 @@ class ZmqKvBridge:
         if self.mirror.apply(batch):
             log.warning("KV events lost before seq %d: resyncing the directory", batch.seq)
             self.on_gap()
+        if self.on_batch is not None:
+            self.on_batch()

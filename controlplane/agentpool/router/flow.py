@@ -213,8 +213,9 @@ class Dispatcher:
                     async for out in events:
                         if isinstance(out, Chunk):
                             first_token = True
+                        else:  # served: before the yield, after which the caller closes the flow
+                            self.nodes.succeeded(node)
                         yield out
-                self.nodes.succeeded(node)
                 return
             except _Requeue as e:
                 if first_token:

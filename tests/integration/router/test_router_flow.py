@@ -92,6 +92,22 @@ async def test_non_streaming_chat_and_completion(http: aiohttp.ClientSession) ->
         await stop_all(router, [a])
 
 
+async def test_a_served_request_ends_the_nodes_failure_streak(http: aiohttp.ClientSession) -> None:
+    """The next failure's cool-down starts from 2 s again once the node served a request (the flow
+    is closed right after its last item, streamed or not)."""
+    (a,) = await engines("a", tokens=2)
+    router = await start_router(router_config([("a", a.url, "both")]))
+    try:
+        for stream in (False, True):
+            router.service.nodes.get("a").failures = 3
+            async with http.post(f"{router.url}/v1/chat/completions", json=chat_body(stream=stream)) as resp:
+                assert resp.status == 200
+                await resp.read()
+            assert router.service.nodes.get("a").failures == 0
+    finally:
+        await stop_all(router, [a])
+
+
 async def test_disaggregated_prefill_then_decode_with_kv_handover(http: aiohttp.ClientSession) -> None:
     p, d1, d2 = await engines("p", "d1", "d2", tokens=4)
     nodes = [("p", p.url, "prefill"), ("d1", d1.url, "decode"), ("d2", d2.url, "decode")]

@@ -114,6 +114,7 @@ class Prepared:
     branch: str | None = None
     excluded: set[str] = field(default_factory=set)
     hashes: Sequence[int] = ()  # full pages as resolved: placed with the branch once a node takes it
+    token_ids_json: bytes | None = None  # orjson.dumps(token_ids), when the prompt memo had it
 
 
 @dataclass(slots=True)
@@ -314,6 +315,7 @@ class Dispatcher:
                 decision.fetch_tokens,
                 None if kv is None else kv.model_dump(),
                 self.router_id,
+                prompt_token_ids_json=prep.token_ids_json,
             )
         except (orjson.JSONEncodeError, UnicodeEncodeError) as e:
             raise EngineRejected(f"the request cannot be encoded for the engine: {e}") from e

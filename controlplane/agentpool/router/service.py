@@ -259,7 +259,14 @@ class RouterService:
             expected_output_tokens=output_limit or self.config.default_output_tokens,
         )
         return Prepared(
-            view.request_id, endpoint, body, encoded.token_ids, view, branch, hashes=resolved.hashes
+            view.request_id,
+            endpoint,
+            body,
+            encoded.token_ids,
+            view,
+            branch,
+            hashes=resolved.hashes,
+            token_ids_json=encoded.token_ids_json,
         )
 
     async def end_branch(self, branch: str) -> bool:

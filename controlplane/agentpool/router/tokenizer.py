@@ -34,13 +34,15 @@ class TokenizerError(ValueError):
 @dataclass(frozen=True, slots=True)
 class Encoded:
     """A tokenized prompt: its ids, its turn, and how many tokens its newest turn appended;
-    ``hashes``: its full pages' block hashes at ``page_size`` when the encoder computed them."""
+    ``hashes``: its full pages' block hashes at ``page_size`` and ``token_ids_json`` the ids'
+    JSON (``orjson.dumps(token_ids)``), when the encoder had them."""
 
     token_ids: list[int]
     turn: int
     new_turn_tokens: int
     hashes: list[int] | None = None
     page_size: int = 0
+    token_ids_json: bytes | None = None
 
 
 def turn_of(messages: Sequence[Message]) -> int:

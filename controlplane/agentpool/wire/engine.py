@@ -114,24 +114,49 @@ def generate_body(
     fetch_tokens: int,
     kv_source: dict[str, str] | None,
     router_id: str | None,
+    *,
+    prompt_token_ids_json: bytes | None = None,
 ) -> bytes:
     """A :class:`GenerateRequest`'s JSON from its fields, for a caller whose fields are already
     valid (the router's dispatch: no model is built only to be serialized). Same bytes as
-    :func:`encode_generate` of the model."""
-    return orjson.dumps(
+    :func:`encode_generate` of the model.
+
+    ``prompt_token_ids_json``: ``orjson.dumps(prompt_token_ids)`` when the caller has it (the
+    router's prompt memo keeps each message's part: a long prompt's ids are most of the body); it is
+    put in place between the other fields' JSON, which orjson writes the same either way."""
+    if prompt_token_ids_json is None:
+        return orjson.dumps(
+            {
+                "request_id": request_id,
+                "dispatch_seq": dispatch_seq,
+                "phase": phase,
+                "endpoint": endpoint,
+                "body": body,
+                "prompt_token_ids": prompt_token_ids,
+                "cached_tokens": cached_tokens,
+                "fetch_tokens": fetch_tokens,
+                "kv_source": kv_source,
+                "router_id": router_id,
+            }
+        )
+    head = orjson.dumps(
         {
             "request_id": request_id,
             "dispatch_seq": dispatch_seq,
             "phase": phase,
             "endpoint": endpoint,
             "body": body,
-            "prompt_token_ids": prompt_token_ids,
+        }
+    )
+    tail = orjson.dumps(
+        {
             "cached_tokens": cached_tokens,
             "fetch_tokens": fetch_tokens,
             "kv_source": kv_source,
             "router_id": router_id,
         }
     )
+    return b'%s,"prompt_token_ids":%s,%s' % (head[:-1], prompt_token_ids_json, tail[1:])
 
 
 class EngineEvent(BaseModel):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import orjson
 import pytest
 
 from agentpool.kv import block_hashes
@@ -25,6 +26,7 @@ def check_same(cache: PromptCache, messages: list[Message]) -> Encoded:
     assert (got.turn, got.new_turn_tokens) == (want.turn, want.new_turn_tokens)
     assert got.page_size == cache.page_size
     assert got.hashes == block_hashes(want.token_ids, cache.page_size)
+    assert got.token_ids_json == orjson.dumps(want.token_ids)
     return got
 
 

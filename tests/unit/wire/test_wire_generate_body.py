@@ -35,4 +35,18 @@ def test_generate_body_is_the_models_encoding() -> None:
             "r1",
         )
         assert fields == encode_generate(model)
+        spliced = generate_body(
+            "chatcmpl-1",
+            4,
+            "decode" if kv else "both",
+            "chat",
+            body,
+            [1, 2, 3],
+            2,
+            1,
+            None if kv is None else kv.model_dump(),
+            "r1",
+            prompt_token_ids_json=b"[1,2,3]",
+        )
+        assert spliced == fields
         assert GenerateRequest.model_validate(orjson.loads(fields)) == model

@@ -34,13 +34,14 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Generator
+from collections.abc import Awaitable, Callable, Generator
 from pathlib import Path
 
 import aiohttp
 import redis.asyncio as aioredis
 
 from agentpool.directory.client import DirectoryClient, NodePublisher, resync_batch, stored_event
+from agentpool.directory.link_client import LinkClient
 from agentpool.directory.session import DirectorySession
 from agentpool.directory.steps import SLICE_S
 from agentpool.kv import Directory, HeldBlock, Role, Tier
@@ -107,12 +108,14 @@ async def run(a: argparse.Namespace) -> None:
         "0",
         "--node-timeout-s",
         "600",
+        *([] if a.no_link else ["--link-port", "0"]),
         stdout=asyncio.subprocess.PIPE,
         env=env,
     )
     assert proc.stdout is not None
     addr = (await proc.stdout.readline()).decode().split()[-1]
     metrics_url = (await proc.stdout.readline()).decode().split()[-1]
+    link = None if a.no_link else LinkClient((await proc.stdout.readline()).decode().split()[-1], token=token)
     rng = random.Random(0)
     prompt = [rng.getrandbits(64) | 1 for _ in range(a.prompt)]
     core = Directory()
@@ -160,15 +163,20 @@ async def run(a: argparse.Namespace) -> None:
             )
 
             session = DirectorySession(client)
+            linked = None if link is None else DirectorySession(link)
             buckets0 = await resolve_buckets(http, metrics_url)
-            lat, streamed, base, floor = [], [], [], []
-            for _ in range(a.resolves):  # interleaved: the four see the same machine load
+            lat, streamed, base, floor, on_link = [], [], [], [], []
+            for _ in range(a.resolves):  # interleaved: they all see the same machine load
                 t0 = time.perf_counter()
                 res = await client.resolve(prompt)
                 lat.append((time.perf_counter() - t0) * 1e3)
                 t0 = time.perf_counter()
                 answer = await session.resolve(prompt)
                 streamed.append((time.perf_counter() - t0) * 1e3)
+                if linked is not None:
+                    t0 = time.perf_counter()
+                    assert len((await linked.resolve(prompt)).nodes) == a.nodes
+                    on_link.append((time.perf_counter() - t0) * 1e3)
                 t0 = time.perf_counter()
                 core.resolve(prompt, None, 3.0)
                 base.append((time.perf_counter() - t0) * 1e3)
@@ -184,6 +192,12 @@ async def run(a: argparse.Namespace) -> None:
                 f"in-process core p50 {pct(base, 50):.2f} ms, p99 {pct(base, 99):.2f} ms; an empty unary RPC "
                 f"(Health, the transport floor) p50 {pct(floor, 50):.2f} ms, p99 {pct(floor, 99):.2f} ms"
             )
+            if on_link:
+                print(
+                    f"Resolve ({a.prompt} blocks, {a.nodes} nodes) on the Route link: "
+                    f"p50 {pct(on_link, 50):.2f} ms, p99 {pct(on_link, 99):.2f} ms "
+                    f"(target p99 <= 2 ms: {verdict(pct(on_link, 99) <= 2)})"
+                )
             buckets = await resolve_buckets(http, metrics_url)
             n = buckets["+Inf"] - buckets0.get("+Inf", 0)
             share = {le: (buckets[le] - buckets0.get(le, 0)) / n for le in ("0.001", "0.002")}
@@ -191,11 +205,15 @@ async def run(a: argparse.Namespace) -> None:
                 f"  the server's own handling of those Resolves (its histogram, no transport): "
                 f"{share['0.001']:.1%} within 1 ms, {share['0.002']:.1%} within 2 ms"
             )
-            with_branch, with_branch_unary = [], []
+            with_branch, with_branch_unary, with_branch_link = [], [], []
             for i in range(a.resolves // 2):
                 t0 = time.perf_counter()
                 await session.resolve(prompt, f"agent-{i % 16}")  # as the router asks
                 with_branch.append((time.perf_counter() - t0) * 1e3)
+                if linked is not None:
+                    t0 = time.perf_counter()
+                    await linked.resolve(prompt, f"agent-{i % 16}")
+                    with_branch_link.append((time.perf_counter() - t0) * 1e3)
                 t0 = time.perf_counter()
                 await client.resolve(prompt, f"agent-{i % 16}", omit_paths=True)
                 with_branch_unary.append((time.perf_counter() - t0) * 1e3)
@@ -204,6 +222,12 @@ async def run(a: argparse.Namespace) -> None:
                 f"p50 {pct(with_branch, 50):.2f} ms, "
                 f"p99 {pct(with_branch, 99):.2f} ms; unary p50 {pct(with_branch_unary, 50):.2f} ms, "
                 f"p99 {pct(with_branch_unary, 99):.2f} ms"
+                + (
+                    f"; on the Route link p50 {pct(with_branch_link, 50):.2f} ms, "
+                    f"p99 {pct(with_branch_link, 99):.2f} ms"
+                    if with_branch_link
+                    else ""
+                )
             )
 
             writes0 = await store_writes(http, metrics_url)
@@ -245,9 +269,11 @@ async def run(a: argparse.Namespace) -> None:
                 f"Redis round trips per routed request {writes / a.routed:.2f}"
             )
             if a.cpu_seconds:
-                await cpu_per_request(client, proc.pid, prompt, prefill, a)
+                await cpu_per_request(client, link, proc.pid, prompt, prefill, a)
             if a.bulk_blocks:
-                await resolve_under_bulk_work(client, session, addr, token, prompt, a)
+                await resolve_under_bulk_work(client, session, linked, addr, token, prompt, a)
+            if linked is not None:
+                await linked.close()
             await session.close()
             await stream.close()
     finally:
@@ -262,24 +288,23 @@ async def run(a: argparse.Namespace) -> None:
 
 
 async def resolves_until(
-    client: DirectoryClient, session: DirectorySession, prompt: list[int], done: Callable[[], bool]
-) -> tuple[list[float], list[float]]:
-    """Resolve ``prompt`` back to back until ``done``, alternately unary and on the Route stream; the
+    ways: dict[str, Callable[[], Awaitable[object]]], done: Callable[[], bool]
+) -> dict[str, list[float]]:
+    """Resolve back to back until ``done``, each way in turn (unary, Route stream, Route link); the
     latencies in ms of each."""
-    unary, streamed = [], []
+    out: dict[str, list[float]] = {how: [] for how in ways}
     while not done():
-        t0 = time.perf_counter()
-        await client.resolve(prompt)
-        unary.append((time.perf_counter() - t0) * 1e3)
-        t0 = time.perf_counter()
-        await session.resolve(prompt)
-        streamed.append((time.perf_counter() - t0) * 1e3)
-    return unary, streamed
+        for how, resolve in ways.items():
+            t0 = time.perf_counter()
+            await resolve()
+            out[how].append((time.perf_counter() - t0) * 1e3)
+    return out
 
 
 async def resolve_under_bulk_work(
     client: DirectoryClient,
     session: DirectorySession,
+    linked: DirectorySession | None,
     addr: str,
     token: str,
     prompt: list[int],
@@ -287,8 +312,14 @@ async def resolve_under_bulk_work(
 ) -> None:
     """Resolve p99 while another engine resyncs ``bulk_blocks`` blocks and then while it is purged,
     against Resolve p99 with the directory idle, measured here too (target: under 10 ms during both)."""
+    ways: dict[str, Callable[[], Awaitable[object]]] = {
+        "unary": lambda: client.resolve(prompt),
+        "Route stream": lambda: session.resolve(prompt),
+    }
+    if linked is not None:
+        ways["Route link"] = lambda: linked.resolve(prompt)
     rounds = iter(range(a.resolves))
-    idle = await resolves_until(client, session, prompt, lambda: next(rounds, None) is None)
+    idle = await resolves_until(ways, lambda: next(rounds, None) is None)
     rng = random.Random(1)
     big = [rng.getrandbits(64) | 1 for _ in range(a.bulk_blocks)]
     held = [HeldBlock(h, big[i - 1] if i else ROOT_HASH, Tier.HOST) for i, h in enumerate(big)]
@@ -305,7 +336,7 @@ async def resolve_under_bulk_work(
         stream = engine.open_events()
         t0 = time.perf_counter()
         send = asyncio.ensure_future(stream.send(batch))
-        during_resync = await resolves_until(client, session, prompt, send.done)
+        during_resync = await resolves_until(ways, send.done)
         ack = send.result()
         resync_s = time.perf_counter() - t0
         assert not ack.resync_requested, ack
@@ -315,15 +346,13 @@ async def resolve_under_bulk_work(
             await session.place_and_wait(f"bulk-{i}", "bulk-engine", big[i * per : (i + 1) * per][:2000])
         t0 = time.perf_counter()
         drop = asyncio.ensure_future(engine.drop_node("bulk-engine"))
-        during_purge = await resolves_until(client, session, prompt, drop.done)
+        during_purge = await resolves_until(ways, drop.done)
         drop.result()
         purge_s = time.perf_counter() - t0
         await stream.close()
     for what, lats, took in (("resync", during_resync, resync_s), ("purge", during_purge, purge_s)):
-        for how, lat, base in (
-            ("unary", lats[0], pct(idle[0], 99)),
-            ("Route stream", lats[1], pct(idle[1], 99)),
-        ):
+        for how, lat in lats.items():
+            base = pct(idle[how], 99)
             p99 = pct(lat, 99) if len(lat) >= 2 else float("nan")
             print(
                 f"Resolve p99 ({how}) during the {a.bulk_blocks:,}-block {what} ({took:.1f} s, {len(lat)} "
@@ -375,11 +404,13 @@ def core_pauses(held: list[HeldBlock]) -> None:
         )
 
 
-# how the CPU measurement routes: unary calls, or the Route stream with a Place delay (s)
+# how the CPU measurement routes: unary calls, or the Route stream with a Place delay (s), over gRPC
+# or over the Route link
 MODES: list[tuple[str, float | None]] = [
     ("unary", None),
     ("Route stream", 0.005),
     ("Route, Places at once", 0.0),
+    ("Route link", 0.005),
 ]
 
 
@@ -424,16 +455,23 @@ async def routed_load(
 
 
 async def cpu_per_request(
-    client: DirectoryClient, directory_pid: int, prompt: list[int], nodes: list[str], a: argparse.Namespace
+    client: DirectoryClient,
+    link: LinkClient | None,
+    directory_pid: int,
+    prompt: list[int],
+    nodes: list[str],
+    a: argparse.Namespace,
 ) -> None:
     """CPU per routed request of the caller (this process) and of the directory, unary calls against
     the Route stream, interleaved, ``a.cpu_repeats`` times at concurrency 1 and 64."""
     path = prompt[: a.cpu_prompt]
     results: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    modes = [m for m in MODES if link is not None or m[0] != "Route link"]
     for _ in range(a.cpu_repeats):
         for c in (1, 64):
-            for how, delay in MODES:
-                session = DirectorySession(client, place_delay_s=delay) if delay is not None else None
+            for how, delay in modes:
+                via = link if how == "Route link" and link is not None else client
+                session = DirectorySession(via, place_delay_s=delay) if delay is not None else None
                 await routed_load(client, session, path, nodes, c, 0.3)  # warm-up
                 mine, theirs = process_cpu(None), process_cpu(directory_pid)
                 n = await routed_load(client, session, path, nodes, c, a.cpu_seconds)
@@ -447,17 +485,26 @@ async def cpu_per_request(
         f"directory process; {a.cpu_repeats} interleaved repeats of {a.cpu_seconds:g} s):"
     )
     for c in (1, 64):
-        for how, _ in MODES:
+        for how, _ in modes:
             runs = results[(how, c)]
             totals = [x + y for x, y in runs]
             line = ", ".join(f"{x:.0f}+{y:.0f}" for x, y in runs)
             print(
                 f"  c={c:<3} {how:<12}: median {statistics.median(totals):6.0f} us (caller+directory: {line})"
             )
-        for how, _ in MODES[1:]:
+        for how, _ in modes[1:]:
             pairs = zip(results[("unary", c)], results[(how, c)], strict=True)
             ratios = [(s1 + s2) / (u1 + u2) for (u1, u2), (s1, s2) in pairs]
             print(f"  c={c:<3} {how} / unary: " + ", ".join(f"{r:.2f}x" for r in ratios))
+        if link is not None:
+            pairs = zip(results[("Route stream", c)], results[("Route link", c)], strict=True)
+            print(
+                f"  c={c:<3} Route link / Route stream (caller, directory, both): "
+                + ", ".join(
+                    f"{l1 / g1:.2f}x {l2 / g2:.2f}x {(l1 + l2) / (g1 + g2):.2f}x"
+                    for (g1, g2), (l1, l2) in pairs
+                )
+            )
 
 
 def main() -> None:
@@ -473,6 +520,7 @@ def main() -> None:
     ap.add_argument("--cpu-prompt", type=int, default=8, help="blocks of the CPU measurement's prompt")
     ap.add_argument("--bulk-blocks", type=int, default=1_000_000, help="resync/purge size (0: skip)")
     ap.add_argument("--bulk-branches", type=int, default=500, help="branches counting on the purged engine")
+    ap.add_argument("--no-link", action="store_true", help="no Route link (a directory without --link-port)")
     ap.add_argument(
         "--directory-tree",
         type=Path,

@@ -4,8 +4,8 @@
 
 1. CPU per request of each router process (user + system from /proc, the process and its
    descendants) for the agentpool router (on its default loop, uvloop, and with ``--loop asyncio``;
-   and with the gRPC directory, in-memory store, and a branch header per load worker, where the
-   directory's CPU is added) and sglang-router 0.3.2
+   and with the directory, in-memory store, and a branch header per load worker, where the
+   directory's CPU is added: over gRPC, and over its Route link) and sglang-router 0.3.2
    (``pip install sglang-router==0.3.2``; round_robin and cache_aware) on the same instant engines,
    interleaved, ``--repeats`` times, at concurrency 1 and 64, with the agentpool/sglang ratio of each
    repeat.
@@ -46,22 +46,28 @@ from bench.bench_router import (
 )
 
 
-def start_directory(procs: list[subprocess.Popen[bytes]], tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """``python -m agentpool.directory`` with an in-memory store and a token; (process, HOST:PORT)."""
+def start_directory(
+    procs: list[subprocess.Popen[bytes]], tmp: Path
+) -> tuple[subprocess.Popen[bytes], str, str]:
+    """``python -m agentpool.directory`` with an in-memory store, a token and its Route link;
+    (process, gRPC HOST:PORT, link HOST:PORT)."""
     token = tmp / "directory-token"
     token.write_text("bench-directory-token-0123456789")
     proc = subprocess.Popen(
         [sys.executable, "-m", "agentpool.directory", "--host", "127.0.0.1", "--port", "0",
-         "--redis-url", "", "--auth-token-file", str(token)],
+         "--redis-url", "", "--auth-token-file", str(token), "--link-port", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
     procs.append(proc)
     assert proc.stdout is not None
+    address = None
     for raw in proc.stdout:
         line = raw.decode()
         if line.startswith("directory listening on "):
-            return proc, line.split()[-1]
+            address = line.split()[-1]
+        elif line.startswith("directory link listening on ") and address is not None:
+            return proc, address, line.split()[-1]
     raise RuntimeError("the directory exited before it listened")
 
 
@@ -99,13 +105,17 @@ def router_cpu(seconds: float, engines: int, repeats: int, concurrencies: Sequen
             port = start_agentpool("evolving", engine_urls, procs, tmp, loop)
             targets.append((name, [f"http://127.0.0.1:{port}/v1/chat/completions"]))
             pids[name] = procs[-1].pid
-        # with the gRPC directory (in-memory store) and a branch header per load worker
-        directory, address = start_directory(procs, tmp)
-        token = ["--directory", address, "--directory-token-file", str(tmp / "directory-token")]
-        port = start_agentpool("evolving", engine_urls, procs, tmp, extra=token, name="-grpc")
-        grpc_name = "agentpool-evolving-grpc-branch"
-        targets.append((grpc_name, [f"http://127.0.0.1:{port}/v1/chat/completions"]))
-        pids[grpc_name] = procs[-1].pid
+        # with the directory (in-memory store) and a branch header per load worker: gRPC, Route link
+        directory, address, link = start_directory(procs, tmp)
+        with_directory = {
+            "agentpool-evolving-grpc-branch": address,
+            "agentpool-link-branch": f"link://{link}",
+        }
+        for name, target in with_directory.items():
+            token = ["--directory", target, "--directory-token-file", str(tmp / "directory-token")]
+            port = start_agentpool("evolving", engine_urls, procs, tmp, extra=token, name=name[-12:])
+            targets.append((name, [f"http://127.0.0.1:{port}/v1/chat/completions"]))
+            pids[name] = procs[-1].pid
         note = start_sglang(engine_urls, procs, targets, tmp, pids)
         if note:
             print(note)
@@ -113,7 +123,7 @@ def router_cpu(seconds: float, engines: int, repeats: int, concurrencies: Sequen
         for rep in range(repeats):
             for concurrency in concurrencies:
                 for name, urls in targets:
-                    branches = name == grpc_name
+                    branches = name in with_directory
                     asyncio.run(load(urls, concurrency, 0.5, name, branches))  # warm-up
                     before, dir_before = cpu_seconds(pids[name]), cpu_seconds(directory.pid)
                     r = asyncio.run(load(urls, concurrency, seconds, name, branches))

@@ -104,13 +104,14 @@ async def running(name: str, module: str, *args: str) -> AsyncIterator[Proc]:
 
 
 async def start_directory(
-    namespace: str, token_file: Path, page_size: int, port: int = 0
+    namespace: str, token_file: Path, page_size: int, port: int = 0, *extra: str
 ) -> tuple[Proc, str]:
-    """``python -m agentpool.directory`` on Redis with a token; the process and its address."""
+    """``python -m agentpool.directory`` on Redis with a token (and ``extra`` arguments); the process
+    and its address."""
     d = await launch(
         "directory", "agentpool.directory",
         "--host", "127.0.0.1", "--port", str(port), "--redis-url", REDIS_URL, "--namespace", namespace,
-        "--page-size", str(page_size), "--auth-token-file", str(token_file),
+        "--page-size", str(page_size), "--auth-token-file", str(token_file), *extra,
     )  # fmt: skip
     m = await d.wait_for(r"directory listening on (\S+)")
     return d, m.group(1)

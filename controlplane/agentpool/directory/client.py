@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import grpc
 
@@ -45,6 +45,61 @@ class EventStreamClosedError(DirectoryRpcError):
 
     def __init__(self, reason: str) -> None:
         super().__init__(grpc.StatusCode.UNAVAILABLE, reason)
+
+
+class RouteStream(Protocol):
+    """One open ``Route`` stream carrying encoded ``RouteBatch``/``RouteReplies``: a gRPC call
+    (:class:`GrpcRouteStream`) or a Route link connection (:mod:`agentpool.directory.link_client`)."""
+
+    async def write(self, data: bytes) -> None:
+        """Send one encoded ``RouteBatch``; raises :class:`DirectoryRpcError` once the stream ended."""
+        ...
+
+    async def read(self) -> bytes:
+        """The next encoded ``RouteReplies``; raises :class:`DirectoryRpcError` saying why the stream
+        ended (UNAVAILABLE when the directory closed it or the connection broke)."""
+        ...
+
+    async def done_writing(self) -> None:
+        """No more batches: the directory answers what it has, then ends the stream."""
+        ...
+
+    def cancel(self) -> None: ...
+
+
+class GrpcRouteStream:
+    """The ``Route`` gRPC stream (bytes both ways)."""
+
+    def __init__(self, call: Any) -> None:
+        self.call = call
+
+    async def write(self, data: bytes) -> None:
+        try:
+            await self.call.write(data)
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
+            raise DirectoryRpcError(grpc.StatusCode.UNAVAILABLE, "the Route stream ended") from None
+
+    async def read(self) -> bytes:
+        try:
+            message = await self.call.read()
+            if message is not _EOF:
+                data: bytes = message
+                return data
+            code, details = await self.call.code(), await self.call.details()
+        except grpc.aio.AioRpcError as e:
+            raise DirectoryRpcError(e.code(), e.details() or "") from None
+        if code not in (grpc.StatusCode.OK, None):
+            raise DirectoryRpcError(code, details or "")
+        raise DirectoryRpcError(grpc.StatusCode.UNAVAILABLE, "the directory closed the Route stream")
+
+    async def done_writing(self) -> None:
+        try:
+            await self.call.done_writing()
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
+            raise DirectoryRpcError(grpc.StatusCode.UNAVAILABLE, "the Route stream ended") from None
+
+    def cancel(self) -> None:
+        self.call.cancel()
 
 
 class NodePrefix(NamedTuple):
@@ -293,6 +348,9 @@ class DirectoryClient:
             request_serializer=None,
             response_deserializer=pb.ResolveResponse.FromString,
         )
+        self._route = self.channel.stream_stream(
+            "/agentpool.v1.Directory/Route", request_serializer=None, response_deserializer=None
+        )
         self.metadata = bearer_metadata(token)
         self.timeout_s = timeout_s
 
@@ -397,6 +455,10 @@ class DirectoryClient:
             raise DirectoryRpcError(e.code(), e.details() or "") from None
         finally:
             call.cancel()
+
+    def open_route(self) -> GrpcRouteStream:
+        """Open a ``Route`` stream (:class:`agentpool.directory.session.DirectorySession` uses it)."""
+        return GrpcRouteStream(self._route(None, metadata=self.metadata))
 
     def open_events(self) -> EventStream:
         """Open a ``PublishEvents`` stream (close it with :meth:`EventStream.close`)."""

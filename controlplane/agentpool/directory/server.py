@@ -36,6 +36,7 @@ from agentpool.directory.ingest import (
     ServiceLimits,
     resync_block_limit,
 )
+from agentpool.directory.link import RouteLinkServer, server_ssl_context
 from agentpool.directory.metrics import DirectoryMetrics
 from agentpool.directory.redis_store import RedisBranchStore
 from agentpool.directory.service import DEFAULT_NODE_TIMEOUT_S, DirectoryService, ServiceTimers
@@ -76,6 +77,7 @@ class DirectoryConfig(BaseModel):
     tls_key_file: Path | None = None
     tls_client_ca_file: Path | None = None  # set: require client certificates signed by it (mTLS)
     metrics_port: int | None = None  # None: no metrics endpoint; 0: ephemeral
+    link_port: int | None = Field(None, ge=0, le=65535)  # the Route link (None: off; 0: ephemeral)
 
     @model_validator(mode="after")
     def _secure(self) -> DirectoryConfig:
@@ -139,6 +141,11 @@ class DirectoryServer:
         self.port = 0
         self.metrics_port: int | None = None
         self._metrics_http: Any = None
+        self.link: RouteLinkServer | None = None
+
+    @property
+    def link_address(self) -> str | None:
+        return None if self.link is None else f"{self.config.host}:{self.link.port}"
 
     @property
     def address(self) -> str:
@@ -153,6 +160,13 @@ class DirectoryServer:
         addr = f"{cfg.host}:{cfg.port}"
         self.port = self.server.add_secure_port(addr, creds) if creds else self.server.add_insecure_port(addr)
         await self.server.start()
+        if cfg.link_port is not None:
+            context = None
+            if cfg.tls_cert_file is not None and cfg.tls_key_file is not None:
+                context = server_ssl_context(cfg.tls_cert_file, cfg.tls_key_file, cfg.tls_client_ca_file)
+            token = cfg.auth_token.get_secret_value().strip() if cfg.auth_token else None
+            self.link = RouteLinkServer(self.service, token, context, cfg.max_message_bytes)
+            await self.link.start(cfg.host, cfg.link_port)
         if cfg.metrics_port is not None:
             self._metrics_http, _ = start_http_server(
                 cfg.metrics_port, cfg.host, registry=self.metrics.registry
@@ -163,6 +177,8 @@ class DirectoryServer:
         log.info("directory serving on %s", self.address)
 
     async def stop(self, grace: float | None = 0.5) -> None:
+        if self.link is not None:
+            await self.link.stop()
         await self.server.stop(grace)
         await self.service.stop()
         await self.store.close()
@@ -212,6 +228,13 @@ def parse_args(argv: list[str] | None = None) -> DirectoryConfig:
         "--tls-client-ca-file", type=Path, default=None, help="require client certificates it signed (mTLS)"
     )
     p.add_argument("--metrics-port", type=int, default=None)
+    p.add_argument(
+        "--link-port",
+        type=int,
+        default=None,
+        help="serve the Route link (routers' Resolve/Place on a framed connection; the same token and "
+        "TLS) on this port; 0: a free one (printed)",
+    )
     a = p.parse_args(argv)
     if a.redis_url and url_has_password(a.redis_url):
         p.error(
@@ -247,6 +270,7 @@ def parse_args(argv: list[str] | None = None) -> DirectoryConfig:
             tls_key_file=a.tls_key_file,
             tls_client_ca_file=a.tls_client_ca_file,
             metrics_port=a.metrics_port,
+            link_port=a.link_port,
         )
     except (ConfigurationError, SecretFileError) as e:
         p.error(str(e))
@@ -260,6 +284,8 @@ async def serve(config: DirectoryConfig) -> None:
     print(f"directory listening on {server.address}", flush=True)
     if server.metrics_port is not None:
         print(f"metrics on http://{config.host}:{server.metrics_port}/metrics", flush=True)
+    if server.link_address is not None:
+        print(f"directory link listening on {server.link_address}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -12,7 +12,9 @@ Place is seen by every later operation of the same router (an EndBranch of the b
     session.place("agent-7", "node-3", hashes)  # node-3 took the request: E.1 + E.2, not waited for
 
 The stream is opened on first use and again after it broke (the directory restarted, the connection
-dropped); operations in flight when it broke fail with :class:`DirectoryRpcError`.
+dropped); operations in flight when it broke fail with :class:`DirectoryRpcError`. It is a gRPC call
+(a :class:`DirectoryClient`) or a Route link connection (a
+:class:`agentpool.directory.link_client.LinkClient`, the same batches on a framed connection).
 """
 
 from __future__ import annotations
@@ -22,20 +24,28 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Protocol
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from agentpool.directory import framing
-from agentpool.directory.client import DirectoryClient, DirectoryRpcError
+from agentpool.directory.client import DirectoryRpcError, RouteStream
 from agentpool.v1 import directory_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-_EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
 
 PlaceErrorHandler = Callable[[DirectoryRpcError], None]
+
+
+class RouteClient(Protocol):
+    """What opens the session's streams: a ``DirectoryClient`` or a ``LinkClient``."""
+
+    timeout_s: float
+
+    def open_route(self) -> RouteStream: ...
 
 
 def _log_place_error(e: DirectoryRpcError) -> None:
@@ -45,7 +55,7 @@ def _log_place_error(e: DirectoryRpcError) -> None:
 class DirectorySession:
     def __init__(
         self,
-        client: DirectoryClient,
+        client: RouteClient,
         on_place_error: PlaceErrorHandler = _log_place_error,
         stale_s: float = 1.0,
         place_delay_s: float = 0.005,
@@ -62,12 +72,7 @@ class DirectorySession:
         self.place_delay_s = place_delay_s
         self._flush_timer: asyncio.TimerHandle | None = None
         self._closing = False
-        self._open = client.channel.stream_stream(
-            "/agentpool.v1.Directory/Route",
-            request_serializer=None,
-            response_deserializer=pb.RouteReplies.FromString,
-        )
-        self._call: Any = None
+        self._call: RouteStream | None = None
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[pb.RouteReply]] = {}
         self._out: list[bytes] = []
@@ -143,14 +148,14 @@ class DirectorySession:
     def _ensure_open(self) -> None:
         if self._call is not None:
             return
-        call = self._open(None, metadata=self.client.metadata)
+        call = self.client.open_route()
         self._call = call
         self._tasks = [
             asyncio.create_task(self._write(call), name="directory-route-writer"),
             asyncio.create_task(self._read(call), name="directory-route-reader"),
         ]
 
-    async def _write(self, call: Any) -> None:
+    async def _write(self, call: RouteStream) -> None:
         try:
             while True:
                 await self._wake.wait()
@@ -165,20 +170,20 @@ class DirectorySession:
                 if self._closing:
                     await call.done_writing()
                     return
-        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
-            return  # the call ended: the reader reports how
+        except DirectoryRpcError:
+            return  # the stream ended: the reader reports how
 
-    async def _read(self, call: Any) -> None:
-        error = DirectoryRpcError(grpc.StatusCode.UNAVAILABLE, "the directory closed the Route stream")
+    async def _read(self, call: RouteStream) -> None:
         try:
-            while (message := await call.read()) is not _EOF:
+            while True:
+                message = pb.RouteReplies.FromString(await call.read())
                 for reply in message.replies:
                     self._deliver(reply)
-            code, details = await call.code(), await call.details()
-            if code not in (grpc.StatusCode.OK, None):
-                error = DirectoryRpcError(code, details or "")
-        except grpc.aio.AioRpcError as e:
-            error = DirectoryRpcError(e.code(), e.details() or "")
+        except DirectoryRpcError as e:
+            error = e
+        except DecodeError as e:
+            error = DirectoryRpcError(grpc.StatusCode.INTERNAL, f"malformed RouteReplies: {e}")
+            call.cancel()
         if self._call is call:
             self._broken(error)
 
@@ -207,7 +212,7 @@ class DirectorySession:
         for _ in range(unsent):
             self.on_place_error(error)
 
-    def _reset(self, call: Any, why: str) -> None:
+    def _reset(self, call: RouteStream | None, why: str) -> None:
         """Replace ``call`` if it is still the session's stream."""
         if call is None or call is not self._call:
             return

@@ -2,7 +2,9 @@
 
 ``--directory inprocess`` keeps a KV directory in this process (single-router deployments, demos);
 ``--directory HOST:PORT`` uses the directory service over gRPC (its bearer token from
-``--directory-token-file``). The router runs on uvloop by default (it cut the router's CPU per
+``--directory-token-file``); ``--directory link://HOST:PORT`` over its Route link (the directory's
+``--link-port``: the same operations, token and TLS files on a framed connection, less CPU on both
+sides). The router runs on uvloop by default (it cut the router's CPU per
 request at concurrency 1 by about a fifth, bench/results/router_cpu.md); ``--loop asyncio`` runs it
 on the standard event loop.
 
@@ -54,6 +56,8 @@ from agentpool.secret_file import SecretFileError, read_optional_secret
 
 log = logging.getLogger("agentpool.router")
 
+LINK_SCHEME = "link://"
+
 
 def directory_view(
     spec: str,
@@ -74,6 +78,16 @@ def directory_view(
     from agentpool.router.grpc_directory import GrpcDirectoryView
 
     token = read_optional_secret(token_file, "directory token")
+    if spec.startswith(LINK_SCHEME):
+        from agentpool.directory.link_client import LinkClient, client_ssl_context
+
+        tls_wanted = any(f is not None for f in (ca_file, client_cert_file, client_key_file))
+        context = client_ssl_context(ca_file, client_cert_file, client_key_file) if tls_wanted else None
+        try:
+            client = LinkClient(spec.removeprefix(LINK_SCHEME), token=token, ssl_context=context)
+        except ValueError as e:
+            raise SystemExit(f"--directory: {e}") from None
+        return GrpcDirectoryView(client)
     tls = read_client_tls(ca_file, client_cert_file, client_key_file)
     return GrpcDirectoryView(
         spec,
@@ -89,7 +103,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--config", required=True, help="router config file (YAML or JSON); reloaded on change")
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=int, default=8000, help="0: a free port (printed)")
-    p.add_argument("--directory", default="inprocess", help="'inprocess' or the directory's HOST:PORT")
+    p.add_argument(
+        "--directory",
+        default="inprocess",
+        help="'inprocess', the directory's gRPC HOST:PORT, or link://HOST:PORT (its --link-port)",
+    )
     p.add_argument(
         "--directory-token-file", type=Path, default=None, help="bearer token for the directory service"
     )

@@ -81,6 +81,44 @@ async def test_the_router_reaches_a_mutual_tls_directory_with_the_mounted_files(
         await server.stop()
 
 
+async def test_the_router_reaches_the_route_link_with_the_same_files(tmp_path: Path) -> None:
+    """``--directory link://HOST:PORT`` (what the operator runs the routers with) and the same mTLS
+    files: the link's TLS needs the client certificate as the gRPC port does."""
+    f = pki(tmp_path)
+    server = DirectoryServer(
+        DirectoryConfig(
+            port=0,
+            link_port=0,
+            redis_url=None,
+            auth_token=TOKEN,
+            tls_cert_file=f / "directory.crt",
+            tls_key_file=f / "directory.key",
+            tls_client_ca_file=f / "client-ca.crt",
+        )
+    )
+    await server.start()
+    try:
+        target = f"link://{server.link_address}"
+        view = directory_view(
+            target, 64, f / "token", f / "server-ca.crt", f / "client.crt", f / "client.key"
+        )
+        assert isinstance(view, GrpcDirectoryView)
+        try:
+            assert await view.health() == "ok"
+            assert (await view.resolve([1, 2], "agent-1", None)).branch_version == 1
+        finally:
+            await view.close()
+        view = directory_view(target, 64, f / "token", f / "server-ca.crt")
+        try:
+            with pytest.raises(DirectoryRpcError) as err:  # no client certificate: no handshake
+                await view.client.health()
+            assert err.value.code is grpc.StatusCode.UNAVAILABLE
+        finally:
+            await view.close()
+    finally:
+        await server.stop()
+
+
 def test_the_clients_reader_refuses_what_would_not_work(tmp_path: Path) -> None:
     f = pki(tmp_path)
     tls = read_client_tls(f / "server-ca.crt", f / "client.crt", f / "client.key")
@@ -112,5 +150,9 @@ def test_the_router_command_line_says_which_tls_file_is_wrong(tmp_path: Path) ->
         timeout=60,
         env=dict(os.environ),
     )
+    assert run.returncode != 0
+    assert "agentpool.router: a client certificate file needs its key file" in run.stderr
+    argv[5] = "--directory=link://127.0.0.1:1"  # the Route link reads the same files
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=dict(os.environ))
     assert run.returncode != 0
     assert "agentpool.router: a client certificate file needs its key file" in run.stderr

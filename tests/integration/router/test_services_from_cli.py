@@ -7,6 +7,7 @@ through all of them.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -186,3 +187,71 @@ async def test_the_router_refuses_to_start_without_its_tokens(tmp_path: Path) ->
     text = await refused(*report, *engine, "--insecure-engines-without-token")
     assert "not both" in text, text
     assert "at least 16 characters" in await refused(*report, "--engine-token-file", str(short))
+
+
+async def test_the_router_on_the_directory_link_started_from_their_clis(
+    tmp_path: Path, namespace: str
+) -> None:
+    """``--link-port`` on the directory and ``--directory link://HOST:PORT`` on the router: a branch's
+    completion is placed over the link, /ready follows the link, the wrong token is refused."""
+    engines = [await StandIn(f"n{i}", tokens=2).start() for i in range(2)]
+    dir_token = secret(tmp_path / "directory-token", "d" * 40)
+    wrong = secret(tmp_path / "wrong-token", "w" * 40)
+    config = tmp_path / "router.json"
+    nodes = [{"id": e.node_id, "url": e.url, "role": "both"} for e in engines]
+    config.write_text(
+        json.dumps({"model": "test-model", "policy": "smetric", "pageSize": 16, "nodes": nodes})
+    )
+    directory, address = await start_directory(namespace, dir_token, 16, 0, "--link-port", "0")
+    link = (await directory.wait_for(r"directory link listening on (\S+)")).group(1)
+    routers = []
+    try:
+        router, url = await start_router(
+            config, "--directory", f"link://{link}", "--directory-token-file", str(dir_token),
+            "--insecure-allow-unauthenticated-reports", "--engine-token-file", str(engine_token_file()),
+        )  # fmt: skip
+        routers.append(router)
+        refused, refused_url = await start_router(
+            config, "--directory", f"link://{link}", "--directory-token-file", str(wrong),
+            "--insecure-allow-unauthenticated-reports", "--engine-token-file", str(engine_token_file()),
+        )  # fmt: skip
+        routers.append(refused)
+        async with aiohttp.ClientSession() as http:
+            status, body = await get_json(http, url + "/ready")
+            assert status == 200 and body["checks"] == {"nodes": "ok", "directory": "ok"}, body
+            status, body = await get_json(http, refused_url + "/ready")
+            assert status == 503 and "UNAUTHENTICATED" in body["checks"]["directory"], body
+
+            request = chat_body(stream=True, max_tokens=2)
+            request["messages"] = [{"role": "user", "content": "the weather in a long sentence " * 6}]
+            headers = {"x-agentpool-branch": "agent-7"}
+            async with http.post(url + "/v1/chat/completions", json=request, headers=headers) as resp:
+                assert resp.status == 200, await resp.text()
+                assert streamed_text(await read_sse(resp)) == "tok0 tok1 "
+            async with DirectoryClient(address, token="d" * 40) as client:
+                for _ in range(100):  # the Place is not waited for by the request
+                    resolved = await client.resolve([1, 2, 3], branch="agent-7")
+                    if resolved.branch is not None and not resolved.branch.is_new:
+                        break
+                    await asyncio.sleep(0.05)
+            assert resolved.branch is not None and not resolved.branch.is_new  # placed over the link
+
+            assert await directory.stop() == 0
+            deadline = time.monotonic() + 20
+            while True:
+                status, body = await get_json(http, url + "/ready")
+                if status == 503:
+                    break
+                assert time.monotonic() < deadline, body
+            assert body["checks"]["directory"].startswith("unavailable"), body
+            async with http.post(url + "/v1/chat/completions", json=chat_body(max_tokens=2)) as resp:
+                assert resp.status == 200, await resp.text()  # served without prefix knowledge
+        for r in routers:
+            assert await r.stop() == 0, r.text()
+            assert "Traceback" not in r.text(), r.text()
+    finally:
+        for r in routers:
+            await r.stop()
+        await directory.stop()
+        for e in engines:
+            await e.kill()

@@ -305,6 +305,7 @@ class NodeTable:
             running = r.running_decode + count
             room = max(0, r.kv_room_tokens - kv)
             used = r.kv_used_tokens
+            waiting = r.decode_waiting_tokens
             remaining = r.remaining_batch_s
             accepting = r.accepting
         else:
@@ -312,6 +313,7 @@ class NodeTable:
             unreported = self._unreported(e, -1)  # every dispatch (sequence numbers start at 0)
             running, used = self._decodes_after(e, -1)  # every decode (sequence numbers start at 0)
             room = max(0, e.config.kv_capacity_tokens - used)
+            waiting = 0
             remaining = 0.0
             accepting = True
         return NodeState(
@@ -324,6 +326,7 @@ class NodeTable:
             running_decode=running,
             kv_room_tokens=room,
             kv_used_tokens=used,
+            decode_waiting_tokens=waiting,
             accepting=accepting and now >= e.down_until and not e.awaiting_report,
             draining=e.draining,
             report_age_s=age,

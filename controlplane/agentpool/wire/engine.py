@@ -23,6 +23,8 @@ Each router numbers its own dispatches: a dispatch carries the router's ``router
 router process), the router's answer to a report (:class:`ReportAck`) names it too, and the engine
 sends each router the last sequence number of that router's dispatches (-1 before it knows which
 router a report target is).
+``decode_waiting_tokens`` is the KV (prompt + output) of requests the node prefilled that wait for
+decode room outside ``kv_used_tokens`` (a colocated node: SMetric counts it against the KV room).
 A report also carries ``t_acc``, the output tokens the node's decode accepted per request and
 iteration since its last report (about 1.7 with MTP speculative decoding; absent: no decode
 iteration ran, the router keeps the last value, 1 at first), and ``iterations``, the iteration
@@ -231,6 +233,9 @@ class LoadReport(BaseModel):
     running_decode: int = Field(0, ge=0)
     kv_room_tokens: int = Field(0, ge=0)
     kv_used_tokens: int = Field(0, ge=0)
+    decode_waiting_tokens: int = Field(0, ge=0)
+    """KV tokens (prompt + output) of requests the node prefilled that wait for decode room and are
+    not in ``kv_used_tokens`` (colocated nodes; SMetric's TPOT check, ``NodeState.decode_waiting_tokens``)."""
     accepting: bool = True
     t_acc: float | None = Field(None, gt=0, le=64, allow_inf_nan=False)
     iterations: list[WireIteration] = Field(default_factory=list, max_length=MAX_ITERATIONS_PER_REPORT)

@@ -216,6 +216,7 @@ class EngineApp:
             running_decode=load.running_decode,
             kv_room_tokens=load.kv_room_tokens,
             kv_used_tokens=load.kv_used_tokens,
+            decode_waiting_tokens=load.decode_waiting_tokens,
             accepting=not self.backend.draining,
             t_acc=load.t_acc,
             iterations=load.iterations,

@@ -37,6 +37,7 @@ class BackendLoad:
     kv_used_tokens: int
     t_acc: float | None
     iterations: list[WireIteration]
+    decode_waiting_tokens: int = 0  # prefilled, waiting for decode room, not in kv_used_tokens
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,6 +55,16 @@ _ACCEPTS = {
 }
 
 
+def decode_waiting_tokens(n: NodeLoad) -> int:
+    """KV tokens of prefilled requests waiting for decode room on a colocated node. This node model
+    decodes a prefilled request at once, past its KV capacity (it has no wait for room), so the KV
+    over the capacity is what would wait: the simulator's colocated nodes hold that much waiting
+    (their free KV is then 0, as here), and SMetric's KV shortfall comes out the same."""
+    if n.role is not Role.BOTH:
+        return 0
+    return max(0, n.kv_used_tokens - n.kv_capacity_tokens)
+
+
 class SimBackend:
     @classmethod
     def create(cls, parts: BackendParts) -> SimBackend:
@@ -457,6 +467,7 @@ class SimBackend:
             kv_used_tokens=n.kv_used_tokens,
             t_acc=self.cfg.sim.t_acc if decoded else None,
             iterations=self.take_iterations(),
+            decode_waiting_tokens=decode_waiting_tokens(n),
         )
 
     def state(self) -> dict[str, Any]:

@@ -73,6 +73,18 @@ def test_decode_bindings_count_until_reported() -> None:
     assert s.running_decode == 4
 
 
+def test_decode_waiting_tokens_reach_smetric_from_a_fresh_report_only() -> None:
+    # a colocated engine's prefilled requests waiting for decode room: SMetric counts them against
+    # the KV room (NodeState.decode_waiting_tokens); a stale report says nothing
+    t = table(Role.BOTH)
+    report = LoadReport(node_id="n0", role=Role.BOTH, kv_room_tokens=4000, decode_waiting_tokens=3500)
+    t.apply_report(report, now=10.0)
+    (s,) = t.snapshot(now=11.0)
+    assert s.decode_waiting_tokens == 3500 and s.kv_room_tokens == 4000
+    (stale,) = t.snapshot(now=16.0)
+    assert stale.decode_waiting_tokens == 0
+
+
 def test_role_change_drains_until_the_engine_reports_the_new_role() -> None:
     t = table(Role.PREFILL, Role.PREFILL)
     switched = t.configure(

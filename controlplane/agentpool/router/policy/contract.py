@@ -194,7 +194,7 @@ class NodeState:
     report_age_s: seconds since the last engine report, ``None`` before the first one.
     decode_waiting_tokens: KV tokens (prompt + output) of requests a colocated node has prefilled
     and that wait there for decode room, not counted in ``kv_used_tokens`` (the simulator's
-    colocated nodes); 0 where an engine holds a prefilled request's KV in ``kv_used_tokens``.
+    colocated nodes; live, the engines' reports: ``LoadReport.decode_waiting_tokens``).
     """
 
     node_id: str

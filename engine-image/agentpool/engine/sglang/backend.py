@@ -44,7 +44,7 @@ from agentpool.engine.jobs import EventStream, JobState
 from agentpool.engine.kvstate import KvEventSink, NoSink
 from agentpool.engine.metrics import EngineMetrics
 from agentpool.engine.sglang.args import DEFAULT_LAUNCHER, LaunchError, SglangLaunch, build_args
-from agentpool.engine.sglang.control import SglangControl, SglangError, SglangLoad
+from agentpool.engine.sglang.control import SglangControl, SglangError, SglangLoad, decode_waiting_tokens
 from agentpool.engine.sglang.events import SglangKvMirror
 from agentpool.engine.sglang.generate import (
     Chunk,
@@ -118,6 +118,8 @@ class SglangJob(EventStream):
     text: str = ""
     handover: tuple[GenerateRequest, dict[str, Any]] | None = None  # a decode: to prefill it again
     retrying: bool = False  # its hand-over failed: a new prefill at the source is under way
+    tokens_out: int = 0  # SGLang's completion tokens so far
+    last_output_at: float = 0.0  # monotonic time of its last chunk
 
 
 class SglangBackend:
@@ -260,7 +262,18 @@ class SglangBackend:
             kv_used_tokens=0 if sl is None else sl.used_tokens,
             t_acc=self.records.take_t_acc(),
             iterations=self.records.take(time.monotonic()),
+            decode_waiting_tokens=0 if sl is None else self._decode_waiting(sl.running),
         )
+
+    def _decode_waiting(self, running: int) -> int:
+        """:func:`decode_waiting_tokens` of this agent's requests that had output (not prefill-phase
+        ones, whose KV left for the decode node)."""
+        out = [
+            (j.last_output_at, j.prompt_tokens + j.tokens_out)
+            for j in self.jobs.values()
+            if j.output and j.phase != "prefill" and j.state is not JobState.FINISHED
+        ]
+        return decode_waiting_tokens(out, running, time.monotonic())
 
     def state(self) -> dict[str, Any]:
         sl = self.last_load
@@ -388,7 +401,10 @@ class SglangBackend:
             self._gone(job)
 
     def _chunk(self, job: SglangJob, c: Chunk) -> None:
-        self.records.output(job.rid, time.monotonic(), c.completion_tokens, c.cached_tokens)
+        now = time.monotonic()
+        self.records.output(job.rid, now, c.completion_tokens, c.cached_tokens)
+        job.tokens_out = c.completion_tokens
+        job.last_output_at = now
         if not job.output:
             job.output = True
             job.state = JobState.DECODE

@@ -8,6 +8,7 @@ switch is answered with a continue, so the server never stays paused. Load: ``GE
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,7 @@ import aiohttp
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from agentpool.engine.errors import EngineError
+from agentpool.engine.sglang.iterations import PACER_STALL_S
 from agentpool.errors import UpstreamError
 from agentpool.node import Role
 
@@ -44,6 +46,21 @@ class SglangLoad:
     waiting_uncached_tokens: int
     used_tokens: int
     capacity_tokens: int
+
+
+def decode_waiting_tokens(outputs: Sequence[tuple[float, int]], running: int, now: float) -> int:
+    """KV tokens of requests SGLang prefilled that wait for decode room (a load report's
+    ``decode_waiting_tokens``). ``outputs``: (monotonic time of the last chunk, prompt + output tokens
+    so far) of each of the agent's requests that had output and have not finished; ``running``: SGLang's
+    running count (``/v1/loads``). SGLang retracts decoding requests when its KV runs short (their KV is
+    freed; they wait to be prefilled again) and does not say which: those beyond ``running`` that have
+    been silent longest, and at least ``PACER_STALL_S`` (a running one gets a chunk after every pass),
+    are taken as waiting; each needs its prompt and its output so far back."""
+    surplus = len(outputs) - running
+    if surplus <= 0:
+        return 0
+    silent = sorted(o for o in outputs if now - o[0] >= PACER_STALL_S)
+    return sum(tokens for _, tokens in silent[:surplus])
 
 
 @dataclass(frozen=True, slots=True)

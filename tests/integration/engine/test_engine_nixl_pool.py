@@ -23,6 +23,7 @@ from agentpool.engine.hostpool import HostPool
 from agentpool.engine.kv_peers import CHANNEL_PATH, LEASE_PATH, KvExporter, PeerFetcher
 from agentpool.engine.lease_channel import LeaseChannel, frame, read_frame
 from agentpool.engine.nixl_transport import NixlTransport, PoolInfo
+from agentpool.engine.shm import ShmBuffer
 from agentpool.kv import ROOT_HASH
 from agentpool.secret_file import BearerAuth
 
@@ -325,3 +326,25 @@ async def test_a_failed_fetch_names_the_blocks_it_evicted(local) -> None:  # typ
     evicted = info.value.evicted  # made room for 18 blocks, then the READ failed: the caller reports them
     assert len(evicted) == 18 and not any(h in pool for h in evicted)
     assert len(pool) == 46 and pool.free_slots == 18
+
+
+async def test_a_pool_in_shared_memory_is_registered_and_read_into_by_nixl(peer, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The sglang backend's pool (keepHostKv) lives in a shared-memory file: NIXL registers that
+    mapping as DRAM, READs land in it, and another mapping of the file (SGLang's) sees the bytes."""
+    _, url, hashes = peer
+    pool = HostPool(64, BLOCK_BYTES, shm_path=tmp_path / "hostpool")
+    transport = NixlTransport("local-shm", pool.buffer, BLOCK_BYTES)
+    await transport.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            fetcher = PeerFetcher(pool, transport, session, auth=AUTH, timeout_s=3.0)
+            res = await fetcher.fetch_prefix(url, hashes[:20])
+            assert res.blocks == hashes[:20]
+            await fetcher.close()
+        other = ShmBuffer(tmp_path / "hostpool", 64 * BLOCK_BYTES, create=False)
+        for h in hashes[:20]:
+            s = pool.slot_of[h]
+            assert block_matches(other.array[s * BLOCK_BYTES : (s + 1) * BLOCK_BYTES], h)
+    finally:
+        await transport.close()
+        pool.close()

@@ -6,14 +6,16 @@ decode node is bound (:func:`agentpool.router.policy.bind_decode`) and the branc
 ``prefilled`` event carries the first token and the KV ``transfer_id``, and ``phase=decode`` on the
 bound node continues the stream from the handed-over KV.
 
-Failures: an engine that fails before the first token reaches the client is excluded and the
-request re-dispatched, at most ``max_retries`` times; a ``requeue`` (a draining engine giving the
-request back) or a busy answer re-routes it without counting as a failure (at most
-``max_requeues`` times). A decode node that cannot get the KV because the prefill node is gone or
-refuses (``requeue`` with reason :data:`~agentpool.wire.engine.KV_SOURCE_LOST`, before any output)
-makes the router place the request again from the start, on another prefill node, once
-(``agentpool_router_retries_total{reason="kv_source_lost"}``); a second loss is a 503. After the
-first token a failure raises :class:`StreamBroken`: the server ends the stream with an error event.
+Failures: an engine that fails before the first token reaches the client is marked down (the
+prefill node also excluded for the request; a failed decode node is the one marked down, not the
+prefill node) and the request re-dispatched, at most ``max_retries`` times; a ``requeue`` (a
+draining engine giving the request back) or a busy answer re-routes it without counting as a
+failure (at most ``max_requeues`` times). A decode node that cannot get the KV because the prefill
+node is gone or refuses (``requeue`` with reason :data:`~agentpool.wire.engine.KV_SOURCE_LOST`,
+before any output) makes the router place the request again from the start, on another prefill
+node, once (``agentpool_router_retries_total{reason="kv_source_lost"}``); a second loss is a 503.
+After the first token a failure raises :class:`StreamBroken`: the server ends the stream with an
+error event.
 Every engine call has connect, first-event and between-event timeouts, so no client hangs.
 """
 
@@ -128,6 +130,15 @@ class Routing:
 
 class _Requeue(Exception):
     pass
+
+
+class _DecodeFailed(Exception):
+    """The bound decode node failed (:class:`EngineFailure`): that node is marked down, not the
+    prefill node the request was placed on."""
+
+    def __init__(self, node: str, cause: EngineFailure) -> None:
+        super().__init__(str(cause))
+        self.node = node
 
 
 class _KvSourceLost(Exception):
@@ -249,22 +260,24 @@ class Dispatcher:
                 if first_token:
                     raise StreamBroken(str(e)) from e
                 raise BadRequest(str(e)) from e
-            except EngineFailure as e:
+            except (EngineFailure, _DecodeFailed) as e:
+                failed = e.node if isinstance(e, _DecodeFailed) else node
                 self.metrics.engine_failures.labels("engine").inc()
                 if first_token:
-                    log.warning("request %s: engine %s failed mid-stream: %s", prep.request_id, node, e)
+                    log.warning("request %s: engine %s failed mid-stream: %s", prep.request_id, failed, e)
                     raise StreamBroken(str(e)) from e
-                down_s = self.nodes.mark_down(node, self.clock())
+                down_s = self.nodes.mark_down(failed, self.clock())
                 log.warning(
                     "request %s: engine %s failed (%s); sending it nothing for %g s",
                     prep.request_id,
-                    node,
+                    failed,
                     e,
                     down_s,
                 )
                 failures += 1
                 last_error = str(e)
-                prep.excluded.add(node)
+                if failed == node:  # a failed decode node is down: the next binding avoids it
+                    prep.excluded.add(node)
                 self.metrics.retries.labels("engine_failure").inc()
                 if failures > cfg.max_retries:
                     raise RequestFailed(f"{failures} engines failed, last: {last_error}") from e
@@ -434,6 +447,8 @@ class Dispatcher:
                                 yield Finish(ev.finish_reason or "stop", ev.usage or Usage())
                                 return
                     raise EngineFailure(f"{decode_node}: decode stream ended without done")
+                except EngineFailure as e:
+                    raise _DecodeFailed(decode_node, e) from e
                 except _Requeue:
                     # The decode node gave the request back before decoding it (it drains for a role
                     # switch that began after the binding). The KV still waits on the prefill node

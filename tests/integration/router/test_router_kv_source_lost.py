@@ -2,7 +2,8 @@
 with reason ``kv_source_lost`` before any output: the router places the request again from the start
 on another prefill node, once (``agentpool_router_retries_total{reason="kv_source_lost"}``); a second
 loss is a 503 with Retry-After, and a loss after the first token ends the stream with an error rather
-than sending the token twice. (With real agents and a killed prefill node:
+than sending the token twice. A decode node that fails (``error``) is the node marked down, not the
+prefill node. (With real agents and a killed prefill node:
 ``tests/integration/engine/test_engine_kv_source_lost.py``.)"""
 
 from __future__ import annotations
@@ -97,3 +98,34 @@ async def test_a_loss_after_the_first_token_ends_the_stream_without_repeating_it
     assert any(isinstance(e, dict) and "error" in e for e in events), events
     assert len(p1.received) + len(p2.received) == 1
     assert metric(metrics, 'agentpool_router_retries_total{reason="kv_source_lost"}') == 0
+
+
+class FailingDecode(StandIn):
+    """Fails every decode request (an ``error`` event), as a broken decode engine does."""
+
+    async def _decode(self, req: GenerateRequest, send: object) -> None:
+        self.requeued.append(req.request_id)
+        await send({"type": "error", "message": f"{self.node_id} broke"})  # type: ignore[operator]
+
+
+async def test_a_failed_decode_node_is_marked_down_not_the_prefill_node() -> None:
+    p1 = await StandIn("p1", tokens=4, first_text="").start()
+    d1 = await FailingDecode("d1", tokens=4).start()  # the first choice (lowest id on a tie)
+    d2 = await StandIn("d2", tokens=4).start()
+    cfg = router_config([("p1", p1.url, "prefill"), ("d1", d1.url, "decode"), ("d2", d2.url, "decode")])
+    router = await start_router(cfg)
+    try:
+        url = f"{router.url}/v1/chat/completions"
+        async with aiohttp.ClientSession() as s, s.post(url, json=chat_body(stream=True)) as r:
+            assert r.status == 200, await r.text()
+            events = await read_sse(r)
+        assert events[-1] == "[DONE]"
+        assert streamed_text(events) == "tok1 tok2 tok3 "
+        # d1 failed once and is down; the one prefill node was not blamed: it prefilled again
+        assert len(d1.requeued) == 1 and len(d2.completed) == 1 and len(p1.received) == 2
+        nodes = router.service.nodes
+        assert nodes.get("d1").failures == 1 and nodes.get("p1").failures == 0
+    finally:
+        await router.stop()
+        for e in (p1, d1, d2):
+            await e.kill()

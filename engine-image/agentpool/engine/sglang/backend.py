@@ -291,20 +291,8 @@ class SglangBackend:
                 "kv_event_gaps": self.mirror.gaps,
                 "mirror_blocks": len(self.mirror.tiers),
                 "kept_across_switch": self.mirror.kept_across_switch,
-                "l3": None if self.store is None else self.store_state(),
+                "l3": None if self.store is None else self.store.state(),
             },
-        }
-
-    def store_state(self) -> dict[str, Any]:
-        assert self.store is not None
-        ix = self.store.index
-        return {
-            "pages": len(ix),
-            "requests": self.store.requests,
-            "refused": self.store.refused,
-            "clears_kept": ix.kept_clears,
-            "clears_dropped": ix.dropped_clears,
-            "aliased": ix.aliased,
         }
 
     # -- generate -----------------------------------------------------------------------------

@@ -92,6 +92,17 @@ class L3StoreServer:
     def shm_path(self) -> Path:
         return self.run_dir / SHM_NAME
 
+    def state(self) -> dict[str, int]:
+        ix = self.index
+        return {
+            "pages": len(ix),
+            "requests": self.requests,
+            "refused": self.refused,
+            "clears_kept": ix.kept_clears,
+            "clears_dropped": ix.dropped_clears,
+            "aliased": ix.aliased,
+        }
+
     async def start(self) -> None:
         self._server = await asyncio.start_unix_server(self._serve, path=str(self.path))
         os.chmod(self.path, 0o600)

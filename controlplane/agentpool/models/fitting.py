@@ -23,6 +23,15 @@ Two choices, both documented here because they change the numbers:
   at most 1. On clean records (the simulator's: noise of a few percent) nothing is dropped and the
   fit is the plain one.
 
+- Terms the records cannot tell, taken from a prior: with a prior model (the coefficients the
+  planner and router used before the fit), a prefill term other than the constant that makes at
+  most ``IDENTIFIABLE_SHARE`` of every record's time under the prior (e.g. attention when the warmup
+  saw only short contexts) is fixed at the prior's coefficient and the others fitted around it.
+  NNLS would set such a term to about 0, and a model fitted on short contexts would then predict a
+  long-context prefill many times too fast once the workload changes (the simulator's shifting
+  run: 155% mean prefill error against its ground truth). Counted in
+  ``FitReport.terms_from_prior``. Without a prior (or when every term shows) the fit is as before.
+
 The fit report gives the mean absolute percentage error on records held out from the fit: every
 ``holdout_every``-th record (deterministic, so a fit is reproducible), outliers (same rule) not
 counted there but in ``records_dropped``.
@@ -46,6 +55,7 @@ BoolArray = npt.NDArray[np.bool_]
 OUTLIER_RATIO = 2.0  # predicted / measured above this (and ...)
 OUTLIER_MEDIANS = 10.0  # ... relative error above this many times the median's: an outlier
 OUTLIER_ROUNDS = 3
+IDENTIFIABLE_SHARE = 0.05  # a term at most this share of every record's time (under the prior): prior's
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +67,7 @@ class FitReport:
     mape_held_out: float  # mean |predicted - measured| / measured over the held-out records
     max_ape_held_out: float
     records_dropped: int = 0  # outliers (measured far too short), fitted or held out
+    terms_from_prior: int = 0  # coefficients fixed at the prior's: too small a share to be fitted
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,12 +106,33 @@ def prefill_regressors(batch: Iterable[PrefillBatchItem]) -> tuple[float, float,
     return (1.0, s_uc, s_a, s_rst)
 
 
-def fit_prefill(records: Sequence[PrefillIterationRecord], holdout_every: int = 5) -> PrefillFit:
-    """Fit Eq. 1 by NNLS on all records but every ``holdout_every``-th; report error on those."""
+def fit_prefill(
+    records: Sequence[PrefillIterationRecord], holdout_every: int = 5, prior: PrefillModel | None = None
+) -> PrefillFit:
+    """Fit Eq. 1 by NNLS on all records but every ``holdout_every``-th; report error on those.
+    ``prior``: terms the records cannot tell keep its coefficients (see the module's notes)."""
     x = np.array([prefill_regressors(r.batch) for r in records], dtype=np.float64).reshape(-1, 4)
     y = np.array([r.seconds for r in records], dtype=np.float64)
-    coef, report = _fit_and_report(x, y, holdout_every, what="prefill")
+    fixed = (
+        None if prior is None else unidentified_terms(x, np.array([prior.c0, prior.c1, prior.c2, prior.c3]))
+    )
+    coef, report = _fit_and_report(x, y, holdout_every, what="prefill", fixed=fixed)
     return PrefillFit(model=PrefillModel(*(float(c) for c in coef)), report=report)
+
+
+def unidentified_terms(x: FloatArray, prior: FloatArray) -> FloatArray | None:
+    """The prior's coefficients of the terms (not the constant, column 0) whose share of every
+    record's time under ``prior`` is at most ``IDENTIFIABLE_SHARE``; NaN for the terms to fit.
+    None when every term can be fitted."""
+    pred = x @ prior
+    if np.any(pred <= 0):
+        return None
+    share = ((x * prior) / pred[:, None]).max(axis=0)
+    low = share <= IDENTIFIABLE_SHARE
+    low[0] = False
+    if not low.any():
+        return None
+    return np.where(low, prior, np.nan)
 
 
 def fit_decode(
@@ -162,7 +194,7 @@ def mape(x: FloatArray, y: FloatArray, coef: FloatArray) -> tuple[float, float]:
 
 
 def _fit_and_report(
-    x: FloatArray, y: FloatArray, holdout_every: int, what: str
+    x: FloatArray, y: FloatArray, holdout_every: int, what: str, fixed: FloatArray | None = None
 ) -> tuple[FloatArray, FitReport]:
     if holdout_every < 2:
         raise ValueError(f"holdout_every must be >= 2 to hold records out, got {holdout_every}")
@@ -172,7 +204,7 @@ def _fit_and_report(
         raise ValueError(
             f"{what} fit needs at least {x.shape[1]} fitted and 1 held-out record, got {n_fit} and {n_held}"
         )
-    coef, kept = nnls_trimmed(x[~held], y[~held])
+    coef, kept = nnls_trimmed(x[~held], y[~held], fixed)
     held_kept = ~outliers(x[held], y[held], coef)
     if not held_kept.any():
         held_kept[:] = True  # every held-out record an outlier: report them as they are
@@ -184,6 +216,7 @@ def _fit_and_report(
         mape_held_out=mean_ape,
         max_ape_held_out=max_ape,
         records_dropped=dropped,
+        terms_from_prior=0 if fixed is None else int((~np.isnan(fixed)).sum()),
     )
 
 
@@ -195,7 +228,9 @@ def outliers(x: FloatArray, y: FloatArray, coef: FloatArray) -> BoolArray:
     return (pred > OUTLIER_RATIO * y) & (ape > OUTLIER_MEDIANS * float(np.median(ape)))
 
 
-def nnls_trimmed(x: FloatArray, y: FloatArray) -> tuple[FloatArray, BoolArray]:
+def nnls_trimmed(
+    x: FloatArray, y: FloatArray, fixed: FloatArray | None = None
+) -> tuple[FloatArray, BoolArray]:
     """:func:`nnls_relative` without the records measured far too short (see the module's notes);
     returns the coefficients and which records they were fitted on.
 
@@ -203,35 +238,42 @@ def nnls_trimmed(x: FloatArray, y: FloatArray) -> tuple[FloatArray, BoolArray]:
     pull; from then on against the relative fit of the records kept, until the kept set is stable.
     Clean records keep every record and give exactly :func:`nnls_relative`'s coefficients."""
     n = x.shape[1]
-    kept = ~outliers(x, y, _nnls_scaled(x, y))
+    kept = ~outliers(x, y, _solve(x, y, np.ones_like(y), fixed))
     if int(kept.sum()) < n:
         kept[:] = True
-    coef = nnls_relative(x[kept], y[kept])
+    coef = nnls_relative(x[kept], y[kept], fixed)
     for _ in range(OUTLIER_ROUNDS):
         now = ~outliers(x, y, coef)
         if np.array_equal(now, kept) or int(now.sum()) < n:
             break
         kept = now
-        coef = nnls_relative(x[kept], y[kept])
+        coef = nnls_relative(x[kept], y[kept], fixed)
     return coef, kept
 
 
-def nnls_relative(x: FloatArray, y: FloatArray) -> FloatArray:
-    """Nonnegative ``coef`` minimizing ``sum(((x @ coef - y) / y)**2)``, with unit-norm columns."""
+def nnls_relative(x: FloatArray, y: FloatArray, fixed: FloatArray | None = None) -> FloatArray:
+    """Nonnegative ``coef`` minimizing ``sum(((x @ coef - y) / y)**2)``, with unit-norm columns;
+    ``fixed``: coefficients not fitted (NaN: fitted)."""
     if np.any(y <= 0):
         raise ValueError("measured times must be positive")
-    return _nnls_scaled(x / y[:, None], np.ones_like(y))
+    return _solve(x, y, y, fixed)
 
 
-def _nnls_scaled(x: FloatArray, y: FloatArray) -> FloatArray:
-    """Nonnegative ``coef`` minimizing ``|x @ coef - y|``, solved on unit-norm columns (a column of
-    zeros gets 0)."""
-    norms = np.linalg.norm(x, axis=0)
-    used = norms > 0
+def _solve(x: FloatArray, y: FloatArray, scale: FloatArray, fixed: FloatArray | None) -> FloatArray:
+    """Nonnegative ``coef`` minimizing ``|(x @ coef - y) / scale|``, solved on unit-norm columns (a
+    column of zeros gets 0); the columns ``fixed`` names keep its values."""
+    free = np.ones(x.shape[1], dtype=np.bool_) if fixed is None else np.isnan(fixed)
+    target = y.copy()
+    coef = np.zeros(x.shape[1], dtype=np.float64)
+    if fixed is not None:
+        coef[~free] = fixed[~free]
+        target = target - x[:, ~free] @ fixed[~free]
+    a = x / scale[:, None]
+    norms = np.linalg.norm(a, axis=0)
+    used = (norms > 0) & free
     # imported here: scipy.optimize takes about 0.5 s to import, which every simulator run would pay
     from scipy.optimize import nnls
 
-    scaled_coef, _ = nnls(x[:, used] / norms[used], y)
-    coef = np.zeros(x.shape[1], dtype=np.float64)
+    scaled_coef, _ = nnls(a[:, used] / norms[used], target / scale)
     coef[used] = scaled_coef / norms[used]
     return coef

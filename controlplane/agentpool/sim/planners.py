@@ -248,10 +248,13 @@ class OnlineFit:
         for node in self.sim.nodes:
             own_p = self.prefill.get(node.name, [])
             own_d = self.decode.get(node.name, [])
+            prior = models[node.index].prefill  # what the planner and router used until now
             if len(own_p) >= self.MIN_RECORDS:
-                pf = fit_prefill(own_p)
+                pf = fit_prefill(own_p, prior=prior)
             else:
-                pooled_p = pooled_p or fit_prefill([r for rs in self.prefill.values() for r in rs])
+                pooled_p = pooled_p or fit_prefill(
+                    [r for rs in self.prefill.values() for r in rs], prior=prior
+                )
                 pf = pooled_p
             if len(own_d) >= self.MIN_RECORDS:
                 df = fit_decode(own_d, shape)

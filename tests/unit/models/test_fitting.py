@@ -16,7 +16,7 @@ from agentpool.models.fitting import (
     nnls_relative,
     prefill_regressors,
 )
-from agentpool.models.iteration import moe_fraction
+from agentpool.models.iteration import PrefillBatchItem, moe_fraction
 from agentpool.models.synthetic import SyntheticWorkload, decode_records, prefill_records
 
 TRUE = NodeModel(
@@ -168,3 +168,35 @@ def test_clean_records_drop_nothing_and_fit_as_before() -> None:
     )
     y = np.array([r.seconds for r in recs])
     assert _coefs(df.model) == pytest.approx(list(nnls_relative(x[~held], y[~held])), rel=1e-12)
+
+
+def test_a_term_the_records_cannot_tell_keeps_the_priors_coefficient() -> None:
+    """Short contexts only (the attention term is a few % of each iteration): plain NNLS cannot
+    tell c2 and predicts a long-context prefill too fast; with the prior, c2 is the prior's and
+    the other terms are fitted around it."""
+    rng = np.random.default_rng(5)
+    short = SyntheticWorkload(max_cached=2_000, restore_fraction=0.5)
+    recs = prefill_records("a", TRUE, 600, noise=0.03, rng=rng, workload=short)
+    prior = PrefillModel(c0=0.02, c1=3e-5, c2=2.2e-10, c3=2e-6)  # a prior 10-50% off on each term
+    plain = fit_prefill(recs)
+    fitted = fit_prefill(recs, prior=prior)
+    assert plain.report.terms_from_prior == 0
+    assert fitted.report.terms_from_prior == 1
+    assert fitted.model.c2 == prior.c2
+    # the terms the records do show are fitted, not copied from the prior
+    assert fitted.model.c1 == pytest.approx(TRUE.prefill.c1, rel=0.05)
+    assert fitted.model.c0 == pytest.approx(TRUE.prefill.c0, rel=0.1)
+    long_batch = [PrefillBatchItem(t_uc=8192, t_c=200_000, t_rst=0)]
+    truth = TRUE.prefill.iteration_time(long_batch)
+    plain_error = abs(plain.model.iteration_time(long_batch) - truth) / truth
+    assert abs(plain.model.c2 - TRUE.prefill.c2) / TRUE.prefill.c2 > 0.3  # NNLS cannot tell c2 here
+    assert abs(fitted.model.iteration_time(long_batch) - truth) / truth < min(0.15, plain_error / 2)
+
+
+def test_a_prior_changes_nothing_when_every_term_shows() -> None:
+    rng = np.random.default_rng(6)
+    recs = prefill_records("a", TRUE, 500, noise=0.02, rng=rng)
+    prior = PrefillModel(c0=0.02, c1=3e-5, c2=2.2e-10, c3=2e-6)
+    with_prior = fit_prefill(recs, prior=prior)
+    assert with_prior.report.terms_from_prior == 0
+    assert _coefs(with_prior.model) == _coefs(fit_prefill(recs).model)

@@ -184,7 +184,11 @@ def test_online_fit_gives_every_node_the_fitted_models_and_stops_recording() -> 
         assert sim.models[n.index].prefill == f.prefill.model and sim.models[n.index].decode == f.decode.model
         assert f.prefill_own == (n.name in ("n0", "n1")) and f.decode_own == (n.name == "n5")
     assert by_node["n0"].prefill.model.c1 == pytest.approx(GLM.prefill.c1, rel=1e-6)
-    assert by_node["n1"].prefill.model.c1 == pytest.approx(1.3 * GLM.prefill.c1, rel=1e-6)
+    # n1's restore term is a tiny share of these records: it keeps the prior's (n1 is 30% slower than the
+    # prior there), and c1 absorbs the difference, a few parts per million of it
+    assert by_node["n1"].prefill.report.terms_from_prior == 1
+    assert by_node["n1"].prefill.model.c3 == GLM.prefill.c3
+    assert by_node["n1"].prefill.model.c1 == pytest.approx(1.3 * GLM.prefill.c1, rel=1e-4)
     # a node that never prefilled gets the fit of every node's prefill records: between the two
     pooled = by_node["n3"].prefill.model.c1
     assert GLM.prefill.c1 < pooled < 1.3 * GLM.prefill.c1

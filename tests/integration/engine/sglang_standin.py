@@ -40,6 +40,10 @@ answers ``/health`` with 503 for S seconds (model loading), then serves:
   ``batch_exists`` and read back (``batch_get``), checked byte for byte against the page it would
   compute, and counted as cached (a mismatch is recomputed); ``/pd_role_switch`` clears its own host
   tier and calls the backend's ``clear()``, as SGLang 0.5.23's switch does;
+- retraction (``POST /standin/retract`` ``{"running": N}``, ``null`` to lift it): the KV now holds N
+  running requests; SGLang retracts the newest decodes beyond it back to the front of the waiting
+  queue (no chunks meanwhile; ``/v1/loads`` counts them waiting) and admits no prefill while the
+  batch is full; a retracted request is prefilled again (prompt and output so far) and goes on;
 - ``GET /standin/requests``: the generate payloads it got (for the tests), and ``l3`` counters.
 SIGTERM: exits 0 after printing ``stand-in stopped``.
 """
@@ -139,6 +143,7 @@ class Req:
     cached: int = 0
     done: int = 0
     verify: int = 0
+    retracted: bool = False
 
 
 class StandIn:
@@ -154,6 +159,7 @@ class StandIn:
         self.fail_rooms = 0
         self.waiting: list[Req] = []
         self.batch: list[Req] = []
+        self.max_running: int | None = None  # POST /standin/retract: KV for this many running requests
         self.wake = asyncio.Event()
         self.page = args.page_size
         self.role = args.disaggregation_mode or "null"
@@ -196,6 +202,7 @@ class StandIn:
         app.router.add_post("/abort_request", self.abort)
         app.router.add_get("/standin/requests", self.recorded)
         app.router.add_post("/standin/fail_transfers", self.fail_transfers)
+        app.router.add_post("/standin/retract", self.retract)
         return app
 
     def bootstrap_app(self) -> web.Application:
@@ -209,6 +216,12 @@ class StandIn:
 
     async def fail_transfers(self, r: web.Request) -> web.Response:
         self.fail_rooms = int((await r.json())["count"])
+        return web.json_response({})
+
+    async def retract(self, r: web.Request) -> web.Response:
+        running = (await r.json())["running"]
+        self.max_running = None if running is None else int(running)
+        self.wake.set()
         return web.json_response({})
 
     async def transfer_ok(self, q: Req) -> bool:
@@ -318,9 +331,15 @@ class StandIn:
                     self.batch = [b for b in self.batch if b is not q]
             loop = asyncio.get_running_loop()
             t0 = loop.time()  # a pass lasts its time from here, the stand-in's own work included
-            if self.waiting:
+            cap = self.max_running
+            while cap is not None and len(self.batch) > cap:  # the KV ran short: retract the newest
+                q = self.batch.pop()
+                q.retracted = True
+                self.waiting.insert(0, q)
+            full = cap is not None and self.role != "decode" and len(self.batch) >= cap
+            if self.waiting and not full:
                 passed, uncached = [], 0
-                while self.waiting:
+                while self.waiting and (cap is None or len(self.batch) + len(passed) < cap):
                     q = self.waiting[0]
                     if self.role == "decode":  # the KV came by transfer: straight into the batch
                         self.waiting.pop(0)
@@ -348,7 +367,8 @@ class StandIn:
                 if passed:
                     await asyncio.sleep(t0 + self.p0 + self.p1 * uncached - loop.time())
                     for q in passed:
-                        q.done = 1
+                        q.done = min(q.n, q.done + 1) if q.retracted else 1
+                        q.retracted = False
                         if not self.emit(q) and q.body.get("stream"):
                             self.batch.append(q)
                 continue

@@ -50,6 +50,38 @@ class Dispatch:
 
 
 @dataclass(slots=True)
+class _Sums:
+    """Sums of queued prefill work (:class:`QueuedPrefill`'s fields) kept by adding and taking out.
+
+    Exact for the router's work, whose token counts are whole numbers (so are the sums and the
+    attention pairs, far below 2**53): the same floats as summing the queue afresh, in any order.
+    Reset to zero whenever the queue empties, so no residue outlives a queue."""
+
+    requests: int = 0
+    t_uc: float = 0.0
+    t_c: float = 0.0
+    pairs: float = 0.0
+    built: QueuedPrefill | None = None  # :meth:`queue`'s answer until the sums change
+
+    def add(self, w: Work, sign: int) -> None:
+        self.built = None
+        self.requests += sign
+        if self.requests == 0:
+            self.t_uc = self.t_c = self.pairs = 0.0
+            return
+        self.t_uc += sign * w.t_uc
+        self.t_c += sign * w.t_c
+        self.pairs += sign * w.attention_pairs
+
+    def queue(self) -> QueuedPrefill:
+        if not self.requests:
+            return EMPTY_QUEUE
+        if self.built is None:
+            self.built = QueuedPrefill(self.requests, self.t_uc, self.t_c, self.pairs)
+        return self.built
+
+
+@dataclass(slots=True)
 class NodeEntry:
     config: NodeConfig
     role: Role
@@ -65,14 +97,13 @@ class NodeEntry:
     seen_at: float = 0.0  # registered or last reported
     awaiting_report: bool = False  # discovered without a role: nothing is sent until it reports
     next_seq: int = 0
+    # in dispatch order (sequence numbers increase), with running sums kept as they come and go:
+    # the snapshot runs per request and node, and walking every queued request there made each
+    # request's cost grow with the concurrency
     prefills: dict[str, Dispatch] = field(default_factory=dict)
     decodes: dict[str, Dispatch] = field(default_factory=dict)
-    # bumped on every change to ``prefills``; keys the memo of the unreported queue aggregate
-    prefills_version: int = 0
-    unreported_memo: tuple[int, int, QueuedPrefill] | None = None
-    # the same for ``decodes``: (version, after, decodes numbered after it, their KV tokens)
-    decodes_version: int = 0
-    decodes_memo: tuple[int, int, int, int] | None = None
+    prefill_sums: _Sums = field(default_factory=lambda: _Sums())
+    decode_kv: int = 0  # KV tokens of ``decodes``
 
     @property
     def node_id(self) -> str:
@@ -234,15 +265,19 @@ class NodeTable:
         entry = self.get(node_id)
         seq = entry.next_seq
         entry.next_seq += 1
+        old = entry.prefills.pop(request_id, None)
+        if old is not None:  # dispatched there again: the old entry goes (the order stays by seq)
+            entry.prefill_sums.add(old.work, -1)
         entry.prefills[request_id] = Dispatch(request_id, seq, work, kv_tokens)
-        entry.prefills_version += 1
+        entry.prefill_sums.add(work, 1)
         return seq
 
     def finish_prefill(self, node_id: str, request_id: str) -> None:
         entry = self._nodes.get(node_id)
         if entry is not None:
-            if entry.prefills.pop(request_id, None) is not None:
-                entry.prefills_version += 1
+            gone = entry.prefills.pop(request_id, None)
+            if gone is not None:
+                entry.prefill_sums.add(gone.work, -1)
             self._maybe_drained(entry)
 
     def bind_decode(self, node_id: str, request_id: str, kv_tokens: int) -> int:
@@ -252,8 +287,11 @@ class NodeTable:
             return -1
         seq = entry.next_seq
         entry.next_seq += 1
+        old = entry.decodes.pop(request_id, None)
+        if old is not None:
+            entry.decode_kv -= old.kv_tokens
         entry.decodes[request_id] = Dispatch(request_id, seq, _NO_WORK, kv_tokens)
-        entry.decodes_version += 1
+        entry.decode_kv += kv_tokens
         return seq
 
     def t_acc(self, node_id: str) -> float:
@@ -264,8 +302,9 @@ class NodeTable:
     def finish_decode(self, node_id: str, request_id: str) -> None:
         entry = self._nodes.get(node_id)
         if entry is not None:
-            if entry.decodes.pop(request_id, None) is not None:
-                entry.decodes_version += 1
+            gone = entry.decodes.pop(request_id, None)
+            if gone is not None:
+                entry.decode_kv -= gone.kv_tokens
             self._maybe_drained(entry)
 
     def mark_down(self, node_id: str, now: float) -> float:
@@ -334,35 +373,36 @@ class NodeTable:
 
     @staticmethod
     def _decodes_after(e: NodeEntry, after: int) -> tuple[int, int]:
-        """How many decodes were bound after sequence ``after``, and their KV tokens (memoized: the
-        snapshot runs per request and node, over every decode there)."""
-        memo = e.decodes_memo
-        if memo is not None and memo[0] == e.decodes_version and memo[1] == after:
-            return memo[2], memo[3]
-        count = kv = 0
-        for d in e.decodes.values():
-            if d.seq > after:
-                count += 1
-                kv += d.kv_tokens
-        e.decodes_memo = (e.decodes_version, after, count, kv)
+        """How many decodes were bound after sequence ``after``, and their KV tokens: the running
+        totals less the decodes numbered up to ``after`` (the first ones in order; usually none)."""
+        count, kv = len(e.decodes), e.decode_kv
+        if after >= 0:
+            for d in e.decodes.values():
+                if d.seq > after:
+                    break
+                count -= 1
+                kv -= d.kv_tokens
         return count, kv
 
     @staticmethod
     def _unreported(e: NodeEntry, after: int) -> QueuedPrefill:
-        """The prefills dispatched after sequence ``after``, summed in dispatch order (memoized)."""
-        memo = e.unreported_memo
-        if memo is not None and memo[0] == e.prefills_version and memo[1] == after:
-            return memo[2]
-        # QueuedPrefill.add's sums in the same order (bit for bit), without an object per request:
-        # every dispatch changes the version, so this runs per request over every queued prefill
-        requests, t_uc, t_c, pairs = 0, 0.0, 0.0, 0.0
-        for d in e.prefills.values():
-            if d.seq > after:
-                w = d.work
-                requests += 1
-                t_uc += w.t_uc
-                t_c += w.t_c
-                pairs += w.attention_pairs
-        queue = QueuedPrefill(requests, t_uc, t_c, pairs) if requests else EMPTY_QUEUE
-        e.unreported_memo = (e.prefills_version, after, queue)
-        return queue
+        """The prefills dispatched after sequence ``after``: the running sums less the prefills
+        numbered up to ``after`` (the first ones in dispatch order, which the report covers)."""
+        sums = e.prefill_sums
+        if after < 0 or not e.prefills:
+            return sums.queue()
+        covered = [d.work for d in _up_to(e.prefills, after)]
+        if not covered:
+            return sums.queue()
+        rest = _Sums(sums.requests, sums.t_uc, sums.t_c, sums.pairs)
+        for w in covered:
+            rest.add(w, -1)
+        return rest.queue()
+
+
+def _up_to(dispatches: dict[str, Dispatch], after: int) -> Iterable[Dispatch]:
+    """The dispatches numbered up to ``after`` (a prefix of the dispatch order)."""
+    for d in dispatches.values():
+        if d.seq > after:
+            return
+        yield d

@@ -185,7 +185,7 @@ def test_config_from_the_pool_spec_settings_round_trips() -> None:
 
 
 def test_the_unreported_queue_follows_every_dispatch_and_finish() -> None:
-    """The aggregate is memoized per node: each change to the outstanding prefills must show."""
+    """The aggregate is kept per node as requests come and go: each change must show."""
     t = table(Role.PREFILL)
     works = [Work(t_uc=100.0 * (i + 1), t_c=10.0 * i) for i in range(4)]
     for i, w in enumerate(works):
@@ -193,7 +193,7 @@ def test_the_unreported_queue_follows_every_dispatch_and_finish() -> None:
         (state,) = t.snapshot(0.0)
         assert state.unreported.requests == i + 1
         assert state.unreported.t_uc == sum(x.t_uc for x in works[: i + 1])
-    assert t.snapshot(0.5)[0].unreported is t.snapshot(0.6)[0].unreported  # unchanged: memo reused
+    assert t.snapshot(0.5)[0].unreported is t.snapshot(0.6)[0].unreported  # unchanged: the same object
     t.finish_prefill("n0", "r1")
     t.finish_prefill("n0", "unknown")
     (state,) = t.snapshot(1.0)

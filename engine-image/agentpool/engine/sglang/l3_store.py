@@ -87,6 +87,7 @@ class L3StoreServer:
         self.refused = 0
         self.requests = 0
         self._server: asyncio.AbstractServer | None = None
+        self._handlers: set[asyncio.Task[None]] = set()
 
     @property
     def shm_path(self) -> Path:
@@ -110,12 +111,26 @@ class L3StoreServer:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
+            for t in list(self._handlers):  # connections still open: end them here, not at loop teardown
+                t.cancel()
+            await asyncio.gather(*self._handlers, return_exceptions=True)
             await self._server.wait_closed()
             self._server = None
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        try:
+            await self._serve_conn(reader, writer)
+        except asyncio.CancelledError:
+            pass  # the server is closing
+        finally:
+            self._handlers.discard(task)
+
+    async def _serve_conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sock = writer.get_extra_info("socket")
         creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         _pid, uid, _gid = struct.unpack("3i", creds)

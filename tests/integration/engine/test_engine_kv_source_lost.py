@@ -189,7 +189,19 @@ async def test_sglang_a_dead_prefill_node_is_placed_again_from_the_start(pool: P
             return False
 
         await wait_until(prefilled_somewhere, 10, "a prefill on p0 or p1")
-        await asyncio.sleep(0.5)  # the router reads `prefilled` and calls d0
+
+        async def decode_bound() -> bool:  # the router read `started` (`prefilled` came with it)
+            async with http.get(pool.url + "/metrics") as r:
+                text = await r.text()
+            return (
+                metric(
+                    text, 'agentpool_router_decisions_total{node="d0",phase="decode",policy="least-loaded"}'
+                )
+                == 1
+            )
+
+        await wait_until(decode_bound, 10, "the router to bind d0")
+        await asyncio.sleep(0.3)  # and call d0 with `prefilled`'s transfer id
         dead = first[0]
         kill_agent(prefill[dead])
         await wait_until(lambda: port_closed(standin_port[dead]), 10, f"{dead}'s SGLang gone")

@@ -155,6 +155,12 @@ async def test_server_and_client_copy_pages_byte_exact(tmp_path: Path) -> None:
         assert await asyncio.to_thread(c.exists, keys) == 5
         assert await asyncio.to_thread(c.clear) is False
         assert await asyncio.to_thread(c.exists, keys) == 0
+        # the agent goes away: the channel fails, and keeps failing at once (no half-read frames)
+        await server.close()
+        with pytest.raises(L3Error, match="L3 store channel"):
+            await asyncio.to_thread(c.exists, keys)
+        with pytest.raises(L3Error, match="closed after an earlier failure"):
+            await asyncio.to_thread(c.exists, keys)
         c.close()
     finally:
         await server.close()

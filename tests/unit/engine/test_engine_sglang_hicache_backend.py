@@ -115,10 +115,22 @@ async def test_sglangs_factory_loads_the_backend_and_pages_survive_a_switchs_cle
             assert backend.batch_set_v1(["e" * 64], torch.arange(5 * PAGE, 6 * PAGE)) == [True]
             backend.clear()  # not a switch: dropped
             assert backend.batch_exists(keys) == 0
-            backend.close()
             other.close()
+            return backend
 
-        await asyncio.to_thread(sglang_side)
+        backend = await asyncio.to_thread(sglang_side)
+        # the agent gone: misses, as SGLang's storage contract has it, never an exception in its threads
+        await server.close()
+
+        def after() -> None:
+            host = PageFirstHost(2)
+            assert backend.batch_exists(["a" * 64]) == 0
+            assert backend.batch_get(["a" * 64], [host.get_dummy_flat_data_page()]) == [None]
+            assert backend.batch_set(["a" * 64], [host.get_data_page(0)]) is False
+            assert backend.batch_get_v1(["a" * 64], torch.arange(0, PAGE)) == [False]
+            backend.close()
+
+        await asyncio.to_thread(after)
         assert index.kept_clears == 1 and index.dropped_clears == 1
     finally:
         await server.close()

@@ -14,18 +14,24 @@ prefix misses the device and host tiers, then ``set_from_flat_data_page``. The z
 
 Every page is copied into and out of the agent's pool (``l3_client.py``: a shared-memory file and a
 Unix socket); the agent owns slots and eviction, and keeps the pages when SGLang's role switch calls
-:meth:`AgentPoolStorage.clear`. Imports SGLang and torch: only SGLang's processes import it.
+:meth:`AgentPoolStorage.clear`. A failed call to the agent (a full pool, the agent gone) is logged
+and answered as SGLang's storage contract has it: a miss (``batch_exists`` 0, ``None`` pages, False
+writes), never an exception in SGLang's prefetch or backup thread (an exception ends SGLang 0.5.23's
+prefetch I/O thread). Imports SGLang and torch: only SGLang's processes import it.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
-from agentpool.engine.sglang.l3_client import L3Client, Page, key_suffix
+from agentpool.engine.sglang.l3_client import L3Client, L3Error, Page, key_suffix
+
+log = logging.getLogger(__name__)
 
 EXTRA_SOCKET = "agentpool_socket"
 
@@ -62,10 +68,14 @@ class AgentPoolStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang's class,
 
     # -- the abstract interface ----------------------------------------------------------------
     def exists(self, key: str) -> bool:
-        return self._c().exists(self._keys([key])) == 1
+        return self.batch_exists([key]) == 1
 
     def batch_exists(self, keys: list[str], extra_info: Any = None) -> int:
-        return self._c().exists(self._keys(keys))
+        try:
+            return self._c().exists(self._keys(keys))
+        except L3Error as e:
+            log.warning("agentpool storage: exists of %d pages failed: %s", len(keys), e)
+            return 0
 
     def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> Any:
         return self.batch_get([key], [target_location])[0]
@@ -73,8 +83,22 @@ class AgentPoolStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang's class,
     def batch_get(self, keys: list[str], target_locations: Any = None, target_sizes: Any = None) -> list[Any]:
         if target_locations is None:
             target_locations = [self.mem_pool_host.get_dummy_flat_data_page() for _ in keys]
-        ok = self._c().read(self._keys(keys), [_bytes(t) for t in target_locations])
+        ok = self._read(keys, [_bytes(t) for t in target_locations])
         return [t if hit else None for t, hit in zip(target_locations, ok, strict=True)]
+
+    def _read(self, keys: list[str], dst: list[Page]) -> list[bool]:
+        try:
+            return self._c().read(self._keys(keys), dst)
+        except L3Error as e:
+            log.warning("agentpool storage: read of %d pages failed: %s", len(keys), e)
+            return [False] * len(keys)
+
+    def _write(self, keys: list[str], src: list[Page]) -> list[bool]:
+        try:
+            return self._c().write(self._keys(keys), src)
+        except L3Error as e:
+            log.warning("agentpool storage: write of %d pages failed: %s", len(keys), e)
+            return [False] * len(keys)
 
     def set(self, key: str, value: Any = None, target_location: Any = None, target_sizes: Any = None) -> bool:
         return self.batch_set([key], [value])
@@ -82,7 +106,7 @@ class AgentPoolStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang's class,
     def batch_set(
         self, keys: list[str], values: Any = None, target_locations: Any = None, target_sizes: Any = None
     ) -> bool:
-        return all(self._c().write(self._keys(keys), [_bytes(v) for v in values]))
+        return all(self._write(keys, [_bytes(v) for v in values]))
 
     # -- zero-copy interface (with ``interface_v1`` in the extra config) ------------------------
     def _page_indices(self, keys: list[str], host_indices: Any) -> list[int]:
@@ -91,7 +115,7 @@ class AgentPoolStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang's class,
 
     def batch_get_v1(self, keys: list[str], host_indices: Any, extra_info: Any = None) -> list[bool]:
         pages = [self.mem_pool_host.get_dummy_flat_data_page() for _ in keys]
-        ok = self._c().read(self._keys(keys), [_bytes(p) for p in pages])
+        ok = self._read(keys, [_bytes(p) for p in pages])
         for hit, page, idx in zip(ok, pages, self._page_indices(keys, host_indices), strict=True):
             if hit:
                 self.mem_pool_host.set_from_flat_data_page(idx, page)
@@ -100,7 +124,7 @@ class AgentPoolStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang's class,
     def batch_set_v1(self, keys: list[str], host_indices: Any, extra_info: Any = None) -> list[bool]:
         idx = self._page_indices(keys, host_indices)
         pages = [_bytes(self.mem_pool_host.get_data_page(i, flat=True)) for i in idx]
-        return self._c().write(self._keys(keys), pages)
+        return self._write(keys, pages)
 
     def clear(self) -> None:
         """Called by SGLang on ``/clear_hicache_storage_backend`` and on every role switch

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from agentpool.engine.sglang.l3_wire import HEADER, decode, encode, frame_length
+from agentpool.engine.sglang.l3_wire import HEADER, WireError, decode, encode, frame_length
 from agentpool.engine.shm import ShmBuffer
 
 Page = npt.NDArray[np.uint8]
@@ -41,6 +41,7 @@ class L3Error(RuntimeError):
 class L3Client:
     def __init__(self, socket_path: Path, page_bytes: int, timeout_s: float = 10.0) -> None:
         self._lock = threading.Lock()
+        self._broken = ""
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.settimeout(timeout_s)
         try:
@@ -48,7 +49,11 @@ class L3Client:
         except OSError as e:
             self._sock.close()
             raise L3Error(f"the agent's L3 store at {socket_path} cannot be reached: {e}") from None
-        hello = self._call({"op": "hello", "page_bytes": page_bytes})
+        try:
+            hello = self._call({"op": "hello", "page_bytes": page_bytes})
+        except L3Error:
+            self._sock.close()
+            raise
         self.block_bytes = int(hello["block_bytes"])
         self._shm = ShmBuffer(Path(hello["shm"]), int(hello["size"]), create=False)
         self.buffer = self._shm.array
@@ -58,10 +63,16 @@ class L3Client:
 
     def _call(self, msg: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
+            if self._broken:
+                raise L3Error(f"L3 store channel closed after an earlier failure: {self._broken}")
             try:
                 self._sock.sendall(encode(msg))
                 body = self._recv(frame_length(self._recv(HEADER)))
-            except OSError as e:
+            except (OSError, L3Error, WireError) as e:
+                # a frame may be half sent or read: the channel cannot be trusted any more (the agent
+                # stops SGLang when it stops, so there is no agent to reconnect to)
+                self._broken = str(e) or type(e).__name__
+                self._sock.close()
                 raise L3Error(f"L3 store channel: {e}") from None
         answer = decode(body)
         if not answer.get("ok"):

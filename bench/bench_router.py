@@ -211,10 +211,27 @@ class Result:
         return pct(self.latencies_ms, 0.99)
 
 
+def agent_turn(worker: int, turn: int, history: int) -> bytes:
+    """An agent's request: its ``history`` earlier messages (300 words each, the worker's own, the
+    same every turn), then a new 50-word user message unique to the turn."""
+    messages = [
+        {"role": "user" if m % 2 == 0 else "assistant", "content": f"w{worker}m{m} " + "word " * 299}
+        for m in range(history)
+    ]
+    messages.append({"role": "user", "content": f"turn {worker}.{turn} " + "next " * 49})
+    return json.dumps({"model": "bench", "messages": messages, "max_tokens": 1}).encode()
+
+
 async def load(
-    urls: Sequence[str], concurrency: int, seconds: float, target: str, branches: bool = False
+    urls: Sequence[str],
+    concurrency: int,
+    seconds: float,
+    target: str,
+    branches: bool = False,
+    history: int = 0,
 ) -> Result:
-    """Closed-loop load; with ``branches`` each worker sends ``x-agentpool-branch: bench-<worker>``."""
+    """Closed-loop load; with ``branches`` each worker sends ``x-agentpool-branch: bench-<worker>``.
+    The prompt: one 300-word message, or with ``history`` an agent's turn (:func:`agent_turn`)."""
     import aiohttp
 
     body = json.dumps(
@@ -234,8 +251,9 @@ async def load(
             while time.perf_counter() < stop_at:
                 url = urls[counter % len(urls)]
                 counter += 1
+                data = agent_turn(i, counter, history) if history else body
                 t0 = time.perf_counter()
-                async with http.post(url, data=body, headers=mine) as resp:
+                async with http.post(url, data=data, headers=mine) as resp:
                     await resp.read()
                     if resp.status != 200:
                         errors += 1

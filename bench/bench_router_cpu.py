@@ -1,6 +1,6 @@
 """Router CPU per request against sglang-router, and router replicas (issue 16, section 5).
 
-``python -m bench.bench_router_cpu [--seconds S] [--repeats N] [--engines N] [--skip-replicas]``
+``python -m bench.bench_router_cpu [--seconds S] [--repeats N] [--engines N] [--skip-replicas] [--history H]``
 
 1. CPU per request of each router process (user + system from /proc, the process and its
    descendants) for the agentpool router (on its default loop, uvloop, and with ``--loop asyncio``;
@@ -8,7 +8,8 @@
    directory's CPU is added: over gRPC, and over its Route link) and sglang-router 0.3.2
    (``pip install sglang-router==0.3.2``; round_robin and cache_aware) on the same instant engines,
    interleaved, ``--repeats`` times, at concurrency 1 and 64, with the agentpool/sglang ratio of each
-   repeat.
+   repeat. The prompt is one 300-word message; with ``--history H`` each load worker is an agent
+   resending its ``H`` earlier messages (300 words each) plus a new one every request.
 2. Replicas: one agentpool router against two sharing the same engines (the load generator spreads
    requests over the replicas), interleaved, ``--repeats`` times at concurrency 64: requests per second
    and CPU per request summed over the replicas. (The instant engines send no load reports, so this
@@ -88,7 +89,9 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
-def router_cpu(seconds: float, engines: int, repeats: int, concurrencies: Sequence[int]) -> None:
+def router_cpu(
+    seconds: float, engines: int, repeats: int, concurrencies: Sequence[int], history: int = 0
+) -> None:
     """CPU per request of each router process, interleaved, ``repeats`` times; ratios per repeat."""
     print(
         f"\n## Router CPU per request ({engines} instant engines, {seconds:.0f}s per measurement, "
@@ -124,9 +127,9 @@ def router_cpu(seconds: float, engines: int, repeats: int, concurrencies: Sequen
             for concurrency in concurrencies:
                 for name, urls in targets:
                     branches = name in with_directory
-                    asyncio.run(load(urls, concurrency, 0.5, name, branches))  # warm-up
+                    asyncio.run(load(urls, concurrency, 0.5, name, branches, history))  # warm-up
                     before, dir_before = cpu_seconds(pids[name]), cpu_seconds(directory.pid)
-                    r = asyncio.run(load(urls, concurrency, seconds, name, branches))
+                    r = asyncio.run(load(urls, concurrency, seconds, name, branches, history))
                     used = cpu_seconds(pids[name]) - before
                     dir_used = cpu_seconds(directory.pid) - dir_before if branches else 0.0
                     if branches:
@@ -270,13 +273,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--engines", type=int, default=4)
     parser.add_argument("--skip-replicas", action="store_true")
+    parser.add_argument(
+        "--history",
+        type=int,
+        default=0,
+        help="agent prompts: this many earlier 300-word messages per load worker, then a new one",
+    )
     parser.add_argument("--front-door", action="store_true", help="only the bare front-door comparison")
     args = parser.parse_args(argv)
     print(f"router CPU benchmark on {os.cpu_count()} CPUs (shared machine: figures are noisy)")
     if args.front_door:
         front_door(args.seconds, args.repeats)
         return
-    router_cpu(args.seconds, args.engines, args.repeats, (1, 64))
+    router_cpu(args.seconds, args.engines, args.repeats, (1, 64), args.history)
     if not args.skip_replicas:
         replicas(args.seconds, args.engines, args.repeats)
 

@@ -66,11 +66,11 @@ class BranchCounts:
             return
         counts = self._counts.setdefault(node, {})
         changed = out.setdefault(node, {})
-        added = new - old
+        added = new - old if old else new  # (no copy of a whole set for a first count or a release)
         if added:  # R += 1
             _shift(counts, added, add, changed)
         if len(new) - len(added) != len(old):  # not every old block is still counted (else skip the pass)
-            _shift(counts, old - new, sub, changed)  # R -= 1; a block nobody counts leaves ``counts``
+            _shift(counts, old - new if new else old, sub, changed)  # R -= 1 (a zero leaves ``counts``)
         if new:
             state.counted[node] = new
             self._counting.setdefault(node, set()).add(state.branch_id)

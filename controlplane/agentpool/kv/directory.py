@@ -166,7 +166,7 @@ class Directory:
         stays; a block that leaves the node entirely (no tier left) loses its counts too."""
         self.phase(node)
         host_lost, gone = self.index.remove(node, hashes, tier)
-        return self._zero_counts(node, dict.fromkeys([*host_lost, *gone]))
+        return self._zero_counts(node, host_lost if gone is host_lost else dict.fromkeys([*host_lost, *gone]))
 
     def resync_node(self, node: str, blocks: Iterable[HeldBlock], now: float) -> Changes:
         """Replace ``node``'s placement with its engine's full block list (atomic for the index). Blocks

@@ -88,54 +88,65 @@ def _ordered_hashes(
     access: Mapping[int, float], counted: Mapping[int, int], limit: int | None
 ) -> tuple[list[int], list[float]] | None:
     """The first ``limit`` (all if ``None``) hashes of ``access`` by ``(R > 0, last access, hash)`` and
-    their access times, or ``None`` when a hash is outside ``[0, 2**64)`` or ``limit`` is negative.
+    their access times, or ``None`` when a hash that may be among them is outside ``[0, 2**64)`` or
+    ``limit`` is negative.
 
     With a limit, only the blocks that can be among the first ``limit`` are sorted: the zero-count
     group alone when it has enough blocks, and in the group, the blocks accessed no later than the
     ``limit``-th smallest access time (a linear ``partition``). The result equals slicing the full
-    ``lexsort`` (ties at the cut time are all kept and sorted by hash)."""
+    ``lexsort`` (ties at the cut time are all kept and sorted by hash). Only those blocks' hashes are
+    read as numbers: a hash is a separate int object, so reading one costs a memory access of its
+    own, and a big table's are scattered. The hashes returned are the table's own key objects."""
     if limit is not None and limit < 0:
         return None
     n = len(access)
     parts = access_parts(access)  # a sharded table is read shard by shard, at C level
+    keys = list(chain.from_iterable(parts))
+    times = np.fromiter(chain.from_iterable(p.values() for p in parts), np.float64, n)
+    positive = np.fromiter(map(counted.__contains__, keys), np.bool_, n) if counted else None
     try:
-        hashes = np.fromiter(chain.from_iterable(parts), np.uint64, n)
+        if limit is not None and limit < n:
+            order = _first(keys, times, positive, limit)
+        else:
+            hashes = np.fromiter(keys, np.uint64, n)
+            if positive is not None:
+                order = np.lexsort((hashes, times, positive))  # the last key sorts first
+            else:
+                order = np.lexsort((hashes, times))
     except OverflowError:
         return None
-    if limit == 0:
-        return [], []
-    times = np.fromiter(chain.from_iterable(p.values() for p in parts), np.float64, n)
-    keys = chain.from_iterable(parts)
-    positive = np.fromiter(map(counted.__contains__, keys), np.bool_, n) if counted else None
-    if limit is not None and limit < n:
-        order = _first(hashes, times, positive, limit)
-    elif positive is not None:
-        order = np.lexsort((hashes, times, positive))  # the last key sorts first
-    else:
-        order = np.lexsort((hashes, times))
-    return hashes[order].tolist(), times[order].tolist()
+    picked = order.tolist()
+    return list(map(keys.__getitem__, picked)), times[order].tolist()
 
 
-def _first(hashes: _Hashes, times: _Times, positive: _Flags | None, limit: int) -> _Indices:
-    """Indices of the first ``limit`` blocks (``0 < limit < len``) by ``(positive, time, hash)``."""
+def _hashes_at(keys: list[int], at: _Indices) -> _Hashes:
+    """The hashes ``keys[i]`` for ``i`` in ``at`` as numbers (``OverflowError`` outside ``[0, 2**64)``)."""
+    return np.fromiter(map(keys.__getitem__, at.tolist()), np.uint64, len(at))
+
+
+def _first(keys: list[int], times: _Times, positive: _Flags | None, limit: int) -> _Indices:
+    """Indices of the first ``limit`` blocks (``0 <= limit < len``) by ``(positive, time, hash)``."""
     if positive is not None:
         zero = np.flatnonzero(~positive)
         if len(zero) < limit:  # every zero-count block, then the first of the counted ones
             rest = np.flatnonzero(positive)
-            head = zero[np.lexsort((hashes[zero], times[zero]))]
-            tail = rest[_first_by_time(hashes[rest], times[rest], limit - len(zero))]
+            head = zero[np.lexsort((_hashes_at(keys, zero), times[zero]))]
+            tail = _first_by_time(keys, rest, times[rest], limit - len(zero))
             return np.concatenate((head, tail))
-        return zero[_first_by_time(hashes[zero], times[zero], limit)]
-    return _first_by_time(hashes, times, limit)
+        return _first_by_time(keys, zero, times[zero], limit)
+    return _first_by_time(keys, np.arange(len(times)), times, limit)
 
 
-def _first_by_time(hashes: _Hashes, times: _Times, limit: int) -> _Indices:
-    """Indices of the first ``limit`` blocks (``0 < limit``) by ``(time, hash)``."""
-    if limit >= len(times):
-        return np.lexsort((hashes, times))
-    cut = np.partition(times, limit - 1)[limit - 1]
-    near = np.flatnonzero(times <= cut)  # at least ``limit`` blocks: every one that may come first
-    return near[np.lexsort((hashes[near], times[near]))][:limit]
+def _first_by_time(keys: list[int], at: _Indices, times: _Times, limit: int) -> _Indices:
+    """Of the blocks ``at`` (their access times ``times``), the indices of the first ``limit`` by
+    ``(time, hash)``."""
+    if limit <= 0:
+        return at[:0]
+    if limit < len(times):
+        cut = np.partition(times, limit - 1)[limit - 1]
+        near = np.flatnonzero(times <= cut)  # at least ``limit`` blocks: every one that may come first
+        at, times = at[near], times[near]
+    return at[np.lexsort((_hashes_at(keys, at), times))][:limit]
 
 
 def _smallest(items: list[_T], limit: int | None) -> list[_T]:

@@ -228,21 +228,68 @@ class PrefixIndex:
 
     def remove(self, node: str, hashes: Iterable[int], tier: Tier) -> tuple[list[int], list[int]]:
         """``node`` dropped ``hashes`` from ``tier``. Returns ``(host_lost, gone)``: the hashes whose host
-        copy this removed, and the hashes the node no longer holds in any tier."""
+        copy this removed, and the hashes the node no longer holds in any tier (the same list object
+        when they are the same blocks in the same order)."""
         slot = self._slot(node)
-        host_bit, gpu_bit = _host_bit(slot), _gpu_bit(slot)
         las = self._last_access[slot]
-        hold, parents = self._hold, self._parent
         gpu_t = bool(tier & Tier.GPU)  # plain bools: Tier operations are slow in the loop
         host_t = bool(tier & Tier.HOST)
-        host_lost: list[int] = []
-        gone: list[int] = []
         hashes = list(hashes)
         keys = shard_keys(hashes)
         held = list(map(dict.__contains__, map(las.__getitem__, keys), hashes))
-        if any(held):
-            self._note_size()
-        for h, k in zip(compress(hashes, held), compress(keys, held), strict=True):
+        if not any(held):
+            return [], []
+        self._note_size()
+        chosen = zip(compress(hashes, held), compress(keys, held), strict=True)
+        if host_t and not gpu_t and slot not in self._not_all_host:
+            host_lost, gone = self._remove_host_copies(slot, chosen)
+        else:
+            host_lost, gone = self._remove_general(slot, chosen, gpu_t, host_t)
+        if gone:
+            self._compact()
+        return host_lost, gone
+
+    def _remove_host_copies(
+        self, slot: int, chosen: Iterable[tuple[int, int]]
+    ) -> tuple[list[int], list[int]]:
+        """:meth:`remove` of host copies on ``slot`` while each of its blocks has one (``chosen``: the
+        held blocks and their shards): every block listed loses its host copy, and leaves the node
+        unless it has a GPU copy there."""
+        host_bit, gpu_bit = _host_bit(slot), _gpu_bit(slot)
+        las, hold, parents = self._last_access[slot], self._hold, self._parent
+        host_lost: list[int] = []
+        kept: list[int] = []  # blocks whose GPU copy stays
+        for h, k in chosen:
+            hk = hold[k]
+            v = hk.get(h, 0)
+            if not v & host_bit:  # listed twice: removed already
+                continue
+            host_lost.append(h)
+            v ^= host_bit
+            if v & gpu_bit:
+                hk[h] = v
+                kept.append(h)
+                continue
+            if v:
+                hk[h] = v
+            else:
+                del hk[h]
+                del parents[k][h]
+            del las[k][h]
+        if not kept:
+            return host_lost, host_lost
+        self._not_all_host.add(slot)
+        stay = set(kept)
+        return host_lost, [h for h in host_lost if h not in stay]
+
+    def _remove_general(
+        self, slot: int, chosen: Iterable[tuple[int, int]], gpu_t: bool, host_t: bool
+    ) -> tuple[list[int], list[int]]:
+        host_bit, gpu_bit = _host_bit(slot), _gpu_bit(slot)
+        las, hold, parents = self._last_access[slot], self._hold, self._parent
+        host_lost: list[int] = []
+        gone: list[int] = []
+        for h, k in chosen:
             la = las[k]
             if h not in la:  # listed twice
                 continue
@@ -263,8 +310,6 @@ class PrefixIndex:
             if not v & (host_bit | gpu_bit):
                 del la[h]
                 gone.append(h)
-        if gone:
-            self._compact()
         return host_lost, gone
 
     def replace_node(self, node: str, blocks: Iterable[HeldBlock], now: float) -> list[int]:

@@ -6,7 +6,8 @@ Modules:
   backend): the node model (chunked prefill, decode batches, mixed colocated iterations, GPU
   cache), driven here in virtual time. :mod:`.node` keeps its old names for compatibility.
 - :mod:`.simulator`: the event loop: router shell, directory, KV events, decode binding, P->D
-  hand-over, fetches, phase switches.
+  hand-over, fetches; :mod:`.switching`: its phase switches (drain, downtime, new role);
+  :mod:`.events`: its event kinds and records.
 - :mod:`.routing`: policy views (``RequestView``, ``NodeState``) built from simulated state.
 - :mod:`.systems`: the compared systems, each a configuration of the same plugins.
 - :mod:`.planners`: agentpool's planner (the pure planner core) and the dynamo-/arrow-like and

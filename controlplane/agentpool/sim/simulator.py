@@ -19,15 +19,14 @@ import math
 import operator
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import cast
 
 import numpy as np
 
 from agentpool.kv import ROOT_HASH, Directory, Tier
 from agentpool.kv.eviction import eviction_hashes_counted
-from agentpool.models import NodeModel, OccupancySample, PrefillBatchItem, RequestWorkRecord, Work
-from agentpool.node import IterationHook, Node, NodeStatus, Request, Role
+from agentpool.models import NodeModel, OccupancySample, RequestWorkRecord, Work
+from agentpool.node import IterationHook, Node, Request, Role
 from agentpool.node.timing import EquationTimes, IterationTimes, NoisyTimes
 from agentpool.router.policy import (
     EMPTY_QUEUE,
@@ -39,6 +38,7 @@ from agentpool.router.policy import (
 )
 from agentpool.router.policy.contract import prefill_candidates
 from agentpool.sim.config import DECODE_BINDINGS, TRUTHS, SimConfig
+from agentpool.sim.events import CALL, ISSUE, JOIN, NET, SWITCH_DONE, TICK, WAKE, Issue, WindowLog
 from agentpool.sim.metrics import Metrics
 from agentpool.sim.network import Network, Transfers
 from agentpool.sim.presets import Preset
@@ -49,40 +49,12 @@ from agentpool.sim.routing import (
     prefixes,
     request_view,
 )
-from agentpool.sim.systems import Eviction, FetchMode, Pool, SwitchMode, SystemConfig
+from agentpool.sim.switching import PhaseSwitches, split_of
+from agentpool.sim.systems import Eviction, FetchMode, Pool, SystemConfig
 
-_ISSUE, _WAKE, _JOIN, _SWITCH_DONE, _TICK, _CALL, _NET = range(7)
 _UNLIMITED_BLOCKS = 1 << 40
 _KV_ROOM = operator.attrgetter("kv_room_tokens")
 __all__ = ["DECODE_BINDINGS", "TRUTHS", "Issue", "SimConfig", "Simulator", "WindowLog"]
-
-
-@dataclass(slots=True)
-class Issue:
-    """A request ready to be sent, with what the router knows from the harness."""
-
-    req: Request
-    turn: int
-    new_turn_tokens: int
-    last_of_branch: bool
-    on_done: Callable[[Request, float], None]
-
-
-@dataclass(slots=True)
-class _Switch:
-    node: int
-    to: Role
-    decided_at: float
-    drained_at: float = -1.0
-
-
-@dataclass(slots=True)
-class WindowLog:
-    """What the planners read: request works and decode occupancy since the run began."""
-
-    works: list[RequestWorkRecord] = field(default_factory=list)
-    occupancy: list[OccupancySample] = field(default_factory=list)
-    iterations: dict[int, list[list[PrefillBatchItem]]] = field(default_factory=dict)
 
 
 class Simulator:
@@ -168,8 +140,7 @@ class Simulator:
         self._pending_least_kv = 0  # no waiting request needs less KV room than this
         self._local_decode: dict[int, deque[Request]] = {}  # colocated: prefilled, waiting for KV room
         self._issues: dict[int, Issue] = {}
-        self._switches: dict[int, _Switch] = {}
-        self.last_switch_at: float | None = None
+        self.switches = PhaseSwitches(self)
         self.window = WindowLog()
         self.in_decode = 0
         self.fetch = self.ctx.fetch
@@ -184,7 +155,7 @@ class Simulator:
         self.transfers = (
             Transfers(
                 Network(preset.pd_transfer_bytes_per_s, preset.host_link_bytes_per_s),
-                lambda at, version: self.schedule(at, _NET, version),
+                lambda at, version: self.schedule(at, NET, version),
             )
             if cfg.network
             else None
@@ -209,21 +180,21 @@ class Simulator:
         heapq.heappush(self._events, (at, self._seq, kind, payload))
 
     def issue_at(self, at: float, issue: Issue) -> None:
-        self.schedule(at, _ISSUE, issue)
+        self.schedule(at, ISSUE, issue)
 
     def every(self, period_s: float, first_at: float, fn: Callable[[float], None]) -> None:
         """Call ``fn(now)`` every ``period_s`` from ``first_at`` on."""
-        self.schedule(first_at, _TICK, (period_s, fn))
+        self.schedule(first_at, TICK, (period_s, fn))
 
     def call_at(self, at: float, fn: Callable[[float], None]) -> None:
         """Call ``fn(now)`` once at ``at``."""
-        self.schedule(at, _CALL, fn)
+        self.schedule(at, CALL, fn)
 
     def _wake(self, node: Node) -> None:
         t = node.wake_time()
         self._wake_version[node.index] += 1
         if t < math.inf:
-            self.schedule(max(t, self.now), _WAKE, (node.index, self._wake_version[node.index]))
+            self.schedule(max(t, self.now), WAKE, (node.index, self._wake_version[node.index]))
 
     def run(self, until: float) -> None:
         self.every(self.cfg.occupancy_sample_s, 0.0, self._sample)
@@ -231,26 +202,26 @@ class Simulator:
         while events and events[0][0] < until:
             at, _, kind, payload = heapq.heappop(events)
             self.now = at
-            if kind == _WAKE:
+            if kind == WAKE:
                 idx, version = cast(tuple[int, int], payload)
                 if version == self._wake_version[idx]:
                     self._on_wake(self.nodes[idx])
-            elif kind == _ISSUE:
+            elif kind == ISSUE:
                 self._route(cast(Issue, payload))
-            elif kind == _JOIN:
+            elif kind == JOIN:
                 target, req = cast(tuple[int, Request], payload)
                 self._on_join(target, req)
-            elif kind == _SWITCH_DONE:
-                self._on_switch_done(cast(int, payload))
-            elif kind == _CALL:
+            elif kind == SWITCH_DONE:
+                self.switches.done(cast(int, payload))
+            elif kind == CALL:
                 cast(Callable[[float], None], payload)(at)
-            elif kind == _NET:
+            elif kind == NET:
                 assert self.transfers is not None
                 self.transfers.on_event(payload, at, self.call_at)
             else:
                 period, fn = cast(tuple[float, Callable[[float], None]], payload)
                 fn(at)
-                self.schedule(at + period, _TICK, payload)
+                self.schedule(at + period, TICK, payload)
         self.now = until
 
     # -- routing ----------------------------------------------------------------------------------
@@ -276,7 +247,7 @@ class Simulator:
         try:
             decision = self.policy.choose(view, candidates, self.ctx)
         except NoCandidateError:
-            self.schedule(now + 1.0, _ISSUE, issue)  # every prefill node is switching: retry
+            self.schedule(now + 1.0, ISSUE, issue)  # every prefill node is switching: retry
             return
         idx = self._node_index[decision.node_id]
         node = self.nodes[idx]
@@ -349,9 +320,9 @@ class Simulator:
                     self._bind_decode(r, self._issues[r.rid])
             node.started.clear()
         self._wake(node)
-        sw = self._switches.get(node.index)
+        sw = self.switches.active.get(node.index)
         if sw is not None and sw.drained_at < 0 and node.drained:
-            self._drained(node, sw)
+            self.switches.drained(node, sw)
 
     def _store(self, node: Node, blocks: list[int], parent: int) -> None:
         if not blocks:
@@ -426,7 +397,7 @@ class Simulator:
         self.nodes[req.decode_node].handover_started(req, was_waiting=was_waiting)
         self._changed(req.decode_node)
         if self.transfers is None:
-            self.schedule(self.now + self.preset.handover_s(req.input_tokens), _JOIN, (req.decode_node, req))
+            self.schedule(self.now + self.preset.handover_s(req.input_tokens), JOIN, (req.decode_node, req))
             return
         nbytes = req.input_tokens * self.preset.kv_bytes_per_token
         join = functools.partial(self._on_join, req.decode_node, req)
@@ -515,61 +486,19 @@ class Simulator:
         q = len(self._issues) if self.cfg.occupancy == "inflight" else self.in_decode
         self.window.occupancy.append(OccupancySample(now, float(q)))
 
-    # -- phase switches -----------------------------------------------------------------------
+    # -- phase switches (agentpool.sim.switching) ---------------------------------------------
     def split(self) -> tuple[int, int, int]:
         """(prefill, decode, out of service) counts by current role."""
-        p = sum(
-            1 for n in self.nodes if n.role in (Role.PREFILL, Role.BOTH) and n.status is not NodeStatus.DOWN
-        )
-        d = sum(1 for n in self.nodes if n.role is Role.DECODE and n.status is not NodeStatus.DOWN)
-        return p, d, len(self.nodes) - p - d
+        return split_of(self.nodes)
 
     @property
     def switching(self) -> bool:
-        return bool(self._switches)
+        return bool(self.switches.active)
+
+    @property
+    def last_switch_at(self) -> float | None:
+        """When the last switch was decided (``None``: never)."""
+        return self.switches.last_at
 
     def begin_switch(self, index: int, to: Role) -> None:
-        node = self.nodes[index]
-        if index in self._switches or node.role is to:
-            return
-        sw = _Switch(index, to, self.now)
-        self._switches[index] = sw
-        self.last_switch_at = self.now
-        taken = node.begin_drain()
-        self._changed(index)
-        for r in taken:
-            self.queued[index] = self.queued[index].with_request(r.uncached_tokens, r.cached_tokens, -1)
-            self._changed(index)
-            r.reroutes += 1
-            self._route(self._issues.pop(r.rid))
-        self._after_step(node)
-
-    def _drained(self, node: Node, sw: _Switch) -> None:
-        sw.drained_at = self.now
-        mode = self.system.switch
-        keep_kv = mode not in (SwitchMode.RELAUNCH, SwitchMode.STRANDED)
-        node.go_down(keep_kv=keep_kv)
-        self._changed(node.index)
-        if not keep_kv:
-            held = list(self.directory.index.host_access(node.name))
-            self.directory.apply_removed(node.name, held, Tier.HOST)
-        delay = {
-            SwitchMode.IN_PLACE: self.preset.switch_in_place_s,
-            SwitchMode.STRANDED: self.preset.switch_in_place_s,
-            SwitchMode.RELAUNCH: self.preset.relaunch_s,
-            SwitchMode.FREE: 0.0,
-        }[mode]
-        self.metrics.record_split(self.now, self.split())
-        self.schedule(self.now + delay, _SWITCH_DONE, node.index)
-
-    def _on_switch_done(self, index: int) -> None:
-        node = self.nodes[index]
-        sw = self._switches.pop(index)
-        node.finish_switch(sw.to)
-        self._changed(index)
-        self.directory.switch_phase(node.name, sw.to)
-        self.metrics.switch(node.name, sw.decided_at, sw.drained_at, self.now, self.system.switch)
-        self.metrics.record_split(self.now, self.split())
-        if sw.to is Role.DECODE:
-            self._retry_pending_decode()
-        self._after_step(node)
+        self.switches.begin(index, to)

@@ -72,7 +72,7 @@ def make(agents_nodes: tuple[int, int] = (6, 3)) -> tuple[Simulator, DynamoLoadP
 
 
 def moves(sim: Simulator) -> list[Role]:
-    return [sw.to for sw in sim._switches.values()]
+    return [sw.to for sw in sim.switches.active.values()]
 
 
 def set_kv(sim: Simulator, fraction: float) -> None:
@@ -94,7 +94,7 @@ def test_the_interval_mean_decides_not_the_last_sample() -> None:
         p.sample(float(t))
     p.tick(30.0)  # queue mean 3/4 >= 0.2: prefill is not idle; KV 0.3 < 0.5: decode down
     assert moves(sim) == [Role.PREFILL]
-    sim._switches.clear()
+    sim.switches.active.clear()
     for t in range(31, 35):
         p.sample(float(t))
     set_kv(sim, 0.7)
@@ -117,7 +117,7 @@ def test_no_decode_scale_down_in_the_grace_period_after_adding_decode() -> None:
     sim, p = make()
     set_kv(sim, 0.95)
     p.tick(30.0)  # idle prefill: a prefill node goes to decode
-    sim._switches.clear()  # the relaunch is over
+    sim.switches.active.clear()  # the relaunch is over
     set_kv(sim, 0.0)
     set_queue(sim, 5)
     for k in range(3):  # three intervals of grace

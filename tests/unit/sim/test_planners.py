@@ -23,7 +23,7 @@ def sim_of(name: str, prefill: int = 3, nodes: int = 6) -> Simulator:
 
 
 def switching_to(sim: Simulator) -> dict[str, Role]:
-    return {sim.nodes[i].name: sw.to for i, sw in sim._switches.items()}
+    return {sim.nodes[i].name: sw.to for i, sw in sim.switches.active.items()}
 
 
 def tick(kind: PlannerKind, sim: Simulator) -> None:

@@ -83,8 +83,11 @@ class Metrics:
         self._ideal.update(produced)
 
     # -- events -----------------------------------------------------------------------------------
-    def first_token(self, req: Request) -> None:
-        self._ideal.update(req.blocks)
+    def first_token(self, req: Request, known_blocks: int = 0) -> None:
+        """``req``'s prompt is computed. Its first ``known_blocks`` blocks are known to be in the ideal
+        set already (its ideal prefix when it was routed: the set only grows), so only the rest is
+        added (each block looked up in a set of millions costs a memory access)."""
+        self._ideal.update(req.blocks[known_blocks:])
 
     def done(self, req: Request) -> None:
         self.completed_total += 1

@@ -345,7 +345,7 @@ class Simulator:
     def _on_prefilled(self, node: Node, req: Request) -> None:
         full = req.blocks
         self._store(node, full, ROOT_HASH)
-        self.metrics.first_token(req)
+        self.metrics.first_token(req, req.ideal_cached_tokens // self.cfg.block_size)
         issue = self._issues[req.rid]
         if req.output_tokens <= 1:
             req.done_at = req.first_token_at

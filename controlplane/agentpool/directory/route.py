@@ -4,8 +4,12 @@ Each ``RouteBatch`` is applied in order and at once: a Resolve reads the core, a
 (:meth:`DirectoryService.place_now`), so a later operation of the stream sees every earlier Place. A
 Place's store write then runs in order with every other write (:meth:`DirectoryService.write`); its
 reply (or, for a ``quiet`` Place, only its error) follows once the write is done. Replies ready at the
-same time go out in one ``RouteReplies`` message. A malformed message ends the stream with
-INVALID_ARGUMENT; a bad operation gets an error reply and the stream goes on.
+same time go out in one ``RouteReplies`` message. A big batch (many routers' requests at once) is
+applied ``CHUNK_OPS`` operations at a time, the loop turning in between so that the answers ready go
+out while the rest is applied: one reply per batch made every request of a batch wait for the whole
+batch, which kept the router's requests in lockstep (at 64 requests in flight: 127 operations a
+batch, a fifth of the throughput of smaller pipelined batches). A malformed message ends the stream
+with INVALID_ARGUMENT; a bad operation gets an error reply and the stream goes on.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -32,6 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _OK = grpc.StatusCode.OK.name
+CHUNK_OPS = 16  # operations applied between two turns of the loop (their answers go out meanwhile)
 
 
 class RouteSession:
@@ -52,24 +57,27 @@ class RouteSession:
         try:
             async for raw in batches:
                 try:
-                    batch = pb.RouteBatch.FromString(raw)
+                    ops = pb.RouteBatch.FromString(raw).ops
                 except DecodeError as e:
                     raise InvalidRequestError(f"malformed RouteBatch: {e}") from None
-                self.apply(batch)
+                for start in range(0, len(ops), CHUNK_OPS):
+                    if self._replies:
+                        await asyncio.sleep(0)  # the writer sends the answers ready before
+                    self.apply(ops[start : start + CHUNK_OPS])
         except InvalidRequestError as e:
             self._failure = e
         finally:
             self._reading = False
             self._wake.set()
 
-    def apply(self, batch: pb.RouteBatch) -> None:
-        """Apply ``batch``'s operations in order; replies are queued (Places' after their writes).
-        The batch's store writes are queued at its end, in order and in the same step as the changes
-        (so no other write comes between), after the Resolve answers: those go out first, before the
-        store writer spends its time encoding the rows."""
+    def apply(self, ops: Sequence[pb.RouteOp]) -> None:
+        """Apply ``ops`` (a batch's, or a chunk of them) in order; replies are queued (Places' after
+        their writes). Their store writes are queued at the end, in order and in the same step as the
+        changes (so no other write comes between), after the Resolve answers: those go out first,
+        before the store writer spends its time encoding the rows."""
         writes: list[tuple[Pending, Callable[[Written], Coroutine[Any, Any, None]]]] = []
         self._writes_of_batch = writes
-        for op in batch.ops:
+        for op in ops:
             kind = op.WhichOneof("op")
             if kind == "resolve":
                 self._resolve(op.id, op.resolve)

@@ -127,7 +127,11 @@ async def test_a_streamed_completion_through_directory_router_and_planner_starte
             served = [e for e in engines if e.completed]
             assert len(served) == 1
             async with DirectoryClient(address, token="d" * 40) as client:
-                resolved = await client.resolve([1, 2, 3], branch="agent-1")
+                for _ in range(100):  # the router's Place is sent, not waited for by the request
+                    resolved = await client.resolve([1, 2, 3], branch="agent-1")
+                    if resolved.branch is not None and not resolved.branch.is_new:
+                        break
+                    await asyncio.sleep(0.05)
             assert resolved.branch is not None and not resolved.branch.is_new  # placed by the router
 
             # load reports need the token from the file

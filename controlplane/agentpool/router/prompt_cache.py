@@ -4,7 +4,7 @@ Agents resend their conversation every turn: a request's earlier messages are by
 previous turn's. With the built-in tokenizer a prompt's tokens are its messages' tokens one after
 the other (:meth:`BuiltinTokenizer.render_message`), so each message is tokenized once: the memo
 maps the *chain* of a request's rendered messages up to message ``i`` (a 128-bit xxh3 of their
-lengths and bytes) to message ``i``'s token ids and the hashes of the pages that end within it.
+bytes, each followed by 0xff) to message ``i``'s token ids and the hashes of the pages that end within it.
 The chain pins every token before the message, hence the page it starts in and the parent hash,
 so a hit is exact: the same ids and hashes as :func:`~agentpool.router.tokenizer.encode_chat` and
 :func:`~agentpool.kv.block_hashes` of the whole prompt (a test compares them on replayed traces).
@@ -102,10 +102,8 @@ class PromptCache:
         lines = [render(m) for m in messages]  # raises TokenizerError for content it cannot render
         keys: list[int] = []
         h = xxhash.xxh3_128()
-        for line in lines:
-            data = line.encode("utf-8", "surrogatepass")
-            h.update(len(data).to_bytes(8, "little"))
-            h.update(data)
+        for line in lines:  # framed by a 0xff byte, which UTF-8 never contains
+            h.update(line.encode("utf-8", "surrogatepass") + b"\xff")
             keys.append(h.intdigest())
         cut = last_assistant_index(messages)
         ids: list[int] = []

@@ -195,10 +195,7 @@ async def chat_completions(service: RouterService, request: Request) -> Response
             f"more than {limits.max_messages} messages", "invalid_request_error", "too_many_messages"
         )
     check_output_limit(service, req.output_limit())
-    # the validated messages as sent, without their null fields (what model_dump(exclude_none=True)
-    # gives for these flat models, without building it)
-    messages = [{k: v for k, v in m.items() if v is not None} for m in body["messages"]]
-    encoded = await encode(service, service.encode_chat(messages))
+    encoded = await encode(service, service.encode_chat(body["messages"]))  # the validated messages
     prep = await service.prepare("chat", body, encoded, req.output_limit(), branch, parent)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return await answer(request, service, prep, req.stream, include_usage, req.model, end)

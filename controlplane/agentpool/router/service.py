@@ -203,12 +203,16 @@ class RouterService:
 
     # -- requests ----------------------------------------------------------------------------
     async def encode_chat(self, messages: Sequence[Message]) -> Encoded:
+        """``messages`` as validated (null fields included: the built-in tokenizer renders a null
+        field as an absent one; a chat template gets them without their null fields, what
+        ``model_dump(exclude_none=True)`` gives for these flat models)."""
         prompts = self.prompts
         if prompts is not None:  # the messages seen before come from the memo; the rest maybe in a thread
             found = prompts.lookup(messages)
             if found.missing_chars > _THREAD_TOKENIZE_CHARS:
                 return prompts.finish(found, await asyncio.to_thread(prompts.tokenize, found))
             return prompts.finish(found, prompts.tokenize(found))
+        messages = [{k: v for k, v in m.items() if v is not None} for m in messages]
         chars = sum(len(str(m.get("content") or "")) for m in messages)
         if chars > _THREAD_TOKENIZE_CHARS:
             return await asyncio.to_thread(encode_chat, self.tokenizer, messages)

@@ -109,6 +109,20 @@ def test_every_kind_of_message_renders_as_the_whole_prompt_does() -> None:
     check_same(PromptCache(BuiltinTokenizer(), 2), msgs)  # cold
 
 
+def test_null_fields_render_as_absent_ones() -> None:
+    """The router passes validated messages with their null fields (the model's defaults)."""
+    cache = PromptCache(BuiltinTokenizer(), 4)
+    nulls = {"name": None, "tool_calls": None, "tool_call_id": None, "function_call": None, "refusal": None}
+    msgs: list[Message] = [
+        {"role": "user", "content": "a b c", **nulls},
+        {"role": "assistant", "content": None, **nulls},
+        {"role": "user", "content": "d", **nulls},
+    ]
+    got = cache.encode_chat(msgs)
+    want = encode_chat(BuiltinTokenizer(), [{k: v for k, v in m.items() if v is not None} for m in msgs])
+    assert (got.token_ids, got.turn, got.new_turn_tokens) == (want.token_ids, want.turn, want.new_turn_tokens)
+
+
 def test_tokenizing_the_misses_in_a_thread_gives_the_same_answer() -> None:
     cache = PromptCache(BuiltinTokenizer(), 8)
     msgs = [{"role": "user", "content": "w " * 500}, {"role": "assistant", "content": "ok"}]

@@ -35,6 +35,7 @@ from agentpool.api.engine import (
     SchedulingSpec,
     Toleration,
 )
+from agentpool.api.network import NetworkSpec
 from agentpool.api.settings import FetchSettings, PlannerSettings, RouterSettings
 from agentpool.api.spec import (
     API_VERSION,
@@ -100,6 +101,7 @@ __all__ = [
     "MinNodesSpec",
     "ModelFitStatus",
     "ModelSpec",
+    "NetworkSpec",
     "NodeStatus",
     "PlannerSettings",
     "PlannerSpec",

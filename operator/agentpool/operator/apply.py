@@ -23,6 +23,7 @@ class Outcome(StrEnum):
     CREATED = "created"
     UPDATED = "updated"
     UNCHANGED = "unchanged"
+    DELETED = "deleted"
 
 
 def _same_scalar(existing: Any, desired: Any) -> bool:
@@ -89,6 +90,18 @@ async def apply_child(api: KubeApi, desired: Mapping[str, Any]) -> Outcome:
         return Outcome.UNCHANGED
     await api.apply(desired)
     return Outcome.UPDATED
+
+
+async def delete_if_owned(api: KubeApi, kind: str, namespace: str, name: str, owner_uid: str) -> bool:
+    """Delete a child the pool no longer needs, only if the pool owns it (never an object of the
+    same name that someone else made); True if it was deleted."""
+    existing = await api.get(kind, namespace, name)
+    if existing is None:
+        return False
+    owners = existing.get("metadata", {}).get("ownerReferences") or []
+    if not any(o.get("uid") == owner_uid for o in owners):
+        return False
+    return await api.delete(kind, namespace, name)
 
 
 async def create_if_missing(api: KubeApi, desired: Mapping[str, Any]) -> Outcome:

@@ -53,6 +53,7 @@ KINDS: Mapping[str, Kind] = {
     "Role": Kind("/apis/rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": Kind("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
     "Lease": Kind("/apis/coordination.k8s.io/v1", "leases"),
+    "NetworkPolicy": Kind("/apis/networking.k8s.io/v1", "networkpolicies"),
     "AgentServingPool": Kind(f"/apis/{GROUP}/{VERSION}", PLURAL),
 }
 

@@ -25,9 +25,17 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from agentpool.api import AgentServingPool, AgentServingPoolSpec, AgentServingPoolStatus
-from agentpool.operator.apply import ApplyReport, Outcome, apply_child, child_key, merge_patch_between
+from agentpool.operator.apply import (
+    ApplyReport,
+    Outcome,
+    apply_child,
+    child_key,
+    delete_if_owned,
+    merge_patch_between,
+)
 from agentpool.operator.builders import BuildSettings, InvalidPoolError, children
 from agentpool.operator.builders.config import initial_role
+from agentpool.operator.builders.network import policy_names
 from agentpool.operator.builders.secrets import (
     generated_secret,
     generated_secret_keys,
@@ -136,16 +144,20 @@ class Reconciler:
             message = f"the API server refused a child: {exc}"
             await self._invalid(body, parsed, message)
             raise InvalidPool(message) from exc
+        await self._prune_policies(ref, desired, report)
         log.info(
             "pool %s/%s: children applied in %.2f s", ref.namespace, ref.name, time.monotonic() - started
         )
         await self.initial_roles(ref, spec)
         created = [k for k, o in report.outcomes.items() if o is Outcome.CREATED]
         updated = [k for k, o in report.outcomes.items() if o is Outcome.UPDATED]
+        deleted = [k for k, o in report.outcomes.items() if o is Outcome.DELETED]
         if created:
             self.events(body, "Created", f"created {len(created)} objects: {', '.join(created)}")
         if updated:
             self.events(body, "Updated", f"generation {parsed.generation}: updated {', '.join(updated)}")
+        if deleted:
+            self.events(body, "Deleted", f"generation {parsed.generation}: deleted {', '.join(deleted)}")
         # a generation counts as observed once it is fully applied (not while engines drain)
         done = None if draining else parsed.generation
         if draining:
@@ -178,6 +190,15 @@ class Reconciler:
                 continue
             await self.api.create(generated_secret(ref, name, "auth", new_secret_values(keys, self.token)))
             report.outcomes[key] = Outcome.CREATED
+
+    async def _prune_policies(self, ref: PoolRef, desired: list[dict[str, Any]], report: ApplyReport) -> None:
+        """Delete the pool's NetworkPolicies it no longer wants (`spec.network.policy: false`)."""
+        wanted = {o["metadata"]["name"] for o in desired if o["kind"] == "NetworkPolicy"}
+        for name in policy_names(ref):
+            if name not in wanted and await delete_if_owned(
+                self.api, "NetworkPolicy", ref.namespace, name, ref.uid
+            ):
+                report.outcomes[f"NetworkPolicy/{name}"] = Outcome.DELETED
 
     async def _scale_down(
         self, ref: PoolRef, spec: AgentServingPoolSpec, desired: list[dict[str, Any]]
@@ -338,8 +359,12 @@ class Reconciler:
             except InvalidPoolError:
                 made = []
             made += [("Secret", name) for name in generated_secret_keys(ref, spec)]
+        made = [m for m in made if m[0] != "NetworkPolicy"]
         made += [("ConfigMap", ref.planner_state), ("Lease", ref.planner_lease)]
         for kind, name in reversed(made):
             if await self.api.delete(kind, ref.namespace, name):
                 removed.append(f"{kind}/{name}")
+        for name in policy_names(ref):  # last, after the pods they protect; made by this pool only
+            if await delete_if_owned(self.api, "NetworkPolicy", ref.namespace, name, ref.uid):
+                removed.append(f"NetworkPolicy/{name}")
         return removed

@@ -29,6 +29,8 @@ CHILDREN = [
     ("RoleBinding", "sim-planner"),
     ("ConfigMap", "sim-config"),
     ("ConfigMap", "sim-engines"),
+    ("NetworkPolicy", "sim-engine"),
+    ("NetworkPolicy", "sim-directory"),
     ("Service", "sim-redis"),
     ("StatefulSet", "sim-redis"),
     ("Service", "sim-directory"),
@@ -390,6 +392,97 @@ async def test_the_sglang_example_reconciles_without_error(cluster: Cluster, ope
         cluster, lambda o: condition(o, "Degraded") is not None, "a status", name="qwen3-coder"
     )
     assert condition(obj, "Degraded")["status"] == "False"  # type: ignore[index]
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector["podSelector"]["matchLabels"].items())
+
+
+def generation_is(n: int) -> Callable[[dict[str, Any]], bool]:
+    return lambda o: (o.get("status") or {}).get("observedGeneration") == n
+
+
+async def test_network_policies_follow_the_pool_and_an_opt_out_deletes_them(
+    cluster: Cluster, operator: Any
+) -> None:
+    await create_pool(cluster, pool_manifest(cluster))
+    await children_exist(cluster)
+    ns = cluster.namespace
+    engine = await cluster.api.get("NetworkPolicy", ns, "sim-engine")
+    assert engine is not None
+    uid = (await pool(cluster))["metadata"]["uid"]
+    assert engine["metadata"]["ownerReferences"][0]["uid"] == uid
+
+    async def engine_pod() -> dict[str, Any] | None:
+        return await cluster.api.get("Pod", ns, "sim-engine-0")
+
+    pod = await eventually(engine_pod, "an engine pod")  # made from the StatefulSet's template
+    assert selects(engine["spec"], pod["metadata"]["labels"])
+    (from_engines, *_) = engine["spec"]["ingress"]
+    assert "ports" not in from_engines and selects(from_engines["from"][0], pod["metadata"]["labels"])
+
+    # narrowing who may scrape rewrites both policies
+    monitoring = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    await edit_spec(cluster, {"network": {"metricsFrom": monitoring}})
+
+    async def narrowed() -> bool:
+        for name in ("sim-engine", "sim-directory"):
+            got = await cluster.api.get("NetworkPolicy", ns, name)
+            if got is None or got["spec"]["ingress"][-1].get("from") != monitoring:
+                return False
+        return True
+
+    await eventually(narrowed, "metricsFrom in both policies")
+
+    # opting out deletes them; everything else stays
+    await edit_spec(cluster, {"network": {"policy": False}})
+
+    async def policies_gone() -> bool:
+        got = [await cluster.api.get("NetworkPolicy", ns, n) for n in ("sim-engine", "sim-directory")]
+        return got == [None, None]
+
+    await eventually(policies_gone, "the policies deleted")
+    await status_where(cluster, generation_is(3), "generation 3")
+    assert await cluster.api.get("StatefulSet", ns, "sim-engine") is not None
+
+    async def deleted_event() -> list[dict[str, Any]]:
+        events = await cluster.api.list_events(ns, "sim")
+        return [e for e in events if e.get("reason") == "Deleted"]
+
+    (event,) = await eventually(deleted_event, "an Event about the deletions")
+    assert "NetworkPolicy/sim-engine" in event["message"]
+
+    # a policy of that name someone else made is never deleted, not even with the pool
+    mine = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": "sim-directory", "namespace": ns},
+            "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}}  # fmt: skip
+    await cluster.api.create(mine)
+    await edit_spec(cluster, {"router": {"policy": "smetric"}})
+    await status_where(cluster, generation_is(4), "generation 4")
+    assert await cluster.api.get("NetworkPolicy", ns, "sim-directory") is not None
+    await cluster.api.delete("AgentServingPool", ns, "sim")
+
+    async def pool_gone() -> bool:
+        return await cluster.api.get("AgentServingPool", ns, "sim") is None
+
+    await eventually(pool_gone, "the pool deleted")
+    assert await cluster.api.get("NetworkPolicy", ns, "sim-directory") is not None
+
+
+async def test_opting_in_again_recreates_the_policies(cluster: Cluster, operator: Any) -> None:
+    manifest = pool_manifest(cluster)
+    manifest["spec"]["network"] = {"policy": False}
+    await create_pool(cluster, manifest)
+    await status_where(cluster, generation_is(1), "generation 1")
+    assert await cluster.api.get("NetworkPolicy", cluster.namespace, "sim-engine") is None
+    await edit_spec(cluster, {"network": {"policy": True}})
+    await children_exist(cluster)
+    await cluster.api.delete("AgentServingPool", cluster.namespace, "sim")
+
+    async def gone() -> bool:
+        return not await versions(cluster)
+
+    await eventually(gone, "the pool's children, its policies included, gone")
 
 
 async def test_a_transient_api_error_is_retried_with_a_back_off(cluster: Cluster, operator: Any) -> None:

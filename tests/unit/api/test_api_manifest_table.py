@@ -369,6 +369,27 @@ BAD = [
         "'key' is a required property",
     ),
     Bad(
+        "network policy switch that is not a boolean",
+        changed(SIM, {"spec.network": {"policy": "sometimes"}}),
+        "spec.network.policy",
+        "Input should be a valid boolean",
+        "'sometimes' is not of type 'boolean'",
+    ),
+    Bad(
+        "more than 32 metrics sources",
+        changed(SIM, {"spec.network": {"metricsFrom": [{"podSelector": {}}] * 33}}),
+        "spec.network.metricsFrom",
+        "List should have at most 32 items",
+        "is too long",
+    ),
+    Bad(
+        "a metrics source that is not an object",
+        changed(SIM, {"spec.network": {"metricsFrom": ["prometheus"]}}),
+        "spec.network.metricsFrom.0",
+        "Input should be a valid dictionary",
+        "'prometheus' is not of type 'object'",
+    ),
+    Bad(
         "unknown eviction policy",
         changed(SIM, {"spec.kvPool.evictionPolicy": "fifo"}),
         "spec.kvPool.evictionPolicy",
@@ -565,6 +586,12 @@ GOOD = {
             }
         },
     ),
+    "network policies off": changed(SIM, {"spec.network": {"policy": False}}),
+    "metrics from a monitoring namespace": changed(
+        SIM,
+        {"spec.network.metricsFrom": [{"namespaceSelector": {"matchLabels": {"team": "monitoring"}}}]},
+    ),
+    "metrics from nobody outside the pool": changed(SIM, {"spec.network.metricsFrom": []}),
     "host KV size in bytes": changed(SIM, {"spec.engine.hostKvSize": 1073741824}),
     "zero host KV": changed(SIM, {"spec.engine.hostKvSize": "0"}),
     "a 400 ns TPOT": changed(SIM, {"spec.slo.tpot": "0.0004ms"}),

@@ -100,6 +100,7 @@ def test_namespaces_and_the_service_monitor() -> None:
     # it selects what the builders label, and the ports the builders name exist
     pool = AgentServingPool.model_validate(yaml.safe_load((ROOT / "examples" / "pool-sim.yaml").read_text()))
     made = children(PoolRef("sim", "ns", "uid"), pool.spec, 1, BuildSettings())
+    assert "NetworkPolicy" in {o["kind"] for o in made}  # on by default: checked below too
     services = [o for o in made if o["kind"] == "Service"]
     selector = monitor["spec"]["selector"]["matchLabels"]
     assert all(selector.items() <= s["metadata"]["labels"].items() for s in services)
@@ -161,13 +162,14 @@ def test_the_operator_may_grant_what_it_grants_and_do_what_it_does() -> None:
     granted = _grants(by_kind(docs)["ClusterRole"]["rules"])
     pool = AgentServingPool.model_validate(yaml.safe_load((ROOT / "examples" / "pool-sim.yaml").read_text()))
     made = children(PoolRef("sim", "ns", "uid"), pool.spec, 1, BuildSettings())
+    assert "NetworkPolicy" in {o["kind"] for o in made}  # on by default: checked below too
     for role in (o for o in made if o["kind"] == "Role"):  # no escalation: it holds all it grants
         assert _grants(role["rules"]) <= granted, role["metadata"]["name"]
     plural = {"ServiceAccount": "serviceaccounts", "ConfigMap": "configmaps", "Service": "services",
               "StatefulSet": "statefulsets", "Deployment": "deployments", "Role": "roles",
-              "RoleBinding": "rolebindings"}  # fmt: skip
+              "RoleBinding": "rolebindings", "NetworkPolicy": "networkpolicies"}  # fmt: skip
     group = {"StatefulSet": "apps", "Deployment": "apps", "Role": "rbac.authorization.k8s.io",
-             "RoleBinding": "rbac.authorization.k8s.io"}  # fmt: skip
+             "RoleBinding": "rbac.authorization.k8s.io", "NetworkPolicy": "networking.k8s.io"}  # fmt: skip
     for obj in made:  # it creates, compares, applies and deletes every child
         for verb in ("get", "create", "patch", "delete"):
             assert (group.get(obj["kind"], ""), plural[obj["kind"]], verb) in granted, (obj["kind"], verb)

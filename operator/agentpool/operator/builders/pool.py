@@ -15,6 +15,7 @@ from agentpool.operator.builders.control import (
     router_service,
 )
 from agentpool.operator.builders.engine import engine_service, engine_stateful_set
+from agentpool.operator.builders.network import network_policies
 from agentpool.operator.builders.rbac import rbac
 from agentpool.operator.builders.settings import BuildSettings
 from agentpool.operator.builders.sglang import launch_problem
@@ -78,6 +79,7 @@ def children(
             f"use fewer nodes per pool (the engine agent takes its node id only from its config file)"
         )
     out.append(engines)
+    out += network_policies(pool, spec)  # before the pods they protect
     if spec.redis.managed is not None:
         out += [redis_service(pool), redis_stateful_set(pool, spec)]
     out += [

@@ -1,0 +1,235 @@
+"""The pool's NetworkPolicies: a table of (pool, source pod, port) -> admitted or not, evaluated
+with NetworkPolicy's semantics against the labels of the pods the builders really make."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agentpool.api import AgentServingPool
+from agentpool.operator.builders import BuildSettings, children
+from agentpool.operator.builders.network import RULES_ANNOTATION, network_policies, policy_names
+from agentpool.operator.names import PoolRef
+
+ROOT = Path(__file__).resolve().parents[3]
+SIM = yaml.safe_load((ROOT / "examples" / "pool-sim.yaml").read_text())
+SGLANG = yaml.safe_load((ROOT / "examples" / "pool-sglang.yaml").read_text())
+NAMESPACE = "team-a"
+UCX_PORT = 41234  # an ephemeral port UCX or the lease channel may listen on
+PROMETHEUS_NS = {"kubernetes.io/metadata.name": "monitoring"}
+MONITORING = [{"namespaceSelector": {"matchLabels": PROMETHEUS_NS}}]
+
+
+def network(manifest: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    out = copy.deepcopy(manifest)
+    out["spec"]["network"] = fields
+    return out
+
+
+def pool_children(manifest: dict[str, Any], name: str | None = None) -> list[dict[str, Any]]:
+    spec = AgentServingPool.model_validate(manifest).spec
+    ref = PoolRef(name or manifest["metadata"]["name"], NAMESPACE, "uid-1", {"team": "search"})
+    return children(ref, spec, 1, BuildSettings())
+
+
+@dataclass(frozen=True)
+class Source:
+    """A pod that opens a connection: its namespace, its namespace's labels, its own labels."""
+
+    namespace: str
+    namespace_labels: dict[str, str]
+    labels: dict[str, str]
+
+
+def pod_labels(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, str]:
+    """The labels the pods of a workload the builders made carry (its pod template's)."""
+    (obj,) = [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name]
+    return dict(obj["spec"]["template"]["metadata"]["labels"])
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    assert set(selector) <= {"matchLabels"}, selector  # all the builders and these tests use
+    return all(labels.get(k) == v for k, v in (selector.get("matchLabels") or {}).items())
+
+
+def peer_matches(peer: dict[str, Any], source: Source) -> bool:
+    assert "ipBlock" not in peer
+    if "namespaceSelector" in peer:
+        if not selects(peer["namespaceSelector"], source.namespace_labels):
+            return False
+    elif source.namespace != NAMESPACE:  # a podSelector alone: the policy's namespace
+        return False
+    return "podSelector" not in peer or selects(peer["podSelector"], source.labels)
+
+
+def admits(policies: list[dict[str, Any]], target: dict[str, str], source: Source, port: int) -> bool:
+    """NetworkPolicy ingress semantics: a pod no policy selects takes everything; a selected pod
+    takes what any rule of any selecting policy admits (`from` missing or empty: every source;
+    `ports` missing or empty: every port)."""
+    selecting = [p for p in policies if selects(p["spec"]["podSelector"], target)]
+    if not selecting:
+        return True
+    for policy in selecting:
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        for rule in policy["spec"].get("ingress") or []:
+            peers = rule.get("from")
+            ports = rule.get("ports")
+            if peers and not any(peer_matches(p, source) for p in peers):
+                continue
+            if ports and not any(p.get("protocol", "TCP") == "TCP" and p["port"] == port for p in ports):
+                continue
+            return True
+    return False
+
+
+SIM_OBJS = pool_children(SIM)
+OTHER_OBJS = pool_children(SIM, name="other")
+ENGINE = pod_labels(SIM_OBJS, "StatefulSet", "sim-engine")
+ROUTER = pod_labels(SIM_OBJS, "Deployment", "sim-router")
+DIRECTORY = pod_labels(SIM_OBJS, "Deployment", "sim-directory")
+REDIS = pod_labels(SIM_OBJS, "StatefulSet", "sim-redis")
+OTHER_ENGINE = pod_labels(OTHER_OBJS, "StatefulSet", "other-engine")
+OTHER_ROUTER = pod_labels(OTHER_OBJS, "Deployment", "other-router")
+NS_LABELS = {"kubernetes.io/metadata.name": NAMESPACE}
+
+SOURCES = {
+    "engine": Source(NAMESPACE, NS_LABELS, ENGINE),
+    "router": Source(NAMESPACE, NS_LABELS, ROUTER),
+    "directory": Source(NAMESPACE, NS_LABELS, DIRECTORY),
+    "redis": Source(NAMESPACE, NS_LABELS, REDIS),
+    "other pool's engine": Source(NAMESPACE, NS_LABELS, OTHER_ENGINE),
+    "other pool's router": Source(NAMESPACE, NS_LABELS, OTHER_ROUTER),
+    "unlabelled pod": Source(NAMESPACE, NS_LABELS, {}),
+    "prometheus": Source("monitoring", PROMETHEUS_NS, {"app": "prometheus"}),
+    "elsewhere": Source("default", {"kubernetes.io/metadata.name": "default"}, {}),
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    manifest: dict[str, Any]
+    admitted: set[tuple[str, str, int]]
+    """(target, source, port) that must be admitted; every other one in `probes` must not be."""
+
+
+def probes() -> list[tuple[str, str, int]]:
+    engine_ports = [8080, UCX_PORT, 8998]  # HTTP, an ephemeral UCX/lease port, SGLang's bootstrap
+    directory_ports = [50061, 50062, 9090, UCX_PORT]
+    out = [("engine", s, p) for s in SOURCES for p in engine_ports]
+    return out + [("directory", s, p) for s in SOURCES for p in directory_ports]
+
+
+EVERYONE = set(SOURCES)
+POOL_ENGINE_PORTS = {("engine", "engine", p) for p in (8080, UCX_PORT, 8998)}
+ROUTER_HTTP = {("engine", "router", 8080)}
+DIRECTORY_CLIENTS = {("directory", s, p) for s in ("router", "engine") for p in (50061, 50062)}
+
+
+def metrics_from(sources: set[str]) -> set[tuple[str, str, int]]:
+    return {("engine", s, 8080) for s in sources} | {("directory", s, 9090) for s in sources}
+
+
+def everything() -> set[tuple[str, str, int]]:
+    return set(probes())
+
+
+CASES = [
+    Case(
+        "sim, default: metrics ports open to every source",
+        SIM,
+        POOL_ENGINE_PORTS | ROUTER_HTTP | DIRECTORY_CLIENTS | metrics_from(EVERYONE),
+    ),
+    Case(
+        "sglang example, default",
+        SGLANG,
+        POOL_ENGINE_PORTS | ROUTER_HTTP | DIRECTORY_CLIENTS | metrics_from(EVERYONE),
+    ),
+    Case(
+        "metrics from the monitoring namespace only",
+        network(SIM, metricsFrom=MONITORING),
+        POOL_ENGINE_PORTS | ROUTER_HTTP | DIRECTORY_CLIENTS | metrics_from({"prometheus"}),
+    ),
+    Case(
+        "metrics from nobody outside the pool",
+        network(SIM, metricsFrom=[]),
+        POOL_ENGINE_PORTS | ROUTER_HTTP | DIRECTORY_CLIENTS,
+    ),
+    Case("opted out: no policy, everything reaches everything", network(SIM, policy=False), everything()),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_who_reaches_the_engines_and_the_directory(case: Case) -> None:
+    name = case.manifest["metadata"]["name"]
+    objs = pool_children(case.manifest)
+    policies = [o for o in objs if o["kind"] == "NetworkPolicy"]
+    own = {  # this pool's pods, as its builders label them
+        "engine": pod_labels(objs, "StatefulSet", f"{name}-engine"),
+        "router": pod_labels(objs, "Deployment", f"{name}-router"),
+        "directory": pod_labels(objs, "Deployment", f"{name}-directory"),
+    }
+    sources = {**SOURCES, **{k: Source(NAMESPACE, NS_LABELS, v) for k, v in own.items()}}
+    wrong = [
+        (target, source, port, expected)
+        for target, source, port in probes()
+        if admits(policies, own[target], sources[source], port)
+        != (expected := (target, source, port) in case.admitted)
+    ]
+    assert not wrong, wrong
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_each_policy_selects_exactly_its_component_pods(case: Case) -> None:
+    objs = pool_children(case.manifest)
+    name = case.manifest["metadata"]["name"]
+    policies = {o["metadata"]["name"]: o for o in objs if o["kind"] == "NetworkPolicy"}
+    if not case.manifest["spec"].get("network", {}).get("policy", True):
+        assert policies == {}
+        return
+    assert sorted(policies) == sorted(policy_names(PoolRef(name, NAMESPACE, "uid-1")))
+    workloads = [o for o in objs if o["kind"] in ("StatefulSet", "Deployment")]
+    for policy in policies.values():
+        selected = [
+            w["metadata"]["name"]
+            for w in workloads
+            if selects(policy["spec"]["podSelector"], w["spec"]["template"]["metadata"]["labels"])
+        ]
+        assert selected == [policy["metadata"]["name"]]  # <pool>-engine's pods, <pool>-directory's
+        assert policy["metadata"]["labels"]["agentpool.io/pool"] == name
+        assert policy["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    # applied before the workloads whose pods they protect
+    kinds = [o["kind"] for o in objs]
+    assert max(i for i, k in enumerate(kinds) if k == "NetworkPolicy") < min(
+        i for i, k in enumerate(kinds) if k in ("StatefulSet", "Deployment")
+    )
+
+
+def test_the_rules_digest_changes_with_every_rule_change() -> None:
+    """The compare-then-apply ignores fields the desired object lacks; the digest makes a rule
+    that went away (e.g. `metricsFrom` unset again) a difference it sees."""
+    ref = PoolRef("sim", NAMESPACE, "uid-1")
+    digests = set()
+    for manifest in (SIM, network(SIM, metricsFrom=[]), network(SIM, metricsFrom=MONITORING)):
+        spec = AgentServingPool.model_validate(manifest).spec
+        for policy in network_policies(ref, spec):
+            digests.add((policy["metadata"]["name"], policy["metadata"]["annotations"][RULES_ANNOTATION]))
+    assert len(digests) == 6
+
+
+def test_the_policies_are_valid_kubernetes_objects() -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    for manifest in (SIM, network(SIM, metricsFrom=MONITORING), network(SIM, metricsFrom=[])):
+        for policy in (o for o in pool_children(manifest) if o["kind"] == "NetworkPolicy"):
+            kubernetes_validate.validate(policy, "1.28", strict=True)
+
+
+def test_the_spec_default_is_on_and_peers_are_bounded() -> None:
+    assert AgentServingPool.model_validate(SIM).spec.network.policy is True
+    with pytest.raises(ValueError, match="at most 32"):
+        AgentServingPool.model_validate(network(SIM, metricsFrom=MONITORING * 33))

@@ -142,7 +142,6 @@ class PoolPlan:
     roles_dir: Path = Path()
     router_url: str = ""
     directory_target: str = ""
-    directory_link: str = ""  # the Route link the router uses
     model: str = ""
 
     def ports(self) -> list[tuple[str, int]]:
@@ -199,9 +198,7 @@ def plan(pool: AgentServingPool, options: LocalOptions, workdir: Path) -> PoolPl
     out.endpoints["redis"] = redis_url
 
     # directory
-    dir_port = link_port = free_port(host)
-    while link_port == dir_port:
-        link_port = free_port(host)
+    dir_port = free_port(host)
     dir_token = write_secret(workdir / "directory-token", secrets.token_urlsafe(32))
     dir_argv = [
         py,
@@ -221,14 +218,11 @@ def plan(pool: AgentServingPool, options: LocalOptions, workdir: Path) -> PoolPl
         str(dir_token),
         "--node-timeout-s",
         "5",
-        "--link-port",
-        str(link_port),  # the router's Route link (Resolve/Place on a framed connection)
     ]
     if password_file is not None:
         dir_argv += ["--redis-password-file", str(password_file)]
     out.specs.append(ProcessSpec("directory", dir_argv, TcpReady(host, dir_port), logs / "directory.log"))
     out.directory_target = f"{host}:{dir_port}"
-    out.directory_link = f"link://{host}:{link_port}"
     out.endpoints["directory"] = f"grpc://{out.directory_target}"
 
     # engines (listed in the router's config, which the router re-reads on change)
@@ -283,7 +277,7 @@ def plan(pool: AgentServingPool, options: LocalOptions, workdir: Path) -> PoolPl
                 "--port",
                 str(options.router_port),
                 "--directory",
-                out.directory_link,
+                out.directory_target,
                 "--directory-token-file",
                 str(dir_token),
                 "--report-token-file",

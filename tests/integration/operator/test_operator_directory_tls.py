@@ -82,8 +82,8 @@ async def test_the_router_reaches_a_mutual_tls_directory_with_the_mounted_files(
 
 
 async def test_the_router_reaches_the_route_link_with_the_same_files(tmp_path: Path) -> None:
-    """``--directory link://HOST:PORT`` (what the operator runs the routers with) and the same mTLS
-    files: the link's TLS needs the client certificate as the gRPC port does."""
+    """``--directory link://HOST:PORT`` with the same mTLS files the operator mounts: the link's TLS
+    needs the client certificate as the gRPC port does."""
     f = pki(tmp_path)
     server = DirectoryServer(
         DirectoryConfig(

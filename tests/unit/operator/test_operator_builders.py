@@ -440,13 +440,11 @@ def test_every_command_line_parses_in_its_service(case: Case, tmp_path: Path) ->
         (tmp_path / mounted).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / mounted).write_text("t" * 43)
     config = directory_args([a.replace("/var/run/agentpool", str(tmp_path)) for a in directory["args"]])
-    assert config.port == 50061 and config.link_port == 50062
+    assert config.port == 50061
     assert config.max_nodes >= 4096  # no pool is refused by its own directory
     router = containers(deployments[f"{ref.name}-router"])
     args = router_parser().parse_args(router["router"]["args"])
-    assert args.directory == f"link://{ref.name}-directory.team-a.svc:50062"  # the Route link
-    ports = {p["name"]: p["port"] for p in by_kind(objs, "Service")[f"{ref.name}-directory"]["spec"]["ports"]}
-    assert ports == {"grpc": 50061, "link": 50062, "metrics": 9090}
+    assert args.directory == f"{ref.name}-directory.team-a.svc:50061"
     if case.planner:
         lease = lease_args(router["planner"]["command"][3:])
         assert lease.command[:3] == ["python", "-m", "agentpool.planner"]

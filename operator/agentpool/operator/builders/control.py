@@ -55,7 +55,6 @@ from agentpool.operator.builders.tls import (
 )
 from agentpool.operator.names import (
     DIRECTORY,
-    DIRECTORY_LINK_PORT,
     DIRECTORY_METRICS_PORT,
     DIRECTORY_PORT,
     ENGINE,
@@ -109,7 +108,6 @@ def directory_deployment(
         f"--max-nodes={MAX_NODES}",  # the spec's bound, so a scale never restarts the directory
         f"--auth-token-file={DIRECTORY_TOKEN_DIR}/{TOKEN_FILE}",
         f"--metrics-port={DIRECTORY_METRICS_PORT}",
-        f"--link-port={DIRECTORY_LINK_PORT}",
     ]
     env: list[dict[str, Any]] = []
     volumes = [secret_file_volume("directory-token", directory_token(pool, spec))]
@@ -142,7 +140,6 @@ def directory_deployment(
         "args": args,
         "ports": [
             {"name": "grpc", "containerPort": DIRECTORY_PORT, "protocol": "TCP"},
-            {"name": "link", "containerPort": DIRECTORY_LINK_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": DIRECTORY_METRICS_PORT, "protocol": "TCP"},
         ],
         "readinessProbe": tcp_probe("grpc"),
@@ -163,8 +160,7 @@ def directory_deployment(
 
 
 def directory_service(pool: PoolRef) -> dict[str, Any]:
-    ports = [("grpc", DIRECTORY_PORT), ("link", DIRECTORY_LINK_PORT), ("metrics", DIRECTORY_METRICS_PORT)]
-    return service(pool, DIRECTORY, ports)
+    return service(pool, DIRECTORY, [("grpc", DIRECTORY_PORT), ("metrics", DIRECTORY_METRICS_PORT)])
 
 
 # ---------------------------------------------------------------- router and planner
@@ -230,7 +226,7 @@ def router_deployment(pool: PoolRef, spec: AgentServingPoolSpec, settings: Build
             f"--config={CONFIG_DIR}/{ROUTER_CONFIG_KEY}",
             "--host=0.0.0.0",
             f"--port={ROUTER_PORT}",
-            f"--directory=link://{pool.service_host(DIRECTORY)}:{DIRECTORY_LINK_PORT}",  # the Route link
+            f"--directory={pool.service_host(DIRECTORY)}:{DIRECTORY_PORT}",
             f"--directory-token-file={DIRECTORY_TOKEN_DIR}/{TOKEN_FILE}",
             f"--report-token-file={REPORT_TOKEN_DIR}/{TOKEN_FILE}",
             f"--engine-token-file={ENGINE_TOKEN_DIR}/{TOKEN_FILE}",

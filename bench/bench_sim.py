@@ -436,6 +436,9 @@ def fit(args: argparse.Namespace) -> None:
         )
 
 
+PRESSURE_SYSTEMS = ["agentpool", "agentpool-lru", "static-cache-aware"]
+
+
 def pressure(args: argparse.Namespace) -> None:
     """Host pools below the working set: branch-count eviction against LRU (issue 15 f)."""
     agents = args.agents[0] if args.agents else 90
@@ -445,25 +448,48 @@ def pressure(args: argparse.Namespace) -> None:
     working_set = probe["summary"]["unique_blocks"] * base.sim.block_size
     nodes = base.sim.nodes
     print(f"working set: {working_set / 1e6:.1f}M tokens ({working_set / nodes / 1e6:.2f}M per node)")
+    notes = (
+        f"{agents} agents; working set {working_set / 1e6:.1f}M tokens (distinct KV blocks the run "
+        f"computes, seed 0), host pool per node a fraction of it / {nodes} nodes. agentpool evicts by branch "
+        "counts, agentpool-lru is the same system with LRU, static-cache-aware is SGLang's LRU."
+    )
+
+    def scenario(host: int, seed: int) -> Scenario:
+        sim = dataclasses.replace(base.sim, host_kv_tokens=host)
+        return dataclasses.replace(base, sim=sim, seed=seed)
+
     sections = []
+    md_tables: list[str] = []
+    payload: dict[str, Any] = {"sections": []}
     for fraction in args.fractions:
         host = int(fraction * working_set / nodes)
-        sc = dataclasses.replace(base, sim=dataclasses.replace(base.sim, host_kv_tokens=host))
-        results = compare(
-            sc, ["agentpool", "agentpool-lru", "static-cache-aware"], jobs=args.jobs, conversations=convs
-        )
         heading = f"host pool {fraction:g}x of the working set ({host / 1e6:.2f}M tokens per node)"
-        print_results(heading, results)
-        sections.append((heading, sc, results))
-    if args.write:
-        notes = (
-            f"{agents} agents; working set {working_set / 1e6:.1f}M tokens (distinct KV blocks the run "
-            f"computes), host pool per node a fraction of it / {nodes} nodes. agentpool evicts by branch "
-            "counts, agentpool-lru is the same system with LRU, static-cache-aware is SGLang's LRU."
+        if not args.seeds:
+            sc = scenario(host, base.seed)
+            results = compare(sc, PRESSURE_SYSTEMS, jobs=args.jobs, conversations=convs)
+            print_results(heading, results)
+            sections.append((heading, sc, results))
+            continue
+        by_seed, bounds = over_seeds(
+            functools.partial(scenario, host), PRESSURE_SYSTEMS, args.seeds, args.jobs, heading
         )
-        write_sections(
-            "pressure", "Host-pool capacity pressure: branch-count eviction vs LRU", sections, notes
-        )
+        table = seed_table(by_seed, bounds)
+        print(f"\n## {heading}\n{table}", flush=True)
+        md_tables.append(f"## {heading}\n\n{table}")
+        payload["sections"].append({"fraction": fraction, "bounds": bounds, "results_by_seed": slim(by_seed)})
+    if not args.write:
+        return
+    title = "Host-pool capacity pressure: branch-count eviction vs LRU"
+    if not args.seeds:
+        write_sections("pressure", title, sections, notes)
+        return
+    md = [
+        f"# {title}, over seeds\n",
+        f"Command: `{command_line()}`\n",
+        notes + " The same host sizes in every seed.\n",
+    ]
+    payload["command"] = md[1]
+    write_seeds(args.name or "pressure_seeds", md + md_tables, payload)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -511,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         nargs="*",
         default=None,
-        help="cc, shifting, open-loop, smetric: mean and spread over these seeds",
+        help="cc, shifting, open-loop, pressure, smetric: mean and spread over these seeds",
     )
     p.add_argument(
         "--systems", default=None, help="cc --seeds, shifting, open-loop, smetric: systems (comma-separated)"

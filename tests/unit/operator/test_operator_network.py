@@ -128,7 +128,7 @@ def probes() -> list[tuple[str, str, int]]:
 EVERYONE = set(SOURCES)
 POOL_ENGINE_PORTS = {("engine", "engine", p) for p in (8080, UCX_PORT, 8998)}
 ROUTER_HTTP = {("engine", "router", 8080)}
-DIRECTORY_CLIENTS = {("directory", s, p) for s in ("router", "engine") for p in (50061, 50062)}
+DIRECTORY_CLIENTS = {("directory", s, 50061) for s in ("router", "engine")}  # 50062 (the link): not run
 
 
 def metrics_from(sources: set[str]) -> set[tuple[str, str, int]]:

@@ -8,9 +8,9 @@ false, the pool gets (ingress only; egress stays open):
 - `<pool>-engine` selects the pool's engine pods and admits every port from the pool's engine
   pods (NIXL/UCX, the lease channel, SGLang's bootstrap and transfers), and the HTTP port from the
   pool's router pods (generate) and the metrics sources.
-- `<pool>-directory` selects the pool's directory pod and admits its gRPC and Route-link ports
-  from the pool's router pods (router and planner) and engine pods, and its metrics port from the
-  metrics sources.
+- `<pool>-directory` selects the pool's directory pod and admits its gRPC port (the operator does
+  not run the Route link) from the pool's router pods (router and planner) and engine pods, and its
+  metrics port from the metrics sources.
 
 Metrics sources (`spec.network.metricsFrom`): left out, every source (Prometheus may run in any
 namespace; the engine HTTP port still needs the engine token for everything but the probes,
@@ -31,7 +31,6 @@ from typing import Any
 from agentpool.api import AgentServingPoolSpec
 from agentpool.operator.names import (
     DIRECTORY,
-    DIRECTORY_LINK_PORT,
     DIRECTORY_METRICS_PORT,
     DIRECTORY_PORT,
     ENGINE,
@@ -100,7 +99,7 @@ def directory_network_policy(pool: PoolRef, spec: AgentServingPoolSpec) -> dict[
         [
             {
                 "from": [_pods(pool, ROUTER), _pods(pool, ENGINE)],
-                "ports": _tcp(DIRECTORY_PORT, DIRECTORY_LINK_PORT),
+                "ports": _tcp(DIRECTORY_PORT),
             },
             *_metrics_rule(spec, DIRECTORY_METRICS_PORT),
         ],

@@ -3,9 +3,9 @@
 The engines' host KV pools are read by peers with NIXL over UCX, which authenticates nothing: a
 host that reaches an engine's UCX endpoints (ephemeral ports) can read its registered memory.
 By default the operator therefore gives every pool NetworkPolicies that admit, on the engines,
-every port only from the pool's own engines, and on the KV directory its gRPC and Route-link
-ports only from the pool's routers and engines. They take effect only where the cluster's network
-plugin enforces NetworkPolicy.
+every port only from the pool's own engines, on the KV directory its gRPC port only from the
+pool's routers and engines, and on a managed Redis its port only from the directory. They take
+effect only where the cluster's network plugin enforces NetworkPolicy.
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ class NetworkSpec(ApiModel):
     """Make the pool's NetworkPolicies: engine pods take traffic on every port (NIXL/UCX, the lease
     channel, SGLang's bootstrap) only from the pool's engines, and on their HTTP port (token
     authenticated, and `/metrics`) from the pool's routers and from `metricsFrom`; the KV
-    directory's gRPC and Route-link ports take traffic only from the pool's routers and engines,
-    its metrics port from `metricsFrom`. `false`: no policies (a network plugin without
-    NetworkPolicy, or policies you manage yourself); the operator deletes the ones it made."""
+    directory's gRPC port takes traffic only from the pool's routers and engines, its metrics port
+    from `metricsFrom`; a managed Redis only from the directory. `false`: no policies (a network
+    plugin without NetworkPolicy, or policies you manage yourself); the operator deletes the ones
+    it made."""
     metrics_from: list[dict[str, Any]] | None = Field(default=None, max_length=32)
     """Who else may reach the engines' HTTP port and the directory's metrics port (Prometheus):
     Kubernetes `NetworkPolicyPeer` objects (`podSelector`, `namespaceSelector`, `ipBlock`), passed

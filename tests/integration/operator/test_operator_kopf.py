@@ -31,6 +31,7 @@ CHILDREN = [
     ("ConfigMap", "sim-engines"),
     ("NetworkPolicy", "sim-engine"),
     ("NetworkPolicy", "sim-directory"),
+    ("NetworkPolicy", "sim-redis"),
     ("Service", "sim-redis"),
     ("StatefulSet", "sim-redis"),
     ("Service", "sim-directory"),
@@ -438,8 +439,8 @@ async def test_network_policies_follow_the_pool_and_an_opt_out_deletes_them(
     await edit_spec(cluster, {"network": {"policy": False}})
 
     async def policies_gone() -> bool:
-        got = [await cluster.api.get("NetworkPolicy", ns, n) for n in ("sim-engine", "sim-directory")]
-        return got == [None, None]
+        names = ("sim-engine", "sim-directory", "sim-redis")
+        return [await cluster.api.get("NetworkPolicy", ns, n) for n in names] == [None] * 3
 
     await eventually(policies_gone, "the policies deleted")
     await status_where(cluster, generation_is(3), "generation 3")

@@ -31,6 +31,10 @@ def network(manifest: dict[str, Any], **fields: Any) -> dict[str, Any]:
     return out
 
 
+EXISTING_REDIS = copy.deepcopy(SIM)
+EXISTING_REDIS["spec"]["redis"] = {"existing": {"secretName": "cache"}}
+
+
 def pool_children(manifest: dict[str, Any], name: str | None = None) -> list[dict[str, Any]]:
     spec = AgentServingPool.model_validate(manifest).spec
     ref = PoolRef(name or manifest["metadata"]["name"], NAMESPACE, "uid-1", {"team": "search"})
@@ -122,6 +126,7 @@ def probes() -> list[tuple[str, str, int]]:
     engine_ports = [8080, UCX_PORT, 8998]  # HTTP, an ephemeral UCX/lease port, SGLang's bootstrap
     directory_ports = [50061, 50062, 9090, UCX_PORT]
     out = [("engine", s, p) for s in SOURCES for p in engine_ports]
+    out += [("redis", s, p) for s in SOURCES for p in (6379, UCX_PORT)]
     return out + [("directory", s, p) for s in SOURCES for p in directory_ports]
 
 
@@ -129,6 +134,8 @@ EVERYONE = set(SOURCES)
 POOL_ENGINE_PORTS = {("engine", "engine", p) for p in (8080, UCX_PORT, 8998)}
 ROUTER_HTTP = {("engine", "router", 8080)}
 DIRECTORY_CLIENTS = {("directory", s, 50061) for s in ("router", "engine")}  # 50062 (the link): not run
+REDIS_CLIENT = {("redis", "directory", 6379)}
+ANY_REDIS = {("redis", s, p) for s in SOURCES for p in (6379, UCX_PORT)}
 
 
 def metrics_from(sources: set[str]) -> set[tuple[str, str, int]]:
@@ -143,22 +150,27 @@ CASES = [
     Case(
         "sim, default: metrics ports open to every source",
         SIM,
-        POOL_ENGINE_PORTS | ROUTER_HTTP | DIRECTORY_CLIENTS | metrics_from(EVERYONE),
+        POOL_ENGINE_PORTS | ROUTER_HTTP | DIRECTORY_CLIENTS | REDIS_CLIENT | metrics_from(EVERYONE),
     ),
     Case(
         "sglang example, default",
         SGLANG,
-        POOL_ENGINE_PORTS | ROUTER_HTTP | DIRECTORY_CLIENTS | metrics_from(EVERYONE),
+        POOL_ENGINE_PORTS | ROUTER_HTTP | DIRECTORY_CLIENTS | REDIS_CLIENT | metrics_from(EVERYONE),
     ),
     Case(
         "metrics from the monitoring namespace only",
         network(SIM, metricsFrom=MONITORING),
-        POOL_ENGINE_PORTS | ROUTER_HTTP | DIRECTORY_CLIENTS | metrics_from({"prometheus"}),
+        POOL_ENGINE_PORTS | ROUTER_HTTP | DIRECTORY_CLIENTS | REDIS_CLIENT | metrics_from({"prometheus"}),
     ),
     Case(
         "metrics from nobody outside the pool",
         network(SIM, metricsFrom=[]),
-        POOL_ENGINE_PORTS | ROUTER_HTTP | DIRECTORY_CLIENTS,
+        POOL_ENGINE_PORTS | ROUTER_HTTP | DIRECTORY_CLIENTS | REDIS_CLIENT,
+    ),
+    Case(  # no Redis pod of the pool: the probes stand for a pod labelled as one would be
+        "an existing Redis gets no policy",
+        EXISTING_REDIS,
+        POOL_ENGINE_PORTS | ROUTER_HTTP | DIRECTORY_CLIENTS | ANY_REDIS | metrics_from(EVERYONE),
     ),
     Case("opted out: no policy, everything reaches everything", network(SIM, policy=False), everything()),
 ]
@@ -173,6 +185,7 @@ def test_who_reaches_the_engines_and_the_directory(case: Case) -> None:
         "engine": pod_labels(objs, "StatefulSet", f"{name}-engine"),
         "router": pod_labels(objs, "Deployment", f"{name}-router"),
         "directory": pod_labels(objs, "Deployment", f"{name}-directory"),
+        "redis": pod_labels(SIM_OBJS, "StatefulSet", "sim-redis") | {"agentpool.io/pool": name},
     }
     sources = {**SOURCES, **{k: Source(NAMESPACE, NS_LABELS, v) for k, v in own.items()}}
     wrong = [
@@ -192,7 +205,10 @@ def test_each_policy_selects_exactly_its_component_pods(case: Case) -> None:
     if not case.manifest["spec"].get("network", {}).get("policy", True):
         assert policies == {}
         return
-    assert sorted(policies) == sorted(policy_names(PoolRef(name, NAMESPACE, "uid-1")))
+    names = policy_names(PoolRef(name, NAMESPACE, "uid-1"))
+    if "existing" in case.manifest["spec"].get("redis", {}):
+        names.remove(f"{name}-redis")
+    assert sorted(policies) == sorted(names)
     workloads = [o for o in objs if o["kind"] in ("StatefulSet", "Deployment")]
     for policy in policies.values():
         selected = [
@@ -200,7 +216,7 @@ def test_each_policy_selects_exactly_its_component_pods(case: Case) -> None:
             for w in workloads
             if selects(policy["spec"]["podSelector"], w["spec"]["template"]["metadata"]["labels"])
         ]
-        assert selected == [policy["metadata"]["name"]]  # <pool>-engine's pods, <pool>-directory's
+        assert selected == [policy["metadata"]["name"]]  # <pool>-engine's pods, <pool>-directory's, ...
         assert policy["metadata"]["labels"]["agentpool.io/pool"] == name
         assert policy["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
     # applied before the workloads whose pods they protect
@@ -219,7 +235,7 @@ def test_the_rules_digest_changes_with_every_rule_change() -> None:
         spec = AgentServingPool.model_validate(manifest).spec
         for policy in network_policies(ref, spec):
             digests.add((policy["metadata"]["name"], policy["metadata"]["annotations"][RULES_ANNOTATION]))
-    assert len(digests) == 6
+    assert len(digests) == 7  # the Redis policy's rules do not depend on metricsFrom
 
 
 def test_the_policies_are_valid_kubernetes_objects() -> None:

@@ -11,6 +11,8 @@ false, the pool gets (ingress only; egress stays open):
 - `<pool>-directory` selects the pool's directory pod and admits its gRPC port (the operator does
   not run the Route link) from the pool's router pods (router and planner) and engine pods, and its
   metrics port from the metrics sources.
+- `<pool>-redis` (a managed Redis only) selects the Redis pod and admits its port from the pool's
+  directory pod, its only client.
 
 Metrics sources (`spec.network.metricsFrom`): left out, every source (Prometheus may run in any
 namespace; the engine HTTP port still needs the engine token for everything but the probes,
@@ -35,11 +37,13 @@ from agentpool.operator.names import (
     DIRECTORY_PORT,
     ENGINE,
     ENGINE_PORT,
+    REDIS,
+    REDIS_PORT,
     ROUTER,
     PoolRef,
 )
 
-POLICY_COMPONENTS = (ENGINE, DIRECTORY)
+POLICY_COMPONENTS = (ENGINE, DIRECTORY, REDIS)
 """The components that get a NetworkPolicy, named `<pool>-<component>`."""
 RULES_ANNOTATION = "agentpool.io/ingress-digest"
 """On each policy: a digest of its `spec`, so that any change of the rules is applied."""
@@ -106,11 +110,18 @@ def directory_network_policy(pool: PoolRef, spec: AgentServingPoolSpec) -> dict[
     )
 
 
+def redis_network_policy(pool: PoolRef) -> dict[str, Any]:
+    return _policy(pool, REDIS, [{"from": [_pods(pool, DIRECTORY)], "ports": _tcp(REDIS_PORT)}])
+
+
 def network_policies(pool: PoolRef, spec: AgentServingPoolSpec) -> list[dict[str, Any]]:
     """The pool's NetworkPolicies; none when `spec.network.policy` is false."""
     if not spec.network.policy:
         return []
-    return [engine_network_policy(pool, spec), directory_network_policy(pool, spec)]
+    out = [engine_network_policy(pool, spec), directory_network_policy(pool, spec)]
+    if spec.redis.managed is not None:
+        out.append(redis_network_policy(pool))
+    return out
 
 
 def policy_names(pool: PoolRef) -> list[str]:

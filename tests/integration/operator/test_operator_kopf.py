@@ -435,6 +435,18 @@ async def test_network_policies_follow_the_pool_and_an_opt_out_deletes_them(
 
     await eventually(narrowed, "metricsFrom in both policies")
 
+    # and widening again removes the narrowed rule (the compare-then-apply sees it by the digest)
+    await edit_spec(cluster, {"network": {"metricsFrom": None}})
+
+    async def widened() -> bool:
+        for name in ("sim-engine", "sim-directory"):
+            got = await cluster.api.get("NetworkPolicy", ns, name)
+            if got is None or "from" in got["spec"]["ingress"][-1]:
+                return False
+        return True
+
+    await eventually(widened, "metrics open to every source again")
+
     # opting out deletes them; everything else stays
     await edit_spec(cluster, {"network": {"policy": False}})
 
@@ -443,7 +455,7 @@ async def test_network_policies_follow_the_pool_and_an_opt_out_deletes_them(
         return [await cluster.api.get("NetworkPolicy", ns, n) for n in names] == [None] * 3
 
     await eventually(policies_gone, "the policies deleted")
-    await status_where(cluster, generation_is(3), "generation 3")
+    await status_where(cluster, generation_is(4), "generation 4")
     assert await cluster.api.get("StatefulSet", ns, "sim-engine") is not None
 
     async def deleted_event() -> list[dict[str, Any]]:
@@ -459,7 +471,7 @@ async def test_network_policies_follow_the_pool_and_an_opt_out_deletes_them(
             "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}}  # fmt: skip
     await cluster.api.create(mine)
     await edit_spec(cluster, {"router": {"policy": "smetric"}})
-    await status_where(cluster, generation_is(4), "generation 4")
+    await status_where(cluster, generation_is(5), "generation 5")
     assert await cluster.api.get("NetworkPolicy", ns, "sim-directory") is not None
     await cluster.api.delete("AgentServingPool", ns, "sim")
 

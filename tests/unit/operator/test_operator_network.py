@@ -4,6 +4,7 @@ with NetworkPolicy's semantics against the labels of the pods the builders reall
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -249,3 +250,50 @@ def test_the_spec_default_is_on_and_peers_are_bounded() -> None:
     assert AgentServingPool.model_validate(SIM).spec.network.policy is True
     with pytest.raises(ValueError, match="at most 32"):
         AgentServingPool.model_validate(network(SIM, metricsFrom=MONITORING * 33))
+
+
+ADDRESS = re.compile(r"([a-z0-9-]+)\.team-a\.svc:(\d+)")
+
+
+def configured_addresses(objs: list[dict[str, Any]], name: str) -> set[tuple[str, str, int]]:
+    """(source component, target component, port) for every service address the builders write
+    into a component's command lines and configuration files."""
+    texts: dict[str, list[str]] = {"router": [], "engine": [], "directory": []}
+    for obj in objs:
+        component = obj["metadata"]["labels"]["app.kubernetes.io/component"]
+        if obj["kind"] in ("Deployment", "StatefulSet") and component in texts:
+            for c in obj["spec"]["template"]["spec"]["containers"]:
+                texts[component] += [*c.get("command", []), *c.get("args", [])]
+        if obj["kind"] == "ConfigMap":
+            source = "engine" if obj["metadata"]["name"] == f"{name}-engines" else "router"
+            texts[source] += list(obj["data"].values())  # router.json and planner.json: the router pod
+    out = set()
+    for source, strings in texts.items():
+        for text in strings:
+            for service, port in ADDRESS.findall(text):
+                out.add((source, service.removeprefix(f"{name}-"), int(port)))
+    return out
+
+
+@pytest.mark.parametrize("manifest", [SIM, SGLANG], ids=["sim", "sglang"])
+def test_every_address_the_builders_configure_is_admitted(manifest: dict[str, Any]) -> None:
+    """What connects where, from the builders' own configuration: a port moved or a new client
+    added without the policies following fails here."""
+    name = manifest["metadata"]["name"]
+    objs = pool_children(manifest)
+    policies = [o for o in objs if o["kind"] == "NetworkPolicy"]
+    labels = {
+        c: pod_labels(objs, kind, f"{name}-{c}")
+        for c, kind in (("engine", "StatefulSet"), ("router", "Deployment"), ("directory", "Deployment"),
+                        ("redis", "StatefulSet"))
+    }  # fmt: skip
+    found = configured_addresses(objs, name)
+    assert {("router", "engine", 8080), ("router", "directory", 50061), ("engine", "directory", 50061),
+            ("engine", "engine", 8080), ("engine", "router", 8000),
+            ("directory", "redis", 6379)} <= found, found  # fmt: skip
+    for source, target, port in found:
+        assert admits(policies, labels[target], Source(NAMESPACE, NS_LABELS, labels[source]), port), (
+            source,
+            target,
+            port,
+        )

@@ -95,8 +95,8 @@ def _ordered_hashes(
     group alone when it has enough blocks, and in the group, the blocks accessed no later than the
     ``limit``-th smallest access time (a linear ``partition``). The result equals slicing the full
     ``lexsort`` (ties at the cut time are all kept and sorted by hash). Only those blocks' hashes are
-    read as numbers: a hash is a separate int object, so reading one costs a memory access of its
-    own, and a big table's are scattered. The hashes returned are the table's own key objects."""
+    converted to numbers, and the hashes returned are the table's own key objects (with counts, the
+    count lookups have read every key just before, so this saves little: ``sim_speed.md``)."""
     if limit is not None and limit < 0:
         return None
     n = len(access)

@@ -5,15 +5,41 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-from process_helpers import ENGINE_AUTH, Proc, engine_token_file, launch
+from process_helpers import ENGINE_AUTH, Proc, engine_token_file, free_port, launch
 
 PAGE = 4
+SGLANG_STANDIN = str(Path(__file__).with_name("sglang_standin.py"))
+
+
+def sglang_checked_section(tmp: Path, node: str) -> dict[str, Any]:
+    """An agent's ``sglang`` section launching the stand-in, whose decode side asks the prefill side's
+    bootstrap server for the room (a transfer can fail)."""
+    return {
+        "model": "stand-in/model",
+        "port": free_port(),
+        "kvEventsEndpoint": f"tcp://127.0.0.1:{free_port()}",
+        "bootstrapPort": free_port(),
+        "launcher": [
+            sys.executable, SGLANG_STANDIN, "--record", str(tmp / f"argv-{node}.json"), "--load-s", "0.2",
+            "--standin-check-rooms",
+        ],
+        "requireGpu": False,
+        "loadPollS": 0.2,
+    }  # fmt: skip
+
+
+def metric_value(text: str, name: str) -> float:
+    """The value of an unlabelled sample ``name`` in a Prometheus exposition (0 when absent)."""
+    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
 
 
 def engine_config(node_id: str, **kw: Any) -> dict[str, Any]:

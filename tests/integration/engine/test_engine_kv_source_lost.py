@@ -16,41 +16,26 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import signal
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from engine_processes import PAGE, engine_config, start_engine, state, wait_until
+from engine_processes import (
+    PAGE,
+    engine_config,
+    metric_value,
+    sglang_checked_section,
+    start_engine,
+    state,
+    wait_until,
+)
 from process_helpers import Proc, engine_token_file, free_port, launch
 
 pytestmark = pytest.mark.integration
 REPORT_TOKEN = "r" * 32
-STANDIN = str(Path(__file__).with_name("sglang_standin.py"))
-
-
-def sglang_section(tmp: Path, node: str) -> dict[str, Any]:
-    return {
-        "model": "stand-in/model",
-        "port": free_port(),
-        "kvEventsEndpoint": f"tcp://127.0.0.1:{free_port()}",
-        "bootstrapPort": free_port(),
-        "launcher": [
-            sys.executable, STANDIN, "--record", str(tmp / f"argv-{node}.json"), "--load-s", "0.2",
-            "--standin-check-rooms",
-        ],
-        "requireGpu": False,
-        "loadPollS": 0.2,
-    }  # fmt: skip
-
-
-def metric(text: str, name: str) -> float:
-    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
-    return float(m.group(1)) if m else 0.0
 
 
 async def read_sse(resp: aiohttp.ClientResponse) -> AsyncIterator[Any]:
@@ -150,10 +135,10 @@ async def pool(tmp_path: Path) -> AsyncIterator[Pool]:
 
 async def test_sglang_a_dead_prefill_node_is_placed_again_from_the_start(pool: Pool, tmp_path: Path) -> None:
     prefill = {
-        n: await pool.engine(n, "prefill", backend="sglang", sglang=sglang_section(tmp_path, n))
+        n: await pool.engine(n, "prefill", backend="sglang", sglang=sglang_checked_section(tmp_path, n))
         for n in ("p0", "p1")
     }
-    d0 = await pool.engine("d0", "decode", backend="sglang", sglang=sglang_section(tmp_path, "d0"))
+    d0 = await pool.engine("d0", "decode", backend="sglang", sglang=sglang_checked_section(tmp_path, "d0"))
     router = await pool.router(
         [(prefill["p0"], "p0", "prefill"), (prefill["p1"], "p1", "prefill"), (d0, "d0", "decode")]
     )
@@ -194,7 +179,7 @@ async def test_sglang_a_dead_prefill_node_is_placed_again_from_the_start(pool: P
             async with http.get(pool.url + "/metrics") as r:
                 text = await r.text()
             return (
-                metric(
+                metric_value(
                     text, 'agentpool_router_decisions_total{node="d0",phase="decode",policy="least-loaded"}'
                 )
                 == 1
@@ -215,11 +200,11 @@ async def test_sglang_a_dead_prefill_node_is_placed_again_from_the_start(pool: P
         async with http.get(pool.url + "/metrics") as r:
             rm = await r.text()
         logs = router.text() + d0.text()  # what the router and the decode agent said, on a failure
-        assert metric(rm, 'agentpool_router_retries_total{reason="kv_source_lost"}') == 1, rm + logs
-        assert metric(rm, 'agentpool_router_engine_failures_total{kind="engine"}') == 0, rm + logs
+        assert metric_value(rm, 'agentpool_router_retries_total{reason="kv_source_lost"}') == 1, rm + logs
+        assert metric_value(rm, 'agentpool_router_engine_failures_total{kind="engine"}') == 0, rm + logs
         async with http.get(d0.url + "/metrics") as r:
             dm = await r.text()
-        assert metric(dm, 'agentpool_engine_requeued_requests_total{reason="kv_source_lost"}') == 1, dm
+        assert metric_value(dm, 'agentpool_engine_requeued_requests_total{reason="kv_source_lost"}') == 1, dm
     assert "Traceback" not in router.text(), router.text()
     assert "Traceback" not in d0.text(), d0.text()
 
@@ -250,8 +235,8 @@ async def test_sim_a_dead_prefill_node_is_recomputed_on_the_decode_node(pool: Po
         assert text_of(events) == "t0 t1 t2 t3 ", events  # every token once
         async with http.get(d0.url + "/metrics") as r:
             dm = await r.text()
-        assert metric(dm, "agentpool_engine_handover_recomputed_total") == 1, dm
+        assert metric_value(dm, "agentpool_engine_handover_recomputed_total") == 1, dm
         async with http.get(pool.url + "/metrics") as r:
             rm = await r.text()
-        assert metric(rm, 'agentpool_router_retries_total{reason="kv_source_lost"}') == 0, rm
+        assert metric_value(rm, 'agentpool_router_retries_total{reason="kv_source_lost"}') == 0, rm
     assert "Traceback" not in router.text(), router.text()

@@ -6,43 +6,32 @@ to the router (``requeue``, reason ``kv_source_lost``), and the agent goes on se
 
 from __future__ import annotations
 
-import re
-import sys
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from engine_processes import engine_config, gen_body, generate, start_engine, wait_until
+from engine_processes import (
+    engine_config,
+    gen_body,
+    generate,
+    metric_value,
+    sglang_checked_section,
+    start_engine,
+    wait_until,
+)
 from process_helpers import free_port
 
 pytestmark = pytest.mark.integration
-STANDIN = str(Path(__file__).with_name("sglang_standin.py"))
-
-
-def section(tmp: Path, node: str) -> dict[str, Any]:
-    return {
-        "model": "stand-in/model",
-        "port": free_port(),
-        "kvEventsEndpoint": f"tcp://127.0.0.1:{free_port()}",
-        "bootstrapPort": free_port(),
-        "launcher": [
-            sys.executable, STANDIN, "--record", str(tmp / f"argv-{node}.json"), "--load-s", "0.2",
-            "--standin-check-rooms",
-        ],
-        "requireGpu": False,
-        "loadPollS": 0.2,
-    }  # fmt: skip
-
-
-def metric(text: str, name: str) -> float:
-    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
-    return float(m.group(1)) if m else 0.0
 
 
 async def test_a_failed_transfer_is_prefilled_again_at_the_source(tmp_path: Path) -> None:
-    p_cfg = engine_config("p0", backend="sglang", role="prefill", sglang=section(tmp_path, "p0"))
-    d_cfg = engine_config("d0", backend="sglang", role="decode", sglang=section(tmp_path, "d0"))
+    p_cfg = engine_config(
+        "p0", backend="sglang", role="prefill", sglang=sglang_checked_section(tmp_path, "p0")
+    )
+    d_cfg = engine_config(
+        "d0", backend="sglang", role="decode", sglang=sglang_checked_section(tmp_path, "d0")
+    )
     p = await start_engine(tmp_path, p_cfg)
     d = await start_engine(tmp_path, d_cfg)
     p_sglang = f"http://127.0.0.1:{p_cfg['sglang']['port']}"
@@ -79,7 +68,7 @@ async def test_a_failed_transfer_is_prefilled_again_at_the_source(tmp_path: Path
             # the transfer works: the decode SGLang finds the room on the prefill side
             events = await pd("ok")
             assert [e["type"] for e in events] == ["started", "token", "token", "token", "done"], events
-            assert metric(await d_metrics(), "agentpool_engine_handover_recomputed_total") == 0
+            assert metric_value(await d_metrics(), "agentpool_engine_handover_recomputed_total") == 0
 
             # the next transfer fails: the decode agent asks p0 for the prefill again, with a new room
             async with http.post(p_sglang + "/standin/fail_transfers", json={"count": 1}) as r:
@@ -91,9 +80,9 @@ async def test_a_failed_transfer_is_prefilled_again_at_the_source(tmp_path: Path
             rooms = [b["bootstrap_room"] for b in await decode_requests()][-2:]
             assert len(sent) == 1 and rooms[0] != rooms[1] and sent[0]["bootstrap_room"] == rooms[1]
             text = await d_metrics()
-            assert metric(text, "agentpool_engine_handover_recomputed_total") == 1
-            assert metric(text, 'agentpool_engine_fetch_failures_total{kind="handover"}') == 1
-            assert metric(text, "agentpool_engine_fetch_recomputed_tokens_total") == len(prompt)
+            assert metric_value(text, "agentpool_engine_handover_recomputed_total") == 1
+            assert metric_value(text, 'agentpool_engine_fetch_failures_total{kind="handover"}') == 1
+            assert metric_value(text, "agentpool_engine_fetch_recomputed_tokens_total") == len(prompt)
 
             # the prefill node is gone (nothing listens at its agent's or its bootstrap port): nothing
             # can prefill it again, the request goes back to the router (kv_source_lost)
@@ -107,9 +96,11 @@ async def test_a_failed_transfer_is_prefilled_again_at_the_source(tmp_path: Path
             assert [e["type"] for e in events] == ["requeue"], events  # nothing reached the client before
             assert events[0]["reason"] == "kv_source_lost" and "could not redo it" in events[0]["message"]
             text = await d_metrics()
-            assert metric(text, "agentpool_engine_handover_recomputed_total") == 1
-            assert metric(text, 'agentpool_engine_fetch_failures_total{kind="handover"}') == 2
-            assert metric(text, 'agentpool_engine_requeued_requests_total{reason="kv_source_lost"}') == 1
+            assert metric_value(text, "agentpool_engine_handover_recomputed_total") == 1
+            assert metric_value(text, 'agentpool_engine_fetch_failures_total{kind="handover"}') == 2
+            assert (
+                metric_value(text, 'agentpool_engine_requeued_requests_total{reason="kv_source_lost"}') == 1
+            )
             async with http.get(d.url + "/ready") as r:
                 assert r.status == 200
     finally:

@@ -67,6 +67,16 @@ async def get_json(http: aiohttp.ClientSession, url: str) -> tuple[int, Any]:
         return resp.status, await resp.json()
 
 
+async def ready_unavailable(http: aiohttp.ClientSession, url: str) -> Any:
+    """The router's ``/ready`` body once it answers 503 (within 20 s)."""
+    deadline = time.monotonic() + 20
+    while True:
+        status, body = await get_json(http, url + "/ready")
+        if status == 503:
+            return body
+        assert time.monotonic() < deadline, body
+
+
 async def test_a_streamed_completion_through_directory_router_and_planner_started_from_their_clis(
     tmp_path: Path, namespace: str, kmock: Any
 ) -> None:
@@ -150,12 +160,7 @@ async def test_a_streamed_completion_through_directory_router_and_planner_starte
 
             # the directory goes away: /ready says so, requests are still served without prefixes
             assert await directory.stop() == 0
-            deadline = time.monotonic() + 20
-            while True:
-                status, body = await get_json(http, url + "/ready")
-                if status == 503:
-                    break
-                assert time.monotonic() < deadline, body
+            body = await ready_unavailable(http, url)
             assert body["checks"]["nodes"] == "ok" and body["checks"]["directory"].startswith("unavailable")
             plain = chat_body(max_tokens=2)
             async with http.post(url + "/v1/chat/completions", json=plain) as resp:
@@ -241,12 +246,7 @@ async def test_the_router_on_the_directory_link_started_from_their_clis(
             assert resolved.branch is not None and not resolved.branch.is_new  # placed over the link
 
             assert await directory.stop() == 0
-            deadline = time.monotonic() + 20
-            while True:
-                status, body = await get_json(http, url + "/ready")
-                if status == 503:
-                    break
-                assert time.monotonic() < deadline, body
+            body = await ready_unavailable(http, url)
             assert body["checks"]["directory"].startswith("unavailable"), body
             async with http.post(url + "/v1/chat/completions", json=chat_body(max_tokens=2)) as resp:
                 assert resp.status == 200, await resp.text()  # served without prefix knowledge

@@ -22,31 +22,10 @@ def test_generate_body_is_the_models_encoding() -> None:
             kv_source=kv,
             router_id="r1",
         )
-        fields = generate_body(
-            "chatcmpl-1",
-            4,
-            "decode" if kv else "both",
-            "chat",
-            body,
-            [1, 2, 3],
-            2,
-            1,
-            None if kv is None else kv.model_dump(),
-            "r1",
-        )
+        args = ("chatcmpl-1", 4, "decode" if kv else "both", "chat", body, [1, 2, 3], 2, 1)
+        kv_source = None if kv is None else kv.model_dump()
+        fields = generate_body(*args, kv_source, "r1")
         assert fields == encode_generate(model)
-        spliced = generate_body(
-            "chatcmpl-1",
-            4,
-            "decode" if kv else "both",
-            "chat",
-            body,
-            [1, 2, 3],
-            2,
-            1,
-            None if kv is None else kv.model_dump(),
-            "r1",
-            prompt_token_ids_json=b"[1,2,3]",
-        )
+        spliced = generate_body(*args, kv_source, "r1", prompt_token_ids_json=b"[1,2,3]")
         assert spliced == fields
         assert GenerateRequest.model_validate(orjson.loads(fields)) == model

@@ -15,10 +15,20 @@ import pytest
 from engine_processes import PAGE, engine_config, start_engine, wait_until
 from process_helpers import free_port
 
+from agentpool.router.nodes import NodeTable
+
 sys.path.insert(0, str(Path(__file__).parents[1] / "router"))
 from router_harness import chat_body, router_config, start_router
 
 pytestmark = pytest.mark.integration
+
+
+def decode_waiting(nodes: NodeTable, node: str) -> int:
+    """The router's ``decode_waiting_tokens`` for ``node`` (-1 before the node registers)."""
+    if node not in nodes:
+        return -1
+    (state,) = [s for s in nodes.snapshot(time.monotonic()) if s.node_id == node]
+    return int(state.decode_waiting_tokens)
 
 
 async def test_kv_over_capacity_reaches_the_routers_node_state(tmp_path: Path) -> None:
@@ -31,10 +41,7 @@ async def test_kv_over_capacity_reaches_the_routers_node_state(tmp_path: Path) -
         nodes = router.service.nodes
 
         def waiting() -> int:
-            if "e0" not in nodes:
-                return -1
-            (state,) = [s for s in nodes.snapshot(time.monotonic()) if s.node_id == "e0"]
-            return state.decode_waiting_tokens
+            return decode_waiting(nodes, "e0")
 
         async def reported() -> bool:
             return waiting() == 0
@@ -92,10 +99,7 @@ async def test_sglang_retracted_decodes_reach_the_routers_node_state(tmp_path: P
         nodes = router.service.nodes
 
         def waiting() -> int:
-            if "e0" not in nodes:
-                return -1
-            (state,) = [s for s in nodes.snapshot(time.monotonic()) if s.node_id == "e0"]
-            return state.decode_waiting_tokens
+            return decode_waiting(nodes, "e0")
 
         async with aiohttp.ClientSession() as http:
 

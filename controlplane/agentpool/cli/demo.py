@@ -38,7 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-sim", action="store_true", help="do not simulate the same workload for comparison"
     )
-    parser.add_argument("--out", type=Path, default=Path("demo-results"), help="report directory")
+    parser.add_argument(
+        "--out", type=Path, default=Path("demo-results"), help="report directory (the pool's logs in logs/)"
+    )
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument("--quiet", action="store_true", help="no progress line")
 

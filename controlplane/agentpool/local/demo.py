@@ -5,7 +5,8 @@ sim engines, a 30 s planner warmup and 40 s windows), 12 agents for a 30 s warmu
 measured, recorded pauses divided by 10 and capped at 5 s, outputs capped at 128 tokens. The
 report shows the live run's throughput, latency percentiles, hit rate and lost KV reuse and the
 split over time (the engines' served roles), beside the simulator's run of the same workload on
-the same pool (``--no-sim`` leaves it out).
+the same pool (``--no-sim`` leaves it out). The pool's per-process logs are kept in ``logs/`` of the
+report directory (replacing an earlier run's), and a run that ends with failed requests says where.
 """
 
 from __future__ import annotations
@@ -116,6 +117,9 @@ async def run_demo(
             name=f"live {pool.metadata.get('name', 'pool')}",
         )
         exited = [r.spec.name for r in local.supervisor.exited()]
+        if out.directory is not None:
+            local.keep_logs = out.directory / "logs"
+    failed = live["summary"]["failed"]
     results = [live]
     if with_sim:
         print("simulating the same workload on the same pool ...", flush=True)
@@ -128,5 +132,16 @@ async def run_demo(
         print(f"processes that exited during the run: {', '.join(exited)}")
     if out.directory is not None:
         print(f"wrote {out.directory}/report.md, results.json" + (" and PNG plots" if out.plots else ""))
+    kept = local.kept_logs
+    if failed or exited:
+        what = f"{failed} request(s) failed" + (f", {len(exited)} process(es) exited" if exited else "")
+        where = (
+            f"the pool's logs are in {kept}/ (router.log names each failed request and its engine)"
+            if kept is not None
+            else "the pool's logs are gone (no report directory)"
+        )
+        print(f"agentpool demo: {what}; {where}", flush=True)
+    elif kept is not None:
+        print(f"the pool's logs (one per process) are in {kept}/")
     print(f"demo took {time.monotonic() - t0:.0f} s; every process of the pool is stopped")
-    return 0 if live["summary"]["failed"] == 0 else 1
+    return 0 if failed == 0 else 1

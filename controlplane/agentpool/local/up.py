@@ -2,7 +2,10 @@
 
 :class:`LocalPool` is an async context manager used by ``agentpool up``, ``agentpool demo`` and the
 end-to-end tests: entering starts everything (or fails with nothing left running), leaving stops
-everything and removes the generated work directory (unless the caller gave one).
+everything and removes the generated work directory (unless the caller gave one). Setting
+:attr:`LocalPool.keep_logs` before leaving copies the processes' logs there once every process has
+stopped (their last lines included), so that a failed run can be diagnosed after its work
+directory is gone.
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ class LocalPool:
         self.supervisor = Supervisor()
         self.plan: PoolPlan | None = None
         self.workdir: Path | None = None
+        # where to copy logs/ when the pool stops (None: nowhere); replaces what is there
+        self.keep_logs: Path | None = None
+        self.kept_logs: Path | None = None  # where they were copied, once they were
 
     async def __aenter__(self) -> LocalPool:
         opts = self.options
@@ -72,6 +78,8 @@ class LocalPool:
 
     async def _cleanup(self) -> None:
         await self.supervisor.__aexit__(None, None, None)
+        if self.keep_logs is not None and self.workdir is not None:
+            self.kept_logs = await asyncio.to_thread(copy_logs, self.workdir / "logs", self.keep_logs)
         if self._given_workdir is None and self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -92,6 +100,20 @@ class LocalPool:
         return 0
 
 
+def copy_logs(logs: Path, dest: Path) -> Path | None:
+    """Copy the log files of ``logs`` into ``dest`` (emptied first: no stale log of an earlier run
+    stays beside them); ``dest``, or None when there was nothing to copy or the copy failed."""
+    if not logs.is_dir():
+        return None
+    try:
+        if dest.is_dir():
+            shutil.rmtree(dest)
+        shutil.copytree(logs, dest)
+    except OSError:
+        return None
+    return dest
+
+
 def endpoints_text(p: PoolPlan) -> str:
     lines = [f"pool {p.name!r} is up; work directory {p.workdir} (logs in logs/, roles in roles/)"]
     lines += [f"  {k:22s} {v}" for k, v in p.endpoints.items()]
@@ -104,7 +126,9 @@ def endpoints_text(p: PoolPlan) -> str:
 
 
 async def serve(pool: AgentServingPool, options: LocalOptions, workdir: Path | None) -> int:
-    """``agentpool up``: run until SIGINT/SIGTERM; every process stopped on the way out."""
+    """``agentpool up``: run until SIGINT/SIGTERM; every process stopped on the way out. When a
+    process exited on its own and the work directory is a temporary one, its logs are kept in a new
+    directory (``agentpool-logs-*`` in the temporary directory) whose path is printed."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -117,9 +141,13 @@ async def serve(pool: AgentServingPool, options: LocalOptions, workdir: Path | N
                 print(endpoints_text(local.plan), flush=True)
                 code = await local.watch(stop)
                 print("stopping ...", flush=True)
+                if workdir is None and local.supervisor.exited():
+                    local.keep_logs = Path(tempfile.mkdtemp(prefix="agentpool-logs-")) / "logs"
         except (StartError, PortInUse) as e:
             print(f"agentpool up: {e}", flush=True)
             return 1
+        if local.kept_logs is not None:
+            print(f"a process exited during the run; the pool's logs are in {local.kept_logs}", flush=True)
         print("stopped; no process left running", flush=True)
         return code
     finally:

@@ -173,3 +173,49 @@ async def test_a_failed_start_stops_what_was_started(tmp_path: Path) -> None:
         assert sup.running == []
     for spec in (sleeper, server):
         assert processes_mentioning(" ".join(spec.argv[1:])) == []
+
+
+def test_up_keeps_the_logs_when_a_process_exits(tmp_path: Path) -> None:
+    """Without --workdir the work directory is temporary: when a process of the pool exits on its own,
+    `up` keeps the pool's logs in a new directory and says where, so the failure can be diagnosed."""
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    port = free_port()
+    argv = ["up", "-f", str(EXAMPLE), "--port", str(port), "--no-engines"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentpool.cli", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    assert proc.stdout is not None
+    lines = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        assert line, "agentpool up exited: " + "".join(lines)
+        lines.append(line)
+        if "Ctrl-C stops everything" in line:
+            break
+    found = re.search(r"work directory (\S+) ", "".join(lines))
+    assert found, "".join(lines)
+    work = found.group(1)
+    routers = [pid for pid in processes_mentioning(work) if "agentpool.router" in cmdline(pid)]
+    assert len(routers) == 1
+    os.kill(routers[0], signal.SIGKILL)  # an essential process dies: the pool ends
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1, out
+    kept = re.search(r"the pool's logs are in (\S+)", out)
+    assert kept, out
+    logs = Path(kept.group(1))
+    assert logs.parent.parent == tmp_path and not Path(work).exists()
+    assert "router listening" in (logs / "router.log").read_text()
+    assert {"directory.log", "redis.log"} <= {p.name for p in logs.iterdir()}
+    assert processes_mentioning(work) == []
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""

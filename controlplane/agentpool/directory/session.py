@@ -168,6 +168,9 @@ class DirectorySession:
                     self._out_places = 0
                     await call.write(data)
                 if self._closing:
+                    if self._out:  # queued while the last message was being written: send it first
+                        self._wake.set()
+                        continue
                     await call.done_writing()
                     return
         except DirectoryRpcError:

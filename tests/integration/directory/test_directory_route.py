@@ -219,6 +219,62 @@ async def test_closing_the_session_sends_the_places_still_queued(
     assert [e.code for e in errors] == [grpc.StatusCode.INVALID_ARGUMENT]  # answered before the end
 
 
+class _GatedRoute:
+    """The session's ``RouteClient`` seam over the real client: each stream's writes wait for
+    ``gate`` (a message being written when the session is closed)."""
+
+    def __init__(self, client: DirectoryClient) -> None:
+        self.client = client
+        self.timeout_s = client.timeout_s
+        self.gate = asyncio.Event()
+        self.writing = asyncio.Event()
+
+    def open_route(self) -> _GatedStream:
+        return _GatedStream(self, self.client.open_route())
+
+
+class _GatedStream:
+    def __init__(self, owner: _GatedRoute, inner: Any) -> None:
+        self.owner, self.inner = owner, inner
+
+    async def write(self, data: bytes) -> None:
+        self.owner.writing.set()
+        await self.owner.gate.wait()
+        await self.inner.write(data)
+
+    async def read(self) -> bytes:
+        data: bytes = await self.inner.read()
+        return data
+
+    async def done_writing(self) -> None:
+        await self.inner.done_writing()
+
+    def cancel(self) -> None:
+        self.inner.cancel()
+
+
+async def test_places_queued_while_a_message_is_written_go_out_before_the_session_closes(
+    client: DirectoryClient, server: DirectoryServer
+) -> None:
+    """Closing while the writer is in the middle of a message: the Places queued meanwhile still go
+    out (they were dropped and reported as failed with "the directory closed the Route stream")."""
+    errors: list[DirectoryRpcError] = []
+    gated = _GatedRoute(client)
+    session = DirectorySession(gated, errors.append, place_delay_s=0.0)
+    await client.switch_phase("p1", Role.BOTH)
+    session.place("first", "p1", CHAIN[:2])
+    await asyncio.wait_for(gated.writing.wait(), 2.0)  # "first" is being written
+    session.place("second", "p1", CHAIN[:3])
+    closing = asyncio.create_task(session.close())
+    await asyncio.sleep(0.01)  # close() has asked the writer to finish
+    gated.gate.set()
+    await closing
+    assert errors == []
+    branches = server.service.dir.branches
+    assert branches.get("second").counted == {"p1": frozenset(CHAIN[:3])}
+    assert branches.get("first").counted == {"p1": frozenset(CHAIN[:2])}
+
+
 async def test_places_applied_together_share_one_redis_round_trip(
     client: DirectoryClient, server: DirectoryServer
 ) -> None:

@@ -10,6 +10,8 @@ annotations on pods) alone.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -17,6 +19,9 @@ from typing import Any
 
 from agentpool.operator.kube import KubeApi
 from agentpool.operator.quantity import quantity_value
+
+APPLIED_ANNOTATION = "agentpool.io/applied-digest"
+"""On every child the operator applies: a digest of the object it wrote (without this annotation)."""
 
 
 class Outcome(StrEnum):
@@ -80,7 +85,24 @@ def child_key(obj: Mapping[str, Any]) -> str:
     return f"{obj['kind']}/{obj['metadata']['name']}"
 
 
+def with_applied_digest(desired: Mapping[str, Any]) -> dict[str, Any]:
+    """`desired` with `APPLIED_ANNOTATION` set to a digest of the rest of it (keys sorted, so the
+    builders' dict order does not matter)."""
+    meta = dict(desired["metadata"])
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k != APPLIED_ANNOTATION}
+    meta["annotations"] = annotations
+    body = {**desired, "metadata": meta}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    meta["annotations"] = {
+        **annotations,
+        APPLIED_ANNOTATION: hashlib.sha256(canonical.encode()).hexdigest()[:16],
+    }
+    return body
+
+
 async def apply_child(api: KubeApi, desired: Mapping[str, Any]) -> Outcome:
+    """Create the child, leave it, or server-side apply it (see the module's docstring)."""
+    desired = with_applied_digest(desired)
     meta = desired["metadata"]
     existing = await api.get(desired["kind"], meta["namespace"], meta["name"])
     if existing is None:

@@ -435,7 +435,7 @@ async def test_network_policies_follow_the_pool_and_an_opt_out_deletes_them(
 
     await eventually(narrowed, "metricsFrom in both policies")
 
-    # and widening again removes the narrowed rule (the compare-then-apply sees it by the digest)
+    # and widening again removes the narrowed rule (the compare-then-apply sees it by the applied digest)
     await edit_spec(cluster, {"network": {"metricsFrom": None}})
 
     async def widened() -> bool:

@@ -13,8 +13,9 @@ import pytest
 import yaml
 
 from agentpool.api import AgentServingPool
+from agentpool.operator.apply import APPLIED_ANNOTATION, with_applied_digest
 from agentpool.operator.builders import BuildSettings, children
-from agentpool.operator.builders.network import RULES_ANNOTATION, network_policies, policy_names
+from agentpool.operator.builders.network import network_policies, policy_names
 from agentpool.operator.names import PoolRef
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -227,15 +228,16 @@ def test_each_policy_selects_exactly_its_component_pods(case: Case) -> None:
     )
 
 
-def test_the_rules_digest_changes_with_every_rule_change() -> None:
-    """The compare-then-apply ignores fields the desired object lacks; the digest makes a rule
-    that went away (e.g. `metricsFrom` unset again) a difference it sees."""
+def test_the_applied_digest_changes_with_every_rule_change() -> None:
+    """The compare-then-apply ignores fields the desired object lacks; the digest of the applied
+    object makes a rule that went away (e.g. `metricsFrom` unset again) a difference it sees."""
     ref = PoolRef("sim", NAMESPACE, "uid-1")
     digests = set()
     for manifest in (SIM, network(SIM, metricsFrom=[]), network(SIM, metricsFrom=MONITORING)):
         spec = AgentServingPool.model_validate(manifest).spec
         for policy in network_policies(ref, spec):
-            digests.add((policy["metadata"]["name"], policy["metadata"]["annotations"][RULES_ANNOTATION]))
+            applied = with_applied_digest(policy)["metadata"]["annotations"][APPLIED_ANNOTATION]
+            digests.add((policy["metadata"]["name"], applied))
     assert len(digests) == 7  # the Redis policy's rules do not depend on metricsFrom
 
 

@@ -20,14 +20,12 @@ namespace; the engine HTTP port still needs the engine token for everything but 
 Kubelet probes come from the node, which NetworkPolicy always admits. Nothing connects to an
 engine from the directory, the planner or Redis: engines connect out to them.
 
-Each policy carries an annotation with a digest of its rules: the operator's compare-then-apply
-sees a rule removed (its comparison ignores fields the desired object lacks) through the digest.
+A rule removed from a policy is applied like any dropped field: the operator's compare-then-apply
+compares the digest of the whole object it last wrote (`agentpool.operator.apply`).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any
 
 from agentpool.api import AgentServingPoolSpec
@@ -45,8 +43,6 @@ from agentpool.operator.names import (
 
 POLICY_COMPONENTS = (ENGINE, DIRECTORY, REDIS)
 """The components that get a NetworkPolicy, named `<pool>-<component>`."""
-RULES_ANNOTATION = "agentpool.io/ingress-digest"
-"""On each policy: a digest of its `spec`, so that any change of the rules is applied."""
 
 
 def _pods(pool: PoolRef, component: str) -> dict[str, Any]:
@@ -75,11 +71,10 @@ def _policy(pool: PoolRef, component: str, ingress: list[dict[str, Any]]) -> dic
         "policyTypes": ["Ingress"],
         "ingress": ingress,
     }
-    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": pool.metadata(pool.child(component), component, {RULES_ANNOTATION: digest}),
+        "metadata": pool.metadata(pool.child(component), component),
         "spec": spec,
     }
 

@@ -1,13 +1,24 @@
 """Tables and result files of the simulator benchmarks (``bench_sim``): mean and spread over seeds per
-system, the colocated sweep's curve, the loop that runs one comparison once per seed, and the writers
-of ``bench/results/sim_*.md`` and their JSON."""
+system, the colocated sweep's curve, the loop that runs one comparison once per seed, the writers
+of ``bench/results/sim_*.md`` and their JSON, and the merge of tables over seeds whose rows were run
+on different commits:
+
+    python -m bench.sim_tables merge cc_paper_load_seeds \
+        --part cc_paper_load_seeds_baselines@877c5c0=static-cache-aware,dynamo-like \
+        --part cc_paper_load_seeds@9e585d1=arrow-like,oracle-reference
+
+writes ``sim_cc_paper_load_seeds.md`` and its JSON from the named rows of each part's JSON (all parts
+are read before anything is written, so a part may be the output itself).
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
 import shlex
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +99,30 @@ def seed_table(by_seed: dict[int, list[dict[str, Any]]], bounds: dict[int, float
     return "\n".join(lines) + f"\n\nSeeds {', '.join(map(str, seeds))}; {bound}.\n"
 
 
+def fit_error_table(by_seed: BySeed) -> str:
+    """The fitted models' errors against the ground truth (``summary["fit_error"]``, where a run fitted):
+    prefill and decode, the mean over nodes (mean and min-max over seeds), the worst node's mean and
+    the worst grid point (max over seeds)."""
+    seeds = sorted(by_seed)
+    lines = [
+        "| system | prefill error | prefill worst node / point | decode error | decode worst node / point |",
+        "|---|---|---|---|---|",
+    ]
+    for name in [r["system"] for r in by_seed[seeds[0]]]:
+        errs = [next(r for r in by_seed[s] if r["system"] == name)["summary"].get("fit_error") for s in seeds]
+        if not all(errs):
+            lines.append(f"| {name} | - | - | - | - |")
+            continue
+        cells = []
+        for phase in ("prefill", "decode"):
+            means = [100 * e[f"{phase}_mean"] for e in errs if e]
+            worst_node = max(100 * e[f"{phase}_mean_worst_node"] for e in errs if e)
+            worst_point = max(100 * e[f"{phase}_max"] for e in errs if e)
+            cells += [_mean_range(means, "{:.1f}%"), f"{worst_node:.1f}% / {worst_point:.1f}%"]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def _mean_range(xs: list[float], fmt: str) -> str:
     return f"{fmt.format(sum(xs) / len(xs))} ({fmt.format(min(xs))}-{fmt.format(max(xs))})"
 
@@ -131,8 +166,8 @@ def write_seeds(name: str, md: list[str], payload: dict[str, Any]) -> None:
     print(f"wrote {RESULTS / f'sim_{name}.md'}")
 
 
-def command_line() -> str:
-    return "python -m bench.bench_sim " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+def command_line(module: str = "bench.bench_sim") -> str:
+    return f"python -m {module} " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
 
 def write_sections(
@@ -154,3 +189,128 @@ def write_sections(
 
 def print_results(heading: str, results: list[dict[str, Any]]) -> None:
     print(f"\n## {heading}\n{markdown_table(results)}", flush=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """Rows of one seed table's JSON (``sim_NAME.json``) kept in a merge, and the commit they ran on."""
+
+    name: str
+    commit: str
+    systems: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, spec: str) -> Part:
+        """``NAME@COMMIT=SYSTEM,SYSTEM``."""
+        head, eq, systems = spec.partition("=")
+        name, at, commit = head.partition("@")
+        if not (eq and at and name and commit and systems):
+            raise ValueError(f"expected NAME@COMMIT=SYSTEM[,SYSTEM...], got {spec!r}")
+        return cls(name, commit, tuple(x.strip() for x in systems.split(",") if x.strip()))
+
+
+def _section_key(section: dict[str, Any]) -> str:
+    """What identifies a section across files: every key but the results and the bounds."""
+    return json.dumps(
+        {k: v for k, v in section.items() if k not in ("results_by_seed", "bounds")}, sort_keys=True
+    )
+
+
+def merge_payloads(parts: Sequence[tuple[Part, dict[str, Any]]]) -> dict[str, Any]:
+    """One seed table's payload from several: per section (matched on its keys, e.g. ``agents``), each
+    part's systems for every seed, in the parts' order. Every part must have every section and seed
+    of the first, and the same bound where both have one; a system kept twice is an error."""
+    first = parts[0][1]["sections"]
+    merged: list[dict[str, Any]] = []
+    for section in first:
+        key = _section_key(section)
+        seeds = list(section["results_by_seed"])
+        rows: dict[str, list[dict[str, Any]]] = {s: [] for s in seeds}
+        bounds: dict[str, float | None] = dict(section.get("bounds", {}))
+        for part, payload in parts:
+            match = [x for x in payload["sections"] if _section_key(x) == key]
+            if len(match) != 1:
+                raise ValueError(f"{part.name}: {len(match)} sections match {key}")
+            other = match[0]
+            for seed in seeds:
+                if seed not in other["results_by_seed"]:
+                    raise ValueError(f"{part.name}: no seed {seed} in {key}")
+                b, known = other.get("bounds", {}).get(seed), bounds.get(seed)
+                if b is not None and known is not None and abs(b - known) > 1e-9:
+                    raise ValueError(f"{part.name}: bound {b} differs from {known} (seed {seed})")
+                by_name = {r["system"]: r for r in other["results_by_seed"][seed]}
+                for name in part.systems:
+                    if name not in by_name:
+                        raise ValueError(f"{part.name}: no {name} in seed {seed} of {key}")
+                    if any(r["system"] == name for r in rows[seed]):
+                        raise ValueError(f"{name} kept twice (seed {seed})")
+                    rows[seed].append(
+                        {**by_name[name], "commit": part.commit, "source": f"sim_{part.name}.json"}
+                    )
+        merged.append({**section, "bounds": bounds, "results_by_seed": rows})
+    return {"sections": merged}
+
+
+def merged_markdown(title: str, header: str, payload: dict[str, Any], parts: Sequence[Part]) -> list[str]:
+    """The merged table's Markdown: title, where each row comes from, the setting, one table per section."""
+    md = [
+        f"# {title}\n",
+        f"Merged by `{command_line('bench.sim_tables')}` from:\n",
+        *[f"- {', '.join(p.systems)}: `sim_{p.name}.json`, commit {p.commit}" for p in parts],
+        "",
+        header,
+    ]
+    for section in payload["sections"]:
+        by_seed = {int(s): rs for s, rs in section["results_by_seed"].items()}
+        bounds = {int(s): b for s, b in section["bounds"].items()}
+        heading = section.get("heading") or (
+            f"{section['agents']} concurrent agents" if "agents" in section else "results"
+        )
+        md.append(f"## {heading}\n\n{seed_table(by_seed, bounds)}")
+    return md
+
+
+def _md_header(name: str) -> tuple[str, str]:
+    """A seed table's title and its setting paragraph (the text between the command and the tables)."""
+    lines = (RESULTS / f"sim_{name}.md").read_text(encoding="utf-8").splitlines()
+    title = lines[0].removeprefix("# ").strip()
+    body: list[str] = []
+    for line in lines[1:]:
+        if line.startswith("## "):
+            break
+        if line.startswith(("Command", "Merged by", "- ")) or not line.strip():
+            continue
+        body.append(line)
+    return title, "\n".join(body) + "\n"
+
+
+def merge(out: str, parts: Sequence[Part]) -> None:
+    """Write ``sim_OUT.md`` and its JSON from ``parts`` (read in full before anything is written); the
+    title and setting paragraph of the existing ``sim_OUT.md``, or else of the first part's."""
+    loaded = [(p, json.loads((RESULTS / f"sim_{p.name}.json").read_text(encoding="utf-8"))) for p in parts]
+    title, header = _md_header(out if (RESULTS / f"sim_{out}.md").exists() else parts[0].name)
+    payload = merge_payloads(loaded)
+    md = merged_markdown(title, header, payload, parts)
+    payload["command"] = md[1]
+    payload["parts"] = [
+        {"name": p.name, "commit": p.commit, "systems": list(p.systems), "command": pl.get("command")}
+        for p, pl in loaded
+    ]
+    write_seeds(out, md, payload)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.sim_tables")
+    sub = p.add_subparsers(dest="what", required=True)
+    m = sub.add_parser("merge", help="one seed table from rows of several (run on different commits)")
+    m.add_argument("out", help="results name: writes bench/results/sim_OUT.md and .json")
+    m.add_argument(
+        "--part", action="append", required=True, type=Part.parse, help="NAME@COMMIT=SYSTEM[,SYSTEM...]"
+    )
+    args = p.parse_args(argv)
+    merge(args.out, args.part)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

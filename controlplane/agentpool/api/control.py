@@ -88,6 +88,9 @@ class PlannerSpec(ApiModel):
     """No switch within this long after the previous switch."""
     min_nodes: MinNodesSpec = Field(default=MinNodesSpec())
     """Minimum number of nodes per phase."""
+    refit: bool = True
+    """Refit a node's iteration models when a window's work leaves the range they were fitted on
+    and they mispredict it; false keeps the warmup's fit frozen, as the paper does."""
 
     def settings(self) -> PlannerSettings:
         return PlannerSettings(
@@ -98,6 +101,7 @@ class PlannerSpec(ApiModel):
             cooldown_s=duration_seconds(self.cooldown),
             min_prefill=self.min_nodes.prefill,
             min_decode=self.min_nodes.decode,
+            refit=self.refit,
         )
 
 

@@ -25,6 +25,8 @@ class PlannerSettings:
     """No switch within this long after the previous one."""
     min_prefill: int
     min_decode: int
+    refit: bool = True
+    """Refit the iteration models when a window's work leaves their fitted range."""
 
     @property
     def slice_s(self) -> float:

@@ -122,13 +122,15 @@ def fit_prefill(
 
 def unidentified_terms(x: FloatArray, prior: FloatArray) -> FloatArray | None:
     """The prior's coefficients of the terms (not the constant, column 0) whose share of every
-    record's time under ``prior`` is at most ``IDENTIFIABLE_SHARE``; NaN for the terms to fit.
+    record's time under ``prior`` is at most ``IDENTIFIABLE_SHARE``; NaN for the terms to fit (and
+    for a term the prior has at 0, which says nothing about it: a refit's prior may be a fit that
+    set the term to 0).
     None when every term can be fitted."""
     pred = x @ prior
     if np.any(pred <= 0):
         return None
     share = ((x * prior) / pred[:, None]).max(axis=0)
-    low = share <= IDENTIFIABLE_SHARE
+    low = (share <= IDENTIFIABLE_SHARE) & (prior > 0)  # a prior of 0 tells nothing: fitted
     low[0] = False
     if not low.any():
         return None
@@ -139,17 +141,7 @@ def fit_decode(
     records: Sequence[DecodeIterationRecord], shape: MoeShape, holdout_every: int = 5
 ) -> DecodeFit:
     """Fit Eq. 2 (``d0 + d1*phi(B) + d2*B``) by NNLS; report error on the held-out records."""
-    rows = [
-        (
-            1.0,
-            moe_fraction(r.running, shape.experts_active, shape.experts_total, shape.t_fwd),
-            float(r.running),
-        )
-        for r in records
-    ]
-    x = np.array(rows, dtype=np.float64).reshape(-1, 3)
-    if shape.experts_total == 0:
-        x[:, 1] = 0.0  # phi == 1 duplicates the constant column: keep the fixed cost in d0
+    x = decode_regressors(records, shape)
     y = np.array([r.seconds for r in records], dtype=np.float64)
     coef, report = _fit_and_report(x, y, holdout_every, what="decode")
     model = DecodeModel(
@@ -161,6 +153,23 @@ def fit_decode(
         t_fwd=shape.t_fwd,
     )
     return DecodeFit(model=model, report=report)
+
+
+def decode_regressors(records: Sequence[DecodeIterationRecord], shape: MoeShape) -> FloatArray:
+    """Eq. 2's design matrix: a row ``(1, phi(B), B)`` per record (``phi`` column 0 for a dense
+    model: it would duplicate the constant, so the fixed cost stays in ``d0``)."""
+    rows = [
+        (
+            1.0,
+            moe_fraction(r.running, shape.experts_active, shape.experts_total, shape.t_fwd),
+            float(r.running),
+        )
+        for r in records
+    ]
+    x = np.array(rows, dtype=np.float64).reshape(-1, 3)
+    if shape.experts_total == 0:
+        x[:, 1] = 0.0
+    return x
 
 
 def fit_nodes(

@@ -16,6 +16,9 @@ class PlannerConfig:
     ``initial_prefill`` is the prefill count of the split that disaggregation starts from.
     ``occupancy`` is what ``q̄`` counts: requests in flight by default (why:
     :class:`agentpool.models.OccupancyCount`); samples that count something else are ignored.
+    ``refit``: refit a node's models when a window's iteration records leave the range they were
+    fitted on and they mispredict them (:mod:`agentpool.models.refit`); false keeps the warmup's
+    fit frozen, as the paper does.
     """
 
     window_s: float = 600.0
@@ -27,6 +30,7 @@ class PlannerConfig:
     initial_prefill: int = 1
     enabled: bool = True
     occupancy: OccupancyCount = DEFAULT_OCCUPANCY
+    refit: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "occupancy", OccupancyCount(self.occupancy))  # "in_flight" from a file

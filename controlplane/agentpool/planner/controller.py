@@ -11,6 +11,10 @@
    (:func:`agentpool.planner.core.plan`) decides, and a switch is applied by patching the pods'
    ``agentpool.io/role`` annotations. Every evaluation updates the metrics; one that changes or
    nearly changes the split also records a Kubernetes Event.
+   Before it decides, a node whose window records leave the range its models were fitted on, and
+   which they mispredict, is refitted on the fitted records plus the window's
+   (:func:`agentpool.models.refit.refit_nodes`; ``PlannerConfig.refit``, on by default), and the
+   routers get the new models with the window's.
 
 The configuration is read again at every window, so changes apply without a restart.
 """
@@ -42,6 +46,7 @@ from agentpool.models import (
     with_window_stats,
 )
 from agentpool.models.fitting import NodeFit, fit_nodes
+from agentpool.models.refit import NodeRecords, RefitPolicy, records_by_node, refit_nodes
 from agentpool.planner.config import PlannerConfig
 from agentpool.planner.core import (
     LastSwitch,
@@ -122,12 +127,14 @@ class PlannerController:
         models_out: ModelSink | None = None,
         switch_poll_s: float = SWITCH_POLL_S,
         kv_capacity: KvCapacities | None = None,
+        refit_policy: RefitPolicy | None = None,
     ):
         """``on_evaluation`` receives every window's evaluation (e.g. to put it in the pool's status);
         ``state`` keeps the models and the last switch time across restarts; ``directory`` is told
         when an engine serves its new phase; ``models_out`` gets the models after the fit and after
         every window; ``kv_capacity`` says how many KV tokens each engine holds (from its load
-        reports), so decode capacity is bounded by KV room (None: not bounded)."""
+        reports), so decode capacity is bounded by KV room (None: not bounded); ``refit_policy``:
+        when a window's records refit a node (with ``PlannerConfig.refit``)."""
         self._pods = pods
         self._kv_capacity = kv_capacity
         self._inbox = inbox
@@ -149,6 +156,11 @@ class PlannerController:
         self.announced: deque[tuple[str, Role]] = deque(maxlen=1000)
         self.fits_failed = 0
         self.fits: dict[str, NodeFit] = {}
+        self.refit_policy = RefitPolicy() if refit_policy is None else refit_policy
+        # what each node's models were fitted on; not saved: a planner resumed from its saved
+        # state has none and refits nothing until its next warmup
+        self.fitted_records: dict[str, NodeRecords] = {}
+        self.refits = 0  # windows that refitted a node
         self.last: Evaluation | None = None
         self.switches = SwitchRecord()  # every switch counted (saved with the state)
 
@@ -298,6 +310,7 @@ class PlannerController:
         self.fits = fits
         self._fitted_at = self._clock()
         self._models = {}
+        self.fitted_records = records_by_node([r for r in records if r.node in fits])
         batches = _prefill_batches_by_node(records)
         for name, f in fits.items():
             self._models[name] = with_window_stats(
@@ -350,6 +363,8 @@ class PlannerController:
             return None
         if self._pending is not None:
             await self._observe(pods, end)
+        if cfg.refit and self.fitted_records:
+            await self.refit_window(start, end)
         nodes, excluded = self._planner_nodes(pods, start, end)
         sliced = slice_window(
             self._inbox.requests(start, end),
@@ -401,6 +416,33 @@ class PlannerController:
             self._on_evaluation(self.last)
         await self.publish_models()  # this window's t_bar and f_n
         return self.last
+
+    async def refit_window(self, start: float, end: float) -> list[str]:
+        """Refit every node whose records of ``[start, end)`` left the range of its fit and which
+        its models mispredict there (CPU in a worker thread); the refitted nodes. The routers get
+        the new models with the window's at the end of the evaluation."""
+        window = self._inbox.iterations(start, end)
+        refits = await asyncio.to_thread(
+            refit_nodes, self.fitted_records, window, dict(self._models), self.refit_policy
+        )
+        changed = [name for name, r in refits.items() if r.changed]
+        for name in changed:
+            r = refits[name]
+            self._models[name] = r.model(self._models[name])
+            self.fitted_records[name] = r.records()
+            old = self.fits.get(name)
+            if old is not None:
+                self.fits[name] = NodeFit(
+                    name,
+                    old.prefill if r.prefill.fit is None else r.prefill.fit,
+                    old.decode if r.decode.fit is None else r.decode.fit,
+                )
+            log.info("planner window %.0f-%.0f: refitted %s: %s", start, end, name, r.describe())
+        if changed:
+            self.refits += 1
+            self._fitted_at = self._clock()
+            await self.save_state()
+        return changed
 
     @property
     def last_switch(self) -> LastSwitch | None:

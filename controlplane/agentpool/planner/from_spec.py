@@ -21,6 +21,7 @@ def planner_config(spec: AgentServingPoolSpec) -> PlannerConfig:
         min_decode=s.min_decode,
         initial_prefill=spec.initial_split.prefill,
         enabled=s.enabled,
+        refit=s.refit,
     )
 
 

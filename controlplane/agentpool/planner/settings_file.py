@@ -2,7 +2,7 @@
 
 The file (YAML or JSON) holds :class:`agentpool.planner.config.PlannerConfig` fields by name
 (``window_s``, ``slices``, ``warmup_s``, ``cooldown_s``, ``min_prefill``, ``min_decode``,
-``initial_prefill``, ``enabled``, ``occupancy``), and optionally ``generation``: the pool
+``initial_prefill``, ``enabled``, ``occupancy``, ``refit``), and optionally ``generation``: the pool
 generation the operator rendered the file for, which the planner reports as the one it runs
 (:attr:`PlannerSettings.generation`); unknown keys are an error. Flags given on the
 command line win over the file, the file over the defaults. The file is re-read every

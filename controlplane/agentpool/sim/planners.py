@@ -8,12 +8,16 @@
   as the live planner (:func:`agentpool.models.fitting.fit_prefill` / ``fit_decode``) on the
   iterations the nodes ran in the first window, as the ground truth timed them (noise included;
   ``fit_noise`` adds more), and from then on the planner and the router use the fitted models;
-  until then they use the preset's Eq. 1/2 coefficients (the paper's fit) as a prior. ``preset``
-  keeps that prior throughout. Neither is the truth: the simulated nodes run on the preset's
-  roofline model (:mod:`agentpool.node.roofline`), and the planner log reports the fitted models'
-  error against it (:mod:`agentpool.sim.fiterror`), per node. As the live planner does, each node
-  is fitted on its own records (:class:`OnlineFit`); the simulated pool starts disaggregated, so a
-  phase a node never ran is fitted on every node's records of that phase. A window whose records
+  until then they use the preset's Eq. 1/2 coefficients (the paper's fit) as a prior. After the
+  fit, every window first runs the live planner's refit check (:mod:`agentpool.models.refit`): a
+  node whose window iterations leave the range its models were fitted on, and which they
+  mispredict, is refitted (logged as a ``refit`` entry of the planner log; ``PlannerSettings.refit``
+  False keeps the fit frozen, as the paper does). ``preset`` keeps that prior throughout.
+  Neither is the truth: the simulated nodes run on the preset's roofline model
+  (:mod:`agentpool.node.roofline`), and the planner log reports the fitted models' error against
+  it (:mod:`agentpool.sim.fiterror`), per node. As the live planner does, each node is fitted on
+  its own records (:class:`OnlineFit`); the simulated pool starts disaggregated, so a phase a node
+  never ran is fitted on every node's records of that phase. A window whose records
   cannot be fitted is logged and the next window tries again with more records.
 
   What ``q̄`` counts (``SimConfig.occupancy``). Read literally ("requests in decode"), ``q̄`` makes
@@ -57,6 +61,7 @@ import numpy as np
 
 from agentpool.models import (
     DecodeIterationRecord,
+    IterationRecord,
     MoeShape,
     PrefillBatchItem,
     PrefillIterationRecord,
@@ -67,6 +72,7 @@ from agentpool.models import (
     with_window_stats,
 )
 from agentpool.models.fitting import DecodeFit, PrefillFit, fit_decode, fit_prefill
+from agentpool.models.refit import NodeRecords, NodeRefit, RefitPolicy, refit_nodes
 from agentpool.models.synthetic import noisy
 from agentpool.node import Iteration, IterationHook, Node, NodeStatus, Role
 from agentpool.planner.core import (
@@ -96,6 +102,8 @@ class PlannerSettings:
     fit: ModelSource = ModelSource.ONLINE
     fit_noise: float = 0.0  # extra relative noise on recorded times (the truth has its own)
     fit_seed: int = 0
+    refit: bool = True  # refit a node's models when a window's work leaves their fitted range
+    refit_policy: RefitPolicy = field(default_factory=RefitPolicy)
     window_s: float = 600.0
     slices: int = 10
     cooldown_s: float = 120.0
@@ -194,12 +202,16 @@ class OnlineFit:
     pool starts disaggregated, so a node has records of the phase it serves only. A phase with
     fewer than :attr:`MIN_RECORDS` records of the node's own is fitted on the records of all nodes
     (the node never ran it; the planner needs its rate should it move there), and the node's entry
-    in the log says so. The fit runs once both phases have :attr:`MIN_RECORDS` records in all,
-    then the models stay frozen, as the live planner's do."""
+    in the log says so. The fit runs once both phases have :attr:`MIN_RECORDS` records in all.
+
+    With a ``refit`` policy (the default of :class:`PlannerSettings`) it goes on recording, and
+    :meth:`refit` checks each window's records against the range each node's models were fitted
+    on and refits where the work left it (:func:`agentpool.models.refit.refit_nodes`, which the
+    live planner runs too); without one the models stay frozen, as the paper's do."""
 
     MIN_RECORDS = 20  # per phase, like a warmup that saw enough batches
 
-    def __init__(self, sim: Simulator, noise: float, seed: int) -> None:
+    def __init__(self, sim: Simulator, noise: float, seed: int, refit: RefitPolicy | None = None) -> None:
         if not 0.0 <= noise < 1.0:
             raise ValueError(f"fit noise must be in [0, 1), got {noise}")
         self.sim = sim
@@ -208,6 +220,8 @@ class OnlineFit:
         self.prefill: dict[str, list[PrefillIterationRecord]] = {}
         self.decode: dict[str, list[DecodeIterationRecord]] = {}
         self.done = False
+        self.refit_policy = refit
+        self.fitted: dict[str, NodeRecords] = {}  # what each node's models were fitted on (for refit)
         self._others = {node.index: node.on_iteration for node in sim.nodes}  # hooks set before: kept
         for node in sim.nodes:
             node.on_iteration = self._hook(node.on_iteration)
@@ -265,9 +279,41 @@ class OnlineFit:
             own = (len(own_p) >= self.MIN_RECORDS, len(own_d) >= self.MIN_RECORDS)
             out.append(NodeFitted(node.name, pf, df, own[0], own[1], err))
             self.sim.set_model(node.index, replace(models[node.index], prefill=pf.model, decode=df.model))
-        for node in self.sim.nodes:
-            node.on_iteration = self._others[node.index]
+            if self.refit_policy is not None:
+                self.fitted[node.name] = NodeRecords(
+                    tuple(own_p if own[0] else (r for rs in self.prefill.values() for r in rs)),
+                    tuple(own_d if own[1] else (r for rs in self.decode.values() for r in rs)),
+                )
+        if self.refit_policy is None:
+            for node in self.sim.nodes:
+                node.on_iteration = self._others[node.index]
+        self.prefill, self.decode = {}, {}  # from now on: the records of the current window
         self.done = True
+        return out
+
+    def refit(self) -> list[tuple[NodeRefit, FitError]]:
+        """Check the window's records (since the last call) against each node's fitted range and
+        give every node whose models were refitted its new ones; the refitted nodes, with their
+        new models' error against the truth. Nothing without a refit policy or before the fit."""
+        policy = self.refit_policy
+        if policy is None or not self.done:
+            return []
+        window: list[IterationRecord] = [r for rs in self.prefill.values() for r in rs]
+        window += [r for rs in self.decode.values() for r in rs]
+        self.prefill, self.decode = {}, {}
+        by_name = {n.name: n.index for n in self.sim.nodes}
+        models = self.sim.models
+        refits = refit_nodes(self.fitted, window, {n: models[i] for n, i in by_name.items()}, policy)
+        out: list[tuple[NodeRefit, FitError]] = []
+        for name, r in refits.items():
+            if not r.changed:
+                continue
+            i = by_name[name]
+            model = r.model(models[i])
+            self.sim.set_model(i, model)
+            self.fitted[name] = r.records()
+            err = fit_error(self.sim.truth, model.prefill, model.decode, self.sim.preset.gpu_kv_tokens)
+            out.append((r, err))
         return out
 
 
@@ -324,6 +370,23 @@ def _fit_log(sim: Simulator, at: float, fitted: list[NodeFitted] | str) -> dict[
     }
 
 
+def _refit_log(at: float, refits: list[tuple[NodeRefit, FitError]]) -> dict[str, Any]:
+    return {
+        "at": at,
+        "outcome": "refit",
+        "reason": f"the window's work left the fitted range of {len(refits)} nodes: refitted",
+        "per_node": [
+            {
+                "node": r.node,
+                "why": r.describe(),
+                "prefill_error_vs_truth": e.prefill_mean,
+                "decode_error_vs_truth": e.decode_mean,
+            }
+            for r, e in refits
+        ],
+    }
+
+
 def _pct_range(xs: list[float]) -> str:
     if not xs:
         return "-"
@@ -332,7 +395,8 @@ def _pct_range(xs: list[float]) -> str:
 
 def _evolving(sim: Simulator, s: PlannerSettings) -> Tick:
     policy = PlannerPolicy(cooldown_s=s.cooldown_s)
-    fit = OnlineFit(sim, s.fit_noise, s.fit_seed) if s.fit is ModelSource.ONLINE else None
+    refit = s.refit_policy if s.refit else None
+    fit = OnlineFit(sim, s.fit_noise, s.fit_seed, refit) if s.fit is ModelSource.ONLINE else None
 
     def tick(now: float) -> None:
         if fit is not None and not fit.done:
@@ -340,6 +404,10 @@ def _evolving(sim: Simulator, s: PlannerSettings) -> Tick:
             if not fit.done:
                 sim.window.iterations.clear()
                 return  # the live planner does not plan before its models are fitted either
+        elif fit is not None:
+            refits = fit.refit()
+            if refits:
+                sim.metrics.planner_log.append(_refit_log(now, refits))
         _remeasure(sim)
         slices = _window_slices(sim, now - s.window_s, now, s.slices)
         decision = plan(PlannerInput(_planner_nodes(sim), slices, now, _last_switch(sim)), policy)

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,7 @@ from agentpool.models import (
     RequestWorkRecord,
     Work,
 )
-from agentpool.models.synthetic import decode_records, prefill_records
+from agentpool.models.synthetic import SyntheticWorkload, decode_records, prefill_records
 from agentpool.planner.config import PlannerConfig
 from agentpool.planner.controller import PlannerController
 from agentpool.planner.core import Outcome
@@ -347,3 +348,69 @@ async def test_a_failed_patch_still_starts_the_cooldown(harness: Harness) -> Non
     h.engines_report_observed_roles()  # KMock stored the patch it answered 500 to: engines follow it
     ev = await h.controller.evaluate_window(2400, 2460)
     assert ev is not None and ev.decision.outcome is Outcome.COOLDOWN
+
+
+class Published:
+    """The routers (a ``ModelSink``): every model set the planner publishes."""
+
+    def __init__(self) -> None:
+        self.sets: list[tuple[dict[str, NodeModel], float]] = []
+
+    async def publish(self, models: Mapping[str, NodeModel], fitted_at: float) -> None:
+        self.sets.append((dict(models), fitted_at))
+
+
+# The warmup sees short batches (up to 1K tokens at up to 8K cached); on full 8K chunks at long
+# contexts the engines turn out slower per token than those batches showed.
+SHORT = SyntheticWorkload(chunk_tokens=1024, max_requests=2, max_cached=8192)
+LONG_CHUNKS = NodeModel(prefill=dataclasses.replace(NODE.prefill, c1=6e-5), decode=NODE.decode)
+
+
+@pytest.mark.parametrize("refit", [True, False])
+async def test_a_window_beyond_the_warmups_range_refits_and_the_routers_get_the_new_models(
+    harness: Harness, refit: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    h, rng = harness, np.random.default_rng(7)
+    h.config[0] = dataclasses.replace(h.config[0], refit=refit)
+    sink = Published()
+    h.controller.models_out = sink
+    for name in PODS:
+        h.inbox.add_iterations(prefill_records(name, NODE, 300, 0.02, rng, SHORT, start=0, spacing=6))
+        h.inbox.add_iterations(decode_records(name, NODE, 300, 0.02, rng, start=0, spacing=6))
+    await asyncio.to_thread(h.controller.fit, 0.0, 1800.0)
+    await h.controller.start_disaggregation()
+    h.engines_report_observed_roles()
+    warm = {n: f.prefill.model for n, f in h.controller.fits.items()}
+    window = []
+    for name in ("engine-0", "engine-1"):  # the prefill nodes run the new work
+        window += prefill_records(name, LONG_CHUNKS, 100, 0.02, rng, start=1800, spacing=6)
+    h.inbox.add_iterations(window)
+    h.route(1800, 2400, PUTNAM, rng)
+
+    def error(model: PrefillModel) -> float:
+        return float(np.mean([abs(model.iteration_time(r.batch) - r.seconds) / r.seconds for r in window]))
+
+    with caplog.at_level(logging.INFO, logger="agentpool.planner.controller"):
+        ev = await h.controller.evaluate_window(1800, 2400)
+    assert ev is not None
+    published, _ = sink.sets[-1]
+    assert all(error(warm[n]) > 0.15 for n in PODS)  # the warmup's fit underestimates the new work
+    if not refit:  # opted out: the warmup's models stay, nothing refitted
+        assert h.controller.refits == 0 and "refitted" not in caplog.text
+        assert all(published[n].prefill == warm[n] for n in PODS)
+        return
+    assert h.controller.refits == 1
+    for n in PODS:  # every node, the decode nodes on the prefill nodes' records
+        new = published[n].prefill
+        # one Eq. 1 for two regimes that no single one fits: within the refit's 10%, half of before
+        assert error(new) < min(0.10, error(warm[n]) / 2) and new.c1 > 5e-5, (n, new, error(new))
+        assert h.controller.fits[n].prefill.model == new
+        assert published[n].decode == h.controller.fits[n].decode.model  # no decode records: kept
+        assert f"refitted {n}: prefill refitted (" in caplog.text
+    assert "beyond the fitted range (uncached tokens, query-key pairs, restored tokens)" in caplog.text
+    # the next window of the same work is in the new range: no second refit
+    more = prefill_records("engine-0", LONG_CHUNKS, 100, 0.02, rng, start=2400, spacing=6)
+    h.inbox.add_iterations(more)
+    h.route(2400, 3000, PUTNAM, rng)
+    await h.controller.evaluate_window(2400, 3000)
+    assert h.controller.refits == 1

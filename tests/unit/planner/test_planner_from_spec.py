@@ -40,3 +40,10 @@ def test_dense_model_and_colocated_pool() -> None:
     colocated = spec.model_copy(update={"mode": "colocated", "initial_split": None})
     with pytest.raises(ValueError, match="colocated"):
         planner_config(colocated)
+
+
+def test_the_refit_opt_out_reaches_the_planner_config() -> None:
+    spec = _pool("pool-sim.yaml").spec
+    assert planner_config(spec).refit  # on by default
+    off = spec.model_copy(update={"planner": spec.planner.model_copy(update={"refit": False})})
+    assert planner_config(off).refit is False

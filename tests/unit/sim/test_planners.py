@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from agentpool.models import OccupancySample, PrefillBatchItem, RequestWorkRecord, TtftSlo, Work
+from agentpool.models import OccupancySample, PrefillBatchItem, PrefillModel, RequestWorkRecord, TtftSlo, Work
+from agentpool.models.refit import RefitPolicy
 from agentpool.node import Iteration, Request, Role
 from agentpool.router.policy import QueuedPrefill
 from agentpool.sim.metrics import Metrics
@@ -195,3 +198,38 @@ def test_online_fit_gives_every_node_the_fitted_models_and_stops_recording() -> 
     assert by_node["n0"].decode.model == by_node["n5"].decode.model  # n5's records are all there are
     assert by_node["n5"].decode.model.d2 == pytest.approx(GLM.decode.d2, rel=1e-6)
     assert all(n.on_iteration is None for n in sim.nodes)
+    assert fit.refit() == []  # without a refit policy the models stay frozen
+
+
+def test_online_fit_with_a_refit_policy_refits_when_the_work_leaves_the_fitted_range() -> None:
+    """The simulator's agentpool planner runs the live planner's refit (agentpool.models.refit)."""
+    sim = sim_of("agentpool")
+    fit = OnlineFit(sim, noise=0.0, seed=0, refit=RefitPolicy())
+    p, d = GLM.prefill_model(), GLM.decode_model()
+    slower = dataclasses.replace(p, c1=1.5 * p.c1)  # full chunks cost more per token than short ones
+
+    def prefill(node: str, k: int, t_uc: float, model: PrefillModel) -> None:
+        batch = (PrefillBatchItem(t_uc=t_uc, t_c=1000.0 * (k % 5)),)
+        t = model.iteration_time(list(batch))
+        fit.record(Iteration(node, float(k), k + t, batch, t, 0.0, 0, 0.0, 1.0, 0.0))
+
+    for k in range(1, 40):  # a warmup of short batches
+        prefill("n0", k, 50.0 * k, p)
+        dt = d.iteration_time(k)
+        fit.record(Iteration("n5", float(k), k + 3 * dt, (), 0.0, 0.0, k, dt, 3.0, 0.0))
+    assert not isinstance(fit.try_fit(), str)
+    assert all(n.on_iteration == fit.record for n in sim.nodes)  # still recording
+    assert fit.refit() == []  # an empty window
+    for k in range(40, 80):  # a window of full 8K chunks
+        prefill("n0", k, 8000.0, slower)
+    refitted = fit.refit()
+    assert sorted(r.node for r, _ in refitted) == sorted(n.name for n in sim.nodes)  # n0's records for all
+    chunk = [PrefillBatchItem(t_uc=8000.0, t_c=2000.0)]
+    assert p.iteration_time(chunk) < 0.7 * slower.iteration_time(chunk)  # the warmup's fit: 31% short
+    for n in sim.nodes:  # one Eq. 1 for both regimes: within the refit's 10% on the new one
+        assert sim.models[n.index].prefill.iteration_time(chunk) == pytest.approx(
+            slower.iteration_time(chunk), rel=0.10
+        )
+    for k in range(80, 120):  # the same work again: now in range
+        prefill("n0", k, 8000.0, slower)
+    assert fit.refit() == []

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from operator import eq
 from typing import TYPE_CHECKING
 
+from agentpool.directory.resync_wire import packed_u64
 from agentpool.errors import InvalidInputError, OverloadedError
 from agentpool.kv import EvictionCandidate, PrefixMatch, Role, Tier, check_branch_id
 from agentpool.kv.branches import InvalidBranchIdError
@@ -85,7 +86,22 @@ def tier_to_pb(tier: Tier) -> pb.Tier:
 def block_list(hashes: Sequence[int], max_blocks: int, what: str = "block_hashes") -> list[int]:
     if len(hashes) > max_blocks:
         raise InvalidRequestError(f"{what} has {len(hashes)} entries, more than the limit {max_blocks}")
-    out = list(hashes)
+    return checked_blocks(list(hashes), what)
+
+
+def request_blocks(request: pb.ResolveRequest | pb.PlaceRequest, max_blocks: int) -> list[int]:
+    """:func:`block_list` of a parsed request's ``block_hashes``, read from its packed bytes
+    (:func:`agentpool.directory.resync_wire.packed_u64`) when it has them."""
+    hashes = request.block_hashes
+    if len(hashes) > max_blocks:
+        raise InvalidRequestError(f"block_hashes has {len(hashes)} entries, more than the limit {max_blocks}")
+    if len(hashes) < 64:  # not worth the bytes
+        return checked_blocks(list(hashes))
+    out = packed_u64(request.SerializeToString(), request.BLOCK_HASHES_FIELD_NUMBER)
+    return checked_blocks(list(hashes) if out is None else out)
+
+
+def checked_blocks(out: list[int], what: str = "block_hashes") -> list[int]:
     if 0 in out:
         raise InvalidRequestError(f"{what} contains 0, the root hash, which is not a block")
     return out

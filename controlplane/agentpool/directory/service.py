@@ -25,12 +25,12 @@ from agentpool.directory.convert import (
     InvalidRequestError,
     QuotaExceededError,
     ResolveEncoder,
-    block_list,
     branch_id,
     eviction_entry,
     node_name,
     phase_from_pb,
     phase_to_pb,
+    request_blocks,
 )
 from agentpool.directory.ingest import EventIngest, ServiceLimits, check_node_cap
 from agentpool.directory.metrics import DirectoryMetrics
@@ -277,7 +277,7 @@ class DirectoryService(pb_grpc.DirectoryServicer):
 
     def resolve_now(self, request: pb.ResolveRequest) -> bytes:
         """The encoded ``ResolveResponse`` (see :class:`ResolveEncoder`); reads only, never waits."""
-        hashes = block_list(request.block_hashes, self.limits.max_blocks_per_request)
+        hashes = request_blocks(request, self.limits.max_blocks_per_request)
         branch = branch_id(request.branch) if request.branch else None
         res = self.dir.lookup(hashes, branch)  # read-only: the request's Place applies E.1
         info = None
@@ -309,7 +309,7 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         caller persists it (:meth:`write`) before it tells anyone the Place succeeded."""
         if request.block_hashes:
             branch = branch_id(request.branch)
-            hashes = block_list(request.block_hashes, self.limits.max_blocks_per_request)
+            hashes = request_blocks(request, self.limits.max_blocks_per_request)
             node = node_name(request.node)  # E.1 holds even before the node registers
         else:
             branch, hashes = self._known_branch(request.branch), None

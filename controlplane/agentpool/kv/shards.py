@@ -83,8 +83,8 @@ def walk(hashes: Sequence[int], hold: Gets, live: int) -> tuple[Depths, Depths, 
     prev = -1  # the previous block's holders (-1: none yet)
     for h in hashes:
         e = hold[h % SHARDS](h, 0)
-        if e == prev:  # held where the previous block is: no node leaves
-            depth += 1
+        if e is prev or e == prev:  # held where the previous block is: no node leaves. Runs of blocks
+            depth += 1  # with the same holders share one int (PrefixIndex._hold): identity, not a read
             continue
         prev = e
         g = gpu_alive & e

@@ -1,5 +1,6 @@
 """A big resync batch parsed without its block lists (``resync_wire``) gives what the generated parser
-gives, for every shape; the lists are views of the received bytes."""
+gives, for every shape; the lists are views of the received bytes. So do a request's block hashes read
+from its packed bytes."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import random
 import pytest
 from google.protobuf.message import DecodeError
 
+from agentpool.directory import framing
 from agentpool.directory.client import resync_batch, stored_event
-from agentpool.directory.convert import InvalidRequestError, held_blocks, resync_size
-from agentpool.directory.resync_wire import SPLIT_MIN_BYTES, PackedResync, parse_batch
+from agentpool.directory.convert import InvalidRequestError, held_blocks, request_blocks, resync_size
+from agentpool.directory.resync_wire import SPLIT_MIN_BYTES, PackedResync, packed_u64, parse_batch
 from agentpool.kv import ROOT_HASH, HeldBlock, Role, Tier
 from agentpool.v1 import directory_pb2 as pb
 
@@ -114,3 +116,29 @@ def test_a_truncated_or_malformed_message_fails_as_the_generated_parser_does(cut
         pb.KvEventBatch.FromString(raw)
     with pytest.raises(DecodeError):
         parse_batch(raw)
+
+
+def test_request_blocks_read_from_the_packed_bytes_equal_the_parsed_field() -> None:
+    """A Resolve's or Place's hashes read from its packed bytes (``packed_u64``) are the generated
+    parser's; other shapes fall back to it (None), and the checks stay."""
+    rng = random.Random(3)
+    hs = [rng.getrandbits(64) | 1 for _ in range(2000)]
+    hs[5] = 2**64 - 1
+    resolve = pb.ResolveRequest.FromString(framing.resolve_request(hs, "agent-1", True))
+    place = pb.PlaceRequest.FromString(framing.place_request("agent-1", "n1", hs))
+    for request in (resolve, place):
+        raw = request.SerializeToString()
+        assert packed_u64(raw, request.BLOCK_HASHES_FIELD_NUMBER) == hs
+        assert request_blocks(request, 4096) == hs
+        with pytest.raises(InvalidRequestError, match="more than the limit"):
+            request_blocks(request, 1999)
+    assert request_blocks(pb.ResolveRequest(block_hashes=hs[:3]), 4096) == hs[:3]  # short: parsed field
+    with pytest.raises(InvalidRequestError, match="root hash"):
+        request_blocks(pb.ResolveRequest(block_hashes=[*hs[:99], 0]), 4096)
+    unpacked = b"".join(bytes((0x09,)) + h.to_bytes(8, "little") for h in hs[:100])
+    assert packed_u64(unpacked, 1) is None  # unpacked (wire type 1): not this shape
+    assert pb.ResolveRequest.FromString(unpacked).block_hashes == hs[:100]
+    split = framing.packed_hashes(1, hs[:70]) + framing.packed_hashes(1, hs[70:140])
+    assert packed_u64(split, 1) is None  # two runs
+    assert packed_u64(framing.packed_hashes(1, hs[:70])[:-3], 1) is None  # truncated
+    assert packed_u64(pb.ResolveRequest(branch="b").SerializeToString(), 1) is None  # absent

@@ -15,9 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kv_reference import HeldTiers, model_remove, model_store
 
-from agentpool.kv import Directory, PrefixIndex, Role, Tier
+from agentpool.kv import Directory, HeldBlock, PrefixIndex, Role, Tier
 from agentpool.kv.eviction import eviction_hashes_counted, eviction_order, eviction_order_counted
 from agentpool.kv.hashing import ROOT_HASH
+from agentpool.kv.shards import SHARDS
 from agentpool.kv.types import InvalidEventError
 
 hashes = st.integers(min_value=0, max_value=40) | st.sampled_from(
@@ -188,3 +189,29 @@ def test_host_chain_store_matches_block_by_block_links(events: list[tuple[str, i
                 want = {h: (parent_of[h], Tier.HOST) for (k, h) in access if k == m}
                 assert blocks == want
                 assert dict(idx.host_access(m)) == {h: t for (k, h), t in access.items() if k == m}
+
+
+def test_a_run_of_blocks_with_the_same_holders_shares_one_holder_int() -> None:
+    """Stores, resyncs and purges reuse the holders int of the block before when they are the same, so
+    a walk along a shared prefix mostly compares identity (``shards.walk``): each operation leaves one
+    int object per run of equal holders it wrote (the old index: one per block)."""
+    chain = [(i * 7919) << 40 | 1 for i in range(1, 601)]
+    d = Directory()
+    for n in ("w", "x", "y", "z"):  # a, b and c get slots 4-6: their holder ints are not small ints
+        d.register_node(n, Role.PREFILL)
+        d.apply_stored(n, ROOT_HASH, [n.encode()[0]], Tier.GPU, 1.0)
+    for n, depth in (("a", 600), ("b", 400), ("c", 200)):
+        d.register_node(n, Role.PREFILL)
+        d.apply_stored(n, ROOT_HASH, chain[:depth], Tier.GPU, 1.0)
+
+    def objects() -> int:
+        return len({id(d.index._hold[h % SHARDS][h]) for h in chain})
+
+    assert objects() == 3  # a, b, c / a, b / a
+    held = [HeldBlock(h, chain[i - 1] if i else ROOT_HASH, Tier.HOST) for i, h in enumerate(chain[:300])]
+    d.resync_node("b", held, 2.0)
+    assert objects() == 4  # one per run the resync wrote (a, b host, c / a, b host / a), and a's
+    d.drop_node("c")
+    assert objects() == 4  # the purge rewrote blocks 0-199: a, b host
+    assert {n: m.local_blocks for n, m in d.index.longest_prefixes(chain).items()} == {"a": 600, "b": 300}
+    assert d.index._slot_of["a"] == 4

@@ -96,6 +96,9 @@ class NodeEntry:
     source: str = "config"
     seen_at: float = 0.0  # registered or last reported
     awaiting_report: bool = False  # discovered without a role: nothing is sent until it reports
+    # the configured role changed and no report has shown the engine taking it yet (a report of the
+    # old role without a desired one is then stale news, not the engine's answer)
+    config_switch: bool = False
     next_seq: int = 0
     # in dispatch order (sequence numbers increase), with running sums kept as they come and go:
     # the snapshot runs per request and node, and walking every queued request there made each
@@ -166,6 +169,7 @@ class NodeTable:
             if cfg.role is not entry.role:
                 entry.role = cfg.role
                 entry.draining = True
+                entry.config_switch = True
                 switched.append(cfg.id)
         for gone in [i for i, e in self._nodes.items() if e.source == "config" and i not in seen]:
             del self._nodes[gone]
@@ -254,10 +258,18 @@ class NodeTable:
             entry.role = report.role
         if report.t_acc is not None:
             entry.t_acc = report.t_acc
-        if report.desired_role is not None and report.desired_role is not entry.role:
-            entry.role = report.desired_role  # the planner switched the node: follow it at once
-            entry.draining = True
-        if entry.draining and report.role is entry.role:
+        if report.desired_role is not None:
+            entry.config_switch = False
+            if report.desired_role is not entry.role:
+                entry.role = report.desired_role  # the planner switched the node: follow it at once
+                entry.draining = True
+        elif report.role is not entry.role and not entry.config_switch:
+            # no switch pending on the engine, yet it serves another role: it switched between two
+            # reports (an idle node drains at once) or back again; follow what it serves
+            entry.role = report.role
+            entry.draining = False
+        if report.role is entry.role:
+            entry.config_switch = False
             entry.draining = False  # the engine switched and says so
 
     # -- dispatch bookkeeping ----------------------------------------------------------------

@@ -204,3 +204,33 @@ def test_the_unreported_queue_follows_every_dispatch_and_finish() -> None:
     for rid in ("r0", "r2", "r3"):
         t.finish_prefill("n0", rid)
     assert t.snapshot(2.0)[0].unreported.requests == 0
+
+
+def test_a_switch_the_router_saw_no_desired_role_for_is_followed_from_the_served_role() -> None:
+    """An idle engine drains at once: its switch can complete between two load reports, so no report
+    ever carries the desired role; or the desired role goes back before the engine switched. The
+    router follows the role the engine reports serving (before: it kept the configured role for good
+    and sent that node the other phase's work, or no work at all)."""
+    t = table(Role.PREFILL, Role.DECODE)
+    t.apply_report(LoadReport(node_id="n1", role=Role.PREFILL), now=1.0)  # switched D -> P unseen
+    assert [(s.role, s.draining) for s in t.snapshot(now=1.0)] == [(Role.PREFILL, False)] * 2
+    t.apply_report(LoadReport(node_id="n0", role=Role.PREFILL, desired_role=Role.DECODE), now=2.0)
+    n0, _ = t.snapshot(now=2.0)
+    assert (n0.role, n0.draining) == (Role.DECODE, True)
+    t.apply_report(LoadReport(node_id="n0", role=Role.PREFILL), now=3.0)  # the desired role went back
+    n0, _ = t.snapshot(now=3.0)
+    assert (n0.role, n0.draining) == (Role.PREFILL, False)
+
+
+def test_a_configured_switch_waits_for_the_engine_to_hear_of_it() -> None:
+    """A role changed in the router's config: reports of the old role without a desired one are news
+    from before the engine heard of it, not a reason to go back."""
+    t = table(Role.PREFILL)
+    t.configure([NodeConfig(id="n0", url="http://h0", role=Role.DECODE)], NodeModelConfig())
+    t.apply_report(LoadReport(node_id="n0", role=Role.PREFILL), now=1.0)
+    assert [(s.role, s.draining) for s in t.snapshot(now=1.0)] == [(Role.DECODE, True)]
+    t.apply_report(LoadReport(node_id="n0", role=Role.PREFILL, desired_role=Role.DECODE), now=2.0)
+    t.apply_report(LoadReport(node_id="n0", role=Role.DECODE), now=3.0)
+    assert [(s.role, s.draining) for s in t.snapshot(now=3.0)] == [(Role.DECODE, False)]
+    t.apply_report(LoadReport(node_id="n0", role=Role.PREFILL), now=4.0)  # and later switches back
+    assert [(s.role, s.draining) for s in t.snapshot(now=4.0)] == [(Role.PREFILL, False)]

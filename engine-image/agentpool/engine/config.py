@@ -215,6 +215,9 @@ class EngineConfig(_Model):
     max_body_bytes: int = Field(16 << 20, gt=0)
     max_queue: int = Field(1024, gt=0)
     """Requests queued beyond this are handed back (``requeue``) instead of admitted."""
+    stall_log_s: float = Field(10.0, gt=0)
+    """A request whose stream sends nothing for this long is logged with what it waits for (``sim``
+    backend; ``stall_watch.py``), again each time its silence doubles."""
     sim: SimSettings = SimSettings()
     fetch: FetchSettings = FetchSettings()
     sglang: SglangSettings | None = None

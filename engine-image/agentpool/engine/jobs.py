@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from agentpool.node import Request
+
+log = logging.getLogger(__name__)
 
 
 class JobState(enum.StrEnum):
@@ -30,16 +34,28 @@ class EventStream:
     events: asyncio.Queue[dict[str, Any] | None] = field(default_factory=asyncio.Queue)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     on_cancel: Callable[[], None] | None = None
+    last_event_at: float = field(default_factory=time.monotonic)
+    """When the stream last got an event (its start before any): what a stall is measured from."""
+    waiting_for: str = ""
+    """What the request awaits now, in words ("" when it awaits nothing of its own): the stall log's."""
+    waiting_since: float = 0.0
+
+    def waiting(self, what: str) -> None:
+        """The request awaits ``what`` from now on (``""``: nothing any more)."""
+        self.waiting_for = what
+        self.waiting_since = time.monotonic()
 
     def emit(self, event: dict[str, Any]) -> None:
         if self.state is not JobState.FINISHED:
             self.events.put_nowait(event)
+            self.last_event_at = time.monotonic()
 
     def finish(self, event: dict[str, Any] | None = None) -> None:
         if self.state is JobState.FINISHED:
             return
         if event is not None:
             self.events.put_nowait(event)
+            self.last_event_at = time.monotonic()
         self.state = JobState.FINISHED
         self.events.put_nowait(None)
         current = asyncio.current_task()
@@ -50,7 +66,21 @@ class EventStream:
     def spawn(self, coro: Any) -> None:
         task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        """Forget ``task``; log its exception with the request it served (never left unretrieved:
+        the task's owner handles what the failure means for the stream)."""
+        self.tasks.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error(
+                "request %s (%s): task %s failed: %r",
+                self.request_id,
+                self.phase,
+                getattr(task.get_coro(), "__qualname__", task.get_name()),
+                exc,
+                exc_info=exc,
+            )
 
     def cancel(self) -> None:
         if self.on_cancel is not None:

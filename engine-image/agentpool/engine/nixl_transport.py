@@ -23,8 +23,12 @@ no work by the peer's process: on loopback UCX reads the peer's memory itself (a
 keeps a small registered scratch area for those table READs.
 
 NIXL calls are blocking C calls: every one of them runs on one dedicated thread (the agent is used
-from that thread only), and the event loop awaits it. A transfer that does not finish within its
-deadline is released and raised as :class:`FetchError`, as is a peer that disconnected.
+from that thread only), and the event loop awaits it. A read's deadline counts from when it is asked
+for, its wait for that thread included (reads queued behind slow ones fail at their deadline rather
+than each getting a fresh one). A transfer that does not finish within its deadline is released and
+raised as :class:`FetchError`, as is a peer that disconnected. :attr:`NixlTransport.pending` and
+:attr:`NixlTransport.busy_since` say how many reads wait or run and since when the thread works on
+the current one (the engine's stall log reports them).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import logging
 import os
 import secrets
@@ -39,7 +44,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -52,6 +57,7 @@ log = logging.getLogger(__name__)
 _SPIN_S = 0.05  # a transfer polled without sleeping for this long (most finish well within it)
 PROGRESS_DELAY_US = 100_000  # the progress thread's longest sleep when UCX reports no event
 SCRATCH_BLOCKS = 4096  # most blocks one one-sided fetch looks up (a larger one takes a lease)
+_T = TypeVar("_T")
 _SET_WORDS = SET_BYTES // 8
 _HEADER_WORDS = HEADER_BYTES // 8
 
@@ -148,6 +154,8 @@ class NixlTransport:
         self._metadata = b""
         self._remotes: dict[str, _Remote] = {}  # peer agent name -> its entry
         self._errors: tuple[type[BaseException], ...] = (RuntimeError,)  # NIXL's binding errors
+        self.pending = 0  # reads asked for and not answered yet (queued for the thread or running)
+        self.busy_since: float | None = None  # monotonic time the thread began its current read
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -231,8 +239,29 @@ class NixlTransport:
             raise ValueError("a local slot outside this pool")
         local = np.ascontiguousarray(idx[:, 0], dtype=np.int32)
         remote = np.ascontiguousarray(idx[:, 1], dtype=np.int32)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._read, peer, local, remote, timeout_s)
+        deadline = time.monotonic() + timeout_s
+        read = functools.partial(self._read, peer, local, remote, deadline, timeout_s)
+        return await self._on_thread(peer, deadline, timeout_s, read)
+
+    async def _on_thread(self, peer: PoolInfo, deadline: float, timeout_s: float, fn: Callable[[], _T]) -> _T:
+        """``fn()`` (a read from ``peer``) on the NIXL thread, counted in :attr:`pending` and timed in
+        :attr:`busy_since`; a read still waiting for the thread at ``deadline`` fails unstarted."""
+
+        def run() -> _T:
+            if time.monotonic() > deadline:
+                why = f"timed out after {timeout_s:.3g} s waiting for the NIXL thread"
+                raise FetchError(f"NIXL read from {peer.agent} {why}")
+            self.busy_since = time.monotonic()
+            try:
+                return fn()
+            finally:
+                self.busy_since = None
+
+        self.pending += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, run)
+        finally:
+            self.pending -= 1
 
     def _remote(self, peer: PoolInfo) -> _Remote:
         entry = self._remotes.get(peer.agent)
@@ -287,14 +316,19 @@ class NixlTransport:
             raise ValueError("a local slot outside this pool")
         want = list(hashes)
         slots = np.asarray(local, dtype=np.int32)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._read_indexed, peer, want, slots, timeout_s)
+        deadline = time.monotonic() + timeout_s
+        read = functools.partial(self._read_indexed, peer, want, slots, deadline, timeout_s)
+        return await self._on_thread(peer, deadline, timeout_s, read)
 
     def _read_indexed(
-        self, peer: PoolInfo, want: list[int], local: npt.NDArray[np.int32], timeout_s: float
+        self,
+        peer: PoolInfo,
+        want: list[int],
+        local: npt.NDArray[np.int32],
+        deadline: float,
+        timeout_s: float,
     ) -> IndexedRead:
         n = len(want)
-        deadline = time.monotonic() + timeout_s
         scratch = self._arange[:n]
         with self._reading(peer):
             entry = self._remote(peer)
@@ -316,9 +350,13 @@ class NixlTransport:
         return IndexedRead(n * self.block_bytes)
 
     def _read(
-        self, peer: PoolInfo, local: npt.NDArray[np.int32], remote: npt.NDArray[np.int32], timeout_s: float
+        self,
+        peer: PoolInfo,
+        local: npt.NDArray[np.int32],
+        remote: npt.NDArray[np.int32],
+        deadline: float,
+        timeout_s: float,
     ) -> int:
-        deadline = time.monotonic() + timeout_s
         with self._reading(peer):
             entry = self._remote(peer)
             self._xfer(peer, self._local, local, entry.dlist, remote, deadline, timeout_s)

@@ -34,6 +34,7 @@ from agentpool.engine.jobs import Job, JobState, token_text
 from agentpool.engine.kv_peers import KvExporter, PeerFetcher
 from agentpool.engine.kvstate import KvEventSink, KvLedger, NoSink
 from agentpool.engine.metrics import EngineMetrics
+from agentpool.engine.stall_watch import StallWatch, sim_wait
 from agentpool.kv import HeldBlock, block_hashes
 from agentpool.node import GpuCache, Iteration, Node, NodeLoad, NodeStatus, Request, Role
 from agentpool.wire.engine import GenerateRequest, QueuedItem
@@ -115,6 +116,10 @@ class SimBackend:
         self._wake = asyncio.Event()
         self._handovers = 0
         self._drained = asyncio.Event()
+        self.last_step_at = time.monotonic()
+        self.stalls = StallWatch(
+            lambda: list(self.jobs.values()), lambda job, now: sim_wait(self, job, now), cfg.stall_log_s
+        )
 
     # -- clock --------------------------------------------------------------------------------
     def now(self) -> float:
@@ -172,6 +177,9 @@ class SimBackend:
 
     # -- the driver loop ----------------------------------------------------------------------
     async def run(self) -> None:
+        await asyncio.gather(self._drive(), self.stalls.run())
+
+    async def _drive(self) -> None:
         while True:
             t = self.node.wake_time()
             self._wake.clear()
@@ -183,6 +191,7 @@ class SimBackend:
             await asyncio.sleep(0)  # let the streams run between steps
 
     def _step(self) -> None:
+        self.last_step_at = time.monotonic()
         now = self.now()
         out = self.node.advance(now)
         started, self.node.started = self.node.started, []
@@ -310,6 +319,7 @@ class SimBackend:
         assert self.directory is not None
         fetched = planned = 0
         try:
+            job.waiting(f"the directory's lookup of {len(job.hashes)} blocks")
             res = await self.directory.resolve(job.hashes)
             best, best_url = local, None
             for node, prefix in res.nodes.items():
@@ -318,6 +328,7 @@ class SimBackend:
                     best, best_url = prefix.host_blocks, url
             if best_url is not None and best - local >= self.cfg.fetch.min_blocks:
                 planned = best - local
+                job.waiting(f"a prefix fetch of {len(job.hashes[:best])} blocks from {best_url}")
                 r = await self.fetcher.fetch_prefix(best_url, job.hashes[:best], self.cfg.fetch.lease_ttl_s)
                 self.ledger.fetched(r.blocks, r.evicted)
                 fetched = (len(r.blocks) - r.held_before) * page
@@ -331,6 +342,7 @@ class SimBackend:
         except DirectoryRpcError as e:
             log.warning("directory lookup for %s failed, recomputing: %s", job.request_id, e)
         finally:
+            job.waiting("")
             job.fetching = False
             if req.done_uc == 0 and job.state is JobState.QUEUED:
                 gpu = self.ledger.gpu_prefix(job.hashes)
@@ -345,16 +357,27 @@ class SimBackend:
     # -- decode side --------------------------------------------------------------------------
     async def _handover(self, job: Job, url: str, transfer: str) -> None:
         req = job.req
+        job.waiting(f"the KV hand-over from {url} (transfer {transfer})")
         try:
             r = await self.fetcher.fetch_transfer(url.rstrip("/"), transfer)
-        except FetchError as e:
-            self.ledger.evicted_host(e.evicted)
+        except BaseException as e:
+            # undo handover_started: the node model has no "hand-over failed"
             self._handovers -= 1
-            self.node.joining -= 1  # the node model has no "hand-over failed": undo handover_started
+            self.node.joining -= 1
             self.node.kv_used_tokens -= req.kv_tokens
-            self.metrics.fetch_failures.labels("handover").inc()
-            self._recompute(job, f"KV hand-over from {url} failed: {e}")
-            return
+            job.waiting("")
+            if isinstance(e, FetchError):
+                self.ledger.evicted_host(e.evicted)
+                self.metrics.fetch_failures.labels("handover").inc()
+                self._recompute(job, f"KV hand-over from {url} failed: {e}")
+                return
+            # not a transfer failure: end the stream now (the job's task log says why) rather than
+            # leave the router waiting for its first-event timeout, and let a drain complete
+            self.jobs.pop(req.rid, None)
+            job.finish({"type": "error", "message": f"KV hand-over from {url}: {type(e).__name__}: {e}"})
+            self._check_drained()
+            raise
+        job.waiting("")
         self._handovers -= 1
         self.ledger.fetched(r.blocks, r.evicted)
         self.ledger.computed(r.blocks, self.now())  # the decode node loads the KV into its GPU tier

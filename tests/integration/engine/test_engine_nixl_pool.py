@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -262,6 +263,27 @@ async def test_a_stalled_peer_times_out_without_hanging(local) -> None:  # type:
         os.kill(proc.pid, signal.SIGCONT)
         proc.kill()
         proc.wait()
+
+
+async def test_a_read_waiting_past_its_deadline_for_the_nixl_thread_fails_unstarted(peer, local) -> None:  # type: ignore[no-untyped-def]
+    """Every NIXL call runs on one thread: a read's deadline counts from when it was asked for, so
+    reads queued behind a slow one fail at their deadline instead of each getting a fresh one once
+    the thread reaches it (a queue of them kept hand-overs waiting, silent, far past the timeout)."""
+    _, url, hashes = peer
+    _, fetcher = local
+    await fetcher.fetch_prefix(url, hashes[:2])  # the channel is open, the peer known to NIXL
+    info = (await fetcher._channel(url)).pool
+    nixl = fetcher.transport
+    nixl.after_lookup = lambda: time.sleep(1.0)  # the next one-sided read holds the thread 1 s
+    slow = asyncio.create_task(fetcher.fetch_prefix(url, hashes[:6]))
+    await asyncio.sleep(0.3)
+    assert nixl.pending == 1 and nixl.busy_since is not None
+    with pytest.raises(FetchError, match=r"timed out after 0\.3 s waiting for the NIXL thread"):
+        await nixl.read(info, [(63, 0)], 0.3)
+    nixl.after_lookup = None
+    res = await slow
+    assert res.blocks == hashes[:6] and res.held_before == 2
+    assert nixl.pending == 0 and nixl.busy_since is None
 
 
 async def test_a_lease_answered_after_its_caller_gave_up_is_released() -> None:

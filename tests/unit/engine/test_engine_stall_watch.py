@@ -1,0 +1,148 @@
+"""Silent engine streams: the stall log (what a request waits for) and a hand-over that fails with
+something other than a transfer error.
+
+- :class:`StallWatch` reports a stream silent for its threshold, again each time the silence doubles,
+  and says when it streams again or ends;
+- the ``sim`` backend names what a request waits for (the KV hand-over from its prefill node, the
+  NIXL thread, the driver loop);
+- a hand-over that raises an unexpected error ends the decode stream with an ``error`` event at once
+  (the router fails the request with the cause instead of timing out after 120 s of silence), gives
+  its KV reservation back and lets a drain complete (before: the stream stayed silent forever and
+  the node could never finish a role switch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from agentpool.engine.config import EngineConfig
+from agentpool.engine.errors import FetchError
+from agentpool.engine.hostpool import HostPool
+from agentpool.engine.jobs import EventStream, JobState
+from agentpool.engine.kvstate import KvLedger, NoSink
+from agentpool.engine.metrics import EngineMetrics
+from agentpool.engine.simbackend import SimBackend
+from agentpool.engine.stall_watch import StallWatch, sim_wait
+from agentpool.node import GpuCache, Role
+from agentpool.wire.engine import GenerateRequest, KvSource
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_a_silent_stream_is_reported_at_the_threshold_then_at_each_doubling() -> None:
+    clock = Clock()
+    s = EventStream("req-1", "decode")
+    s.last_event_at = clock.t
+    streams = [s]
+    watch = StallWatch(lambda: streams, lambda _s, _now: "waiting for Godot", threshold_s=10, clock=clock)
+    clock.t += 9.9
+    assert watch.check() == []
+    clock.t += 0.2
+    (line,) = watch.check()
+    assert line.startswith("request req-1 (decode, queued) has sent nothing for 10.1 s: waiting for Godot")
+    clock.t += 5
+    assert watch.check() == []  # 15.1 s: not yet twice the silence reported
+    clock.t += 5.2
+    (line,) = watch.check()
+    assert "has sent nothing for 20.3 s" in line
+    s.last_event_at = clock.t  # it speaks again
+    assert watch.check() == ["request req-1 (decode) streams again after a stall"]
+    clock.t += 10
+    assert "has sent nothing for 10.0 s" in watch.check()[0]
+    streams.clear()  # it ended
+    assert watch.check() == ["request req-1 (decode) ended after a stall (queued)"]
+    assert watch.check() == []
+
+
+@dataclass
+class Transport:
+    busy_since: float | None = None
+    pending: int = 0
+
+
+@dataclass
+class Fetcher:
+    """The backend's seam to peers (``PeerFetcher``): a hand-over that waits, or fails with ``error``."""
+
+    error: BaseException | None = None
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+    transport: Transport = field(default_factory=Transport)
+
+    async def fetch_transfer(self, peer_url: str, transfer_id: str) -> Any:
+        self.transport.pending += 1
+        try:
+            if self.error is not None:
+                raise self.error
+            await self.release.wait()
+            raise FetchError("released")
+        finally:
+            self.transport.pending -= 1
+
+
+def backend(fetcher: Fetcher) -> SimBackend:
+    cfg = EngineConfig.model_validate(
+        {"nodeId": "d0", "role": "decode", "insecureAllowUnauthenticated": True, "hostKvBytes": 1 << 20,
+         "blockBytes": 4096, "stallLogS": 0.05}
+    )  # fmt: skip
+    pool = HostPool(cfg.host_slots, cfg.block_bytes, None)
+    ledger = KvLedger(GpuCache(64), pool, NoSink())
+    return SimBackend(cfg, ledger, pool, None, fetcher, EngineMetrics())  # type: ignore[arg-type]
+
+
+def decode_request() -> GenerateRequest:
+    return GenerateRequest(
+        request_id="req-7",
+        dispatch_seq=1,
+        phase="decode",
+        endpoint="chat",
+        body={"max_tokens": 8},
+        prompt_token_ids=list(range(300)),
+        kv_source=KvSource(node_id="p0", url="http://127.0.0.1:9/", transfer_id="p0.1.req-7"),
+    )
+
+
+async def test_the_stall_log_names_the_hand_over_a_decode_request_waits_for() -> None:
+    fetcher = Fetcher()
+    b = backend(fetcher)
+    job = b.admit(decode_request())
+    assert job is not None and job.state is JobState.HANDOVER
+    await asyncio.sleep(0.1)
+    text = sim_wait(b, job, job.last_event_at + 0.1)
+    assert "waiting for the KV hand-over from http://127.0.0.1:9/ (transfer p0.1.req-7) for 0.1 s" in text
+    assert "node decode serving" in text and "KV arriving 1" in text and "1 reads pending" in text
+    (line,) = b.stalls.check()
+    assert line.startswith("request req-7 (decode, handover) has sent nothing for ")
+    fetcher.release.set()  # the transfer fails: recomputed here, as before
+    await asyncio.sleep(0.05)
+    assert job.state is JobState.QUEUED and b.node.joining == 0
+
+
+async def test_an_unexpected_hand_over_error_ends_the_stream_at_once_and_the_node_can_drain(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    b = backend(Fetcher(error=KeyError("slot")))
+    job = b.admit(decode_request())
+    assert job is not None
+    with caplog.at_level(logging.ERROR, logger="agentpool.engine.jobs"):
+        async with asyncio.timeout(2):
+            events = [ev async for ev in job.stream()]
+        await asyncio.sleep(0.01)  # the task's done callback logs
+    assert events == [{"type": "error", "message": "KV hand-over from http://127.0.0.1:9/: KeyError: 'slot'"}]
+    assert "request req-7 (decode): task SimBackend._handover failed: KeyError('slot')" in caplog.text
+    assert b.jobs == {} and b.node.joining == 0 and b.node.kv_used_tokens == 0
+    b.begin_drain()
+    async with asyncio.timeout(2):
+        await b.wait_drained()
+    await b.switch(Role.PREFILL)
+    assert b.role is Role.PREFILL

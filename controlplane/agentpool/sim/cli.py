@@ -82,6 +82,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--fit-noise", type=float, default=0.0, help="extra relative noise on recorded iteration times"
     )
     parser.add_argument(
+        "--no-refit",
+        action="store_true",
+        help="keep the online fit frozen (the paper's way) instead of refitting a node whose work "
+        "leaves the range its models were fitted on (agentpool.models.refit, as the live planner does)",
+    )
+    parser.add_argument(
         "--truth",
         default="roofline",
         choices=list(TRUTHS),
@@ -149,7 +155,9 @@ def scenario_from(args: argparse.Namespace) -> Scenario:
         warmup_s=args.warmup,
         duration_s=args.duration,
         seed=args.seed,
-        planner=PlannerSettings(fit=ModelSource(args.fit), fit_noise=args.fit_noise, fit_seed=args.seed),
+        planner=PlannerSettings(
+            fit=ModelSource(args.fit), fit_noise=args.fit_noise, fit_seed=args.seed, refit=not args.no_refit
+        ),
     )
 
 

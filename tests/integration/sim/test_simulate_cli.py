@@ -95,3 +95,10 @@ def test_simulate_says_what_it_does_and_draws_no_progress_off_a_terminal(tmp_pat
     assert "Upper bound (Little's law" in proc.stdout
     data = json.loads((out / "results.json").read_text())
     assert data["bound"]["throughput_rps"] >= max(r["summary"]["throughput_rps"] for r in data["results"])
+
+
+def test_no_refit_keeps_the_online_fit_frozen() -> None:
+    parser = argparse.ArgumentParser()
+    sim_cli.add_arguments(parser)
+    assert sim_cli.scenario_from(parser.parse_args([])).planner.refit  # the live planner's default
+    assert not sim_cli.scenario_from(parser.parse_args(["--no-refit"])).planner.refit

@@ -24,11 +24,12 @@ keeps a small registered scratch area for those table READs.
 
 NIXL calls are blocking C calls: every one of them runs on one dedicated thread (the agent is used
 from that thread only), and the event loop awaits it. A read's deadline counts from when it is asked
-for, its wait for that thread included (reads queued behind slow ones fail at their deadline rather
-than each getting a fresh one). A transfer that does not finish within its deadline is released and
-raised as :class:`FetchError`, as is a peer that disconnected. :attr:`NixlTransport.pending` and
-:attr:`NixlTransport.busy_since` say how many reads wait or run and since when the thread works on
-the current one (the engine's stall log reports them).
+for, its wait for that thread included: a read the thread has not started by its deadline fails then
+and never starts, however long the thread stays busy (before, reads queued behind a slow or hung one
+each got a fresh deadline once the thread reached them). A transfer that does not finish within its
+deadline is released and raised as :class:`FetchError`, as is a peer that disconnected.
+:attr:`NixlTransport.pending` and :attr:`NixlTransport.busy_since` say how many reads wait or run
+and since when the thread works on the current one (the engine's stall log reports them).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import functools
 import logging
 import os
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -58,6 +60,7 @@ _SPIN_S = 0.05  # a transfer polled without sleeping for this long (most finish 
 PROGRESS_DELAY_US = 100_000  # the progress thread's longest sleep when UCX reports no event
 SCRATCH_BLOCKS = 4096  # most blocks one one-sided fetch looks up (a larger one takes a lease)
 _T = TypeVar("_T")
+_START_GRACE_S = 0.05  # past a read's deadline, how long its caller waits for the thread to start it
 _SET_WORDS = SET_BYTES // 8
 _HEADER_WORDS = HEADER_BYTES // 8
 
@@ -119,6 +122,20 @@ class IndexedRead:
     miss: str | None = None  # "not_indexed" (a block not in the peer's index), "changed" (overwritten)
 
 
+@dataclass(slots=True)
+class _Ticket:
+    """A read handed to the NIXL thread: whether the thread began it, or its caller gave up first."""
+
+    started: bool = False
+    given_up: bool = False
+
+
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    """A read whose caller gave up ends (or fails unstarted) unawaited: its outcome is dropped."""
+    if not fut.cancelled():
+        fut.exception()
+
+
 class NixlTransport:
     """One NIXL agent over one registered host buffer; reads from peers' buffers."""
 
@@ -156,6 +173,7 @@ class NixlTransport:
         self._errors: tuple[type[BaseException], ...] = (RuntimeError,)  # NIXL's binding errors
         self.pending = 0  # reads asked for and not answered yet (queued for the thread or running)
         self.busy_since: float | None = None  # monotonic time the thread began its current read
+        self._tickets = threading.Lock()  # a read's start on the thread vs its caller giving up
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -245,11 +263,16 @@ class NixlTransport:
 
     async def _on_thread(self, peer: PoolInfo, deadline: float, timeout_s: float, fn: Callable[[], _T]) -> _T:
         """``fn()`` (a read from ``peer``) on the NIXL thread, counted in :attr:`pending` and timed in
-        :attr:`busy_since`; a read still waiting for the thread at ``deadline`` fails unstarted."""
+        :attr:`busy_since`. A read the thread has not started by ``deadline`` fails then and never
+        starts (however long the thread stays busy); one it started is bounded by its own polling."""
+        ticket = _Ticket()
+        why = f"timed out after {timeout_s:.3g} s waiting for the NIXL thread"
 
         def run() -> _T:
-            if time.monotonic() > deadline:
-                why = f"timed out after {timeout_s:.3g} s waiting for the NIXL thread"
+            with self._tickets:
+                late = ticket.given_up or time.monotonic() > deadline
+                ticket.started = not late
+            if late:
                 raise FetchError(f"NIXL read from {peer.agent} {why}")
             self.busy_since = time.monotonic()
             try:
@@ -258,8 +281,19 @@ class NixlTransport:
                 self.busy_since = None
 
         self.pending += 1
+        fut = asyncio.get_running_loop().run_in_executor(self._executor, run)
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, run)
+            wait = max(0.0, deadline - time.monotonic()) + _START_GRACE_S
+            return await asyncio.wait_for(asyncio.shield(fut), wait)
+        except BaseException as e:  # timed out or cancelled: a read not started yet never starts
+            with self._tickets:
+                ticket.given_up = not ticket.started
+            if not ticket.given_up and isinstance(e, TimeoutError):
+                return await fut  # the thread runs it: its polling ends it at the deadline
+            fut.add_done_callback(_retrieve)
+            if isinstance(e, TimeoutError):
+                raise FetchError(f"NIXL read from {peer.agent} {why}") from None
+            raise
         finally:
             self.pending -= 1
 

@@ -266,9 +266,10 @@ async def test_a_stalled_peer_times_out_without_hanging(local) -> None:  # type:
 
 
 async def test_a_read_waiting_past_its_deadline_for_the_nixl_thread_fails_unstarted(peer, local) -> None:  # type: ignore[no-untyped-def]
-    """Every NIXL call runs on one thread: a read's deadline counts from when it was asked for, so
-    reads queued behind a slow one fail at their deadline instead of each getting a fresh one once
-    the thread reaches it (a queue of them kept hand-overs waiting, silent, far past the timeout)."""
+    """Every NIXL call runs on one thread: a read's deadline counts from when it was asked for, and a
+    read the thread has not started by then fails then (and never starts), however long the thread
+    stays busy. Before, each queued read got a fresh deadline once the thread reached it, so reads
+    behind a slow or hung one kept hand-overs waiting, silent, far past the timeout."""
     _, url, hashes = peer
     _, fetcher = local
     await fetcher.fetch_prefix(url, hashes[:2])  # the channel is open, the peer known to NIXL
@@ -278,8 +279,11 @@ async def test_a_read_waiting_past_its_deadline_for_the_nixl_thread_fails_unstar
     slow = asyncio.create_task(fetcher.fetch_prefix(url, hashes[:6]))
     await asyncio.sleep(0.3)
     assert nixl.pending == 1 and nixl.busy_since is not None
+    t0 = time.monotonic()
     with pytest.raises(FetchError, match=r"timed out after 0\.3 s waiting for the NIXL thread"):
         await nixl.read(info, [(63, 0)], 0.3)
+    assert time.monotonic() - t0 < 0.6  # not when the thread is free again, 0.7 s from now
+    assert nixl.busy_since is not None
     nixl.after_lookup = None
     res = await slow
     assert res.blocks == hashes[:6] and res.held_before == 2

@@ -6,7 +6,8 @@ the engine has long forgotten why. :class:`StallWatch` looks at the engine's ope
 ``check_s`` and logs a warning for each one silent for ``threshold_s`` or longer (again each time
 its silence doubles, and once more when it speaks again), naming the request and, from the
 backend's ``describe``, what it waits for: its place in the queue, a prefix fetch, the KV hand-over
-from a peer and how long the NIXL thread has been busy, its decode progress, the driver loop.
+from a peer and how long the NIXL thread has been busy, its decode progress, the driver loop. It also
+says when the event loop itself ran nothing for ``threshold_s`` (its own sleep came back that late).
 """
 
 from __future__ import annotations
@@ -64,9 +65,22 @@ class StallWatch:
             out.append(f"request {s.request_id} ({s.phase}) ended after a stall ({s.state.value})")
         return out
 
+    def lagged(self, slept_s: float) -> str | None:
+        """A line when a sleep of ``check_s`` took ``slept_s``, over ``threshold_s`` longer: the event
+        loop ran nothing meanwhile (blocked by a call, or the process got no CPU)."""
+        late = slept_s - self.check_s
+        if late < self.threshold_s:
+            return None
+        took = f"a {self.check_s:g} s sleep took {slept_s:.1f} s"
+        return f"the event loop ran nothing for {late:.1f} s ({took})"
+
     async def run(self) -> None:
         while True:
+            t0 = self.clock()
             await asyncio.sleep(self.check_s)
+            lag = self.lagged(self.clock() - t0)
+            if lag is not None:
+                log.warning("%s", lag)
             for line in self.check():
                 log.warning("%s", line)
 

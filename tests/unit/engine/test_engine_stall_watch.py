@@ -65,6 +65,12 @@ def test_a_silent_stream_is_reported_at_the_threshold_then_at_each_doubling() ->
     assert watch.check() == []
 
 
+def test_an_event_loop_that_ran_nothing_for_the_threshold_is_reported() -> None:
+    watch = StallWatch(list, lambda _s, _now: "", threshold_s=10, check_s=2)
+    assert watch.lagged(2.0) is None and watch.lagged(11.9) is None
+    assert watch.lagged(12.5) == "the event loop ran nothing for 10.5 s (a 2 s sleep took 12.5 s)"
+
+
 @dataclass
 class Transport:
     busy_since: float | None = None

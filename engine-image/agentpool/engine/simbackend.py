@@ -118,7 +118,10 @@ class SimBackend:
         self._drained = asyncio.Event()
         self.last_step_at = time.monotonic()
         self.stalls = StallWatch(
-            lambda: list(self.jobs.values()), lambda job, now: sim_wait(self, job, now), cfg.stall_log_s
+            lambda: list(self.jobs.values()),
+            lambda job, now: sim_wait(self, job, now),
+            cfg.stall_log_s,
+            cfg.stall_log_queued_s,
         )
 
     # -- clock --------------------------------------------------------------------------------

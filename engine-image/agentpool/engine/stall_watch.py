@@ -3,8 +3,9 @@
 A router gives up on an engine stream that sends nothing for its first-event or between-event
 timeout (120 s, 30 s by default) and the client sees ``generation failed: ... timed out``; by then
 the engine has long forgotten why. :class:`StallWatch` looks at the engine's open streams every
-``check_s`` and logs a warning for each one silent for ``threshold_s`` or longer (again each time
-its silence doubles, and once more when it speaks again), naming the request and, from the
+``check_s`` and logs a warning for each one silent for ``threshold_s`` or longer
+(``queued_threshold_s`` while it is queued or prefilling, which under load takes long normally),
+again each time its silence doubles, and once more when it speaks again, naming the request and, from the
 backend's ``describe``, what it waits for: its place in the queue, a prefix fetch, the KV hand-over
 from a peer and how long the NIXL thread has been busy, its decode progress, the driver loop. It also
 says when the event loop itself ran nothing for ``threshold_s`` (its own sleep came back that late).
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from agentpool.engine.simbackend import SimBackend
 
 log = logging.getLogger(__name__)
+_QUEUED = (JobState.QUEUED, JobState.PREFILL)
 
 
 @dataclass(slots=True)
@@ -34,6 +36,8 @@ class StallWatch:
     describe: Callable[[EventStream, float], str]
     """What a stream waits for, in words, at ``now`` (the watch's clock)."""
     threshold_s: float = 10.0
+    queued_threshold_s: float = 60.0
+    """For a request still queued or prefilling: under load a long prompt waits that long normally."""
     check_s: float = 2.0
     clock: Callable[[], float] = time.monotonic
     _reported: dict[int, tuple[EventStream, float]] = field(default_factory=dict)
@@ -53,7 +57,8 @@ class StallWatch:
                 out.append(f"request {s.request_id} ({s.phase}) streams again after a stall")
                 del self._reported[key]
                 last = None
-            due = self.threshold_s if last is None else 2 * last[1]
+            first = self.queued_threshold_s if s.state in _QUEUED else self.threshold_s
+            due = first if last is None else 2 * last[1]
             if silent >= due:
                 self._reported[key] = (s, silent)
                 out.append(

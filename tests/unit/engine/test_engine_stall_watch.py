@@ -42,15 +42,22 @@ class Clock:
 
 def test_a_silent_stream_is_reported_at_the_threshold_then_at_each_doubling() -> None:
     clock = Clock()
-    s = EventStream("req-1", "decode")
-    s.last_event_at = clock.t
-    streams = [s]
-    watch = StallWatch(lambda: streams, lambda _s, _now: "waiting for Godot", threshold_s=10, clock=clock)
+    s = EventStream("req-1", "decode", state=JobState.DECODE)
+    queued = EventStream("req-2", "prefill")  # queued: waits long normally under load
+    s.last_event_at = queued.last_event_at = clock.t
+    streams = [s, queued]
+    watch = StallWatch(
+        lambda: streams,
+        lambda _s, _now: "waiting for Godot",
+        threshold_s=10,
+        queued_threshold_s=60,
+        clock=clock,
+    )
     clock.t += 9.9
     assert watch.check() == []
     clock.t += 0.2
     (line,) = watch.check()
-    assert line.startswith("request req-1 (decode, queued) has sent nothing for 10.1 s: waiting for Godot")
+    assert line.startswith("request req-1 (decode, decode) has sent nothing for 10.1 s: waiting for Godot")
     clock.t += 5
     assert watch.check() == []  # 15.1 s: not yet twice the silence reported
     clock.t += 5.2
@@ -60,9 +67,12 @@ def test_a_silent_stream_is_reported_at_the_threshold_then_at_each_doubling() ->
     assert watch.check() == ["request req-1 (decode) streams again after a stall"]
     clock.t += 10
     assert "has sent nothing for 10.0 s" in watch.check()[0]
-    streams.clear()  # it ended
-    assert watch.check() == ["request req-1 (decode) ended after a stall (queued)"]
+    streams.remove(s)  # it ended
+    assert watch.check() == ["request req-1 (decode) ended after a stall (decode)"]
     assert watch.check() == []
+    clock.t = queued.last_event_at + 60.1  # the queued one
+    (line,) = watch.check()
+    assert line.startswith("request req-2 (prefill, queued) has sent nothing for 60.1 s")
 
 
 def test_an_event_loop_that_ran_nothing_for_the_threshold_is_reported() -> None:

@@ -1,6 +1,6 @@
 """Run the core's stepwise operations (big resyncs, node purges) without blocking the event loop.
 
-The core (``agentpool.kv``) offers them as generators that yield between steps of a few hundred
+The core (``agentpool.kv``) offers them as generators that yield between steps of some dozens of
 blocks; :func:`run_steps` runs steps until a time slice is used up, then lets the loop serve other
 RPCs (``asyncio.sleep(0)``) and goes on. The work stays on the loop's thread, so the core is never
 touched by two threads at once; callers keep conflicting changes of the same node out (a per-node lock

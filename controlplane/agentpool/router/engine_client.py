@@ -83,7 +83,10 @@ class _Connection(asyncio.Protocol):
     """One HTTP/1.1 connection; its current response's body is read with ``read_nowait``/``readany``."""
 
     def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()  # made by the loop's create_connection
         self.transport: asyncio.Transport | None = None
+        # one parser for the connection's responses: llhttp reads keep-alive responses one after
+        # another (a connection whose response was not read to its end is closed, never reused)
         self._parser = httptools.HttpResponseParser(self)
         self._buf = bytearray()
         self._waiter: asyncio.Future[None] | None = None
@@ -150,7 +153,7 @@ class _Connection(asyncio.Protocol):
 
         A timer on the waiter instead of ``asyncio.timeout``, which costs several times more and ran
         on every request (bench/results/router_cpu.md)."""
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         waiter = self._waiter = loop.create_future()
         timer = None if deadline is None else loop.call_at(deadline, _expire, waiter)
         try:
@@ -167,7 +170,6 @@ class _Connection(asyncio.Protocol):
 
     def send(self, head: bytes, body: bytes) -> None:
         assert self.transport is not None
-        self._parser = httptools.HttpResponseParser(self)
         self._buf.clear()
         self.status, self.headers_done, self.complete, self.started = 0, False, False, False
         self.transport.write(head + body)
@@ -281,7 +283,7 @@ class EngineClient:
                 continue
             conn.send(head, body)
             try:
-                return conn, await conn.headers(asyncio.get_running_loop().time() + self.first_event_s)
+                return conn, await conn.headers(conn.loop.time() + self.first_event_s)
             except _ConnectionLost as e:
                 conn.close()
                 if e.started:
@@ -293,7 +295,7 @@ class EngineClient:
         conn = await self._connect(t)
         conn.send(head, body)
         try:
-            return conn, await conn.headers(asyncio.get_running_loop().time() + self.first_event_s)
+            return conn, await conn.headers(conn.loop.time() + self.first_event_s)
         except BaseException:
             conn.close()
             raise

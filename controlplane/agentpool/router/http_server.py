@@ -239,6 +239,7 @@ class _Connection(asyncio.Protocol):
         self.queue: deque[Request] = deque()
         self.task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
+        self.reading = False  # a request has begun and is not complete yet
         self.final: Response | None = None  # an error to answer once the queue is served, then close
         self.idle_since: float | None = self.loop.time()
         self.lost = False
@@ -282,12 +283,17 @@ class _Connection(asyncio.Protocol):
             self._reject(_bad_request("protocol upgrades are not supported"))
         except httptools.HttpParserError as e:
             self._reject(_bad_request(f"malformed HTTP request: {e}"))
+        else:
+            if self.reading and self.timer is None:
+                # a request began in this read and is not whole yet: its body timeout starts now (its
+                # first byte came in this read); one read usually brings a request whole, no timer
+                self.timer = self.loop.call_later(self.server.body_timeout_s(), self._timed_out)
 
     # -- httptools callbacks --------------------------------------------------------------------
     def on_message_begin(self) -> None:
         self.url, self.headers, self.body, self.size = b"", {}, [], 0
         self.idle_since = None
-        self.timer = self.loop.call_later(self.server.body_timeout_s(), self._timed_out)
+        self.reading = True  # until on_message_complete; data_received arms the body timer if needed
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -319,6 +325,7 @@ class _Connection(asyncio.Protocol):
         self.body.append(body)
 
     def on_message_complete(self) -> None:
+        self.reading = False
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None

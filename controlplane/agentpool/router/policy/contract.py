@@ -73,9 +73,11 @@ class CachedPrefix:
 NO_PREFIX = CachedPrefix()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RequestView:
-    """What a policy knows about one request.
+    """What a policy knows about one request. A value: policies and routers never modify one. Not
+    frozen, as :class:`NodeState`: the router builds one for every request, and a frozen dataclass
+    costs several times as much to build (it holds a mapping, so it was never hashable either).
 
     prompt_tokens: input tokens ``L``.
     turn: 1 + the number of assistant messages in the prompt (1 for a new session).
@@ -245,9 +247,10 @@ class PolicyContext:
             raise PolicyError(f"TPOT SLO must be positive, got {self.tpot_slo_s}")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RouteDecision:
-    """A policy's choice of prefill (or colocated) node.
+    """A policy's choice of prefill (or colocated) node. A value (not frozen, as :class:`RequestView`:
+    one is built for every request).
 
     cached_tokens: ``t_c`` on the chosen node (local prefix, plus the fetched tokens).
     fetch_tokens: ``x``, the prefix tokens the node fetches from another node (0: no fetch).

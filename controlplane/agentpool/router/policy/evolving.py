@@ -162,21 +162,24 @@ class EvolvingPolicy:
         if len(scores) != len(candidates):
             raise PolicyError("candidate node ids must be distinct")
         best = _pick(scores, request, nan)
-        # the winner's parts again, from the same caches (not kept per candidate: one of many wins)
+        # the winner's parts again, from the same caches (not kept per candidate: one of many wins);
+        # :func:`_prediction` written out (the same operations in the same order)
         node = next(n for n in candidates if n.node_id == best)
         local = prefix(best, NO_PREFIX).total
-        p = _prediction(
-            effective_service_s(node, ctx), _own_of(fetches[local], services[local, id(node.model)])
-        )
+        f = fetches[local]
+        wait = effective_service_s(node, ctx)
+        service = services[local, id(node.model)]
+        exposed = max(0.0, f.tau_s - wait)
+        ttft = wait + service + exposed + f.copy_s
         return RouteDecision(
             node_id=best,
             policy=NAME,
             reason=(
-                f"predicted ttft {p.ttft_s:.4f}s = wait {p.wait_s:.4f} + service {p.service_s:.4f}"
-                f" + exposed fetch {p.exposed_fetch_s:.4f} + copy {p.copy_s:.4f}"
+                f"predicted ttft {ttft:.4f}s = wait {wait:.4f} + service {service:.4f}"
+                f" + exposed fetch {exposed:.4f} + copy {f.copy_s:.4f}"
             ),
-            cached_tokens=p.cached_tokens,
-            fetch_tokens=p.fetch_tokens,
+            cached_tokens=f.t_c,
+            fetch_tokens=f.fetch_tokens,
             scores=scores,
         )
 
@@ -188,5 +191,7 @@ def _pick(scores: dict[str, float], request: RequestView, nan: bool) -> str:
         tied = [nid for nid, s in scores.items() if s == low]
         if len(tied) == 1:
             return tied[0]
+        if not request.local_prefix:  # every tie-break value is the same: the smallest id wins
+            return min(tied)
         scores = dict.fromkeys(tied, low)
     return pick_min(scores, {nid: -float(request.prefix_on(nid).total) for nid in scores})

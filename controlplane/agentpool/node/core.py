@@ -276,6 +276,15 @@ class Node:
             return 0.0
         return self._ctx_base + self.t_acc * len(self.running) * self.iter_pos
 
+    def decode_position(self, now: float) -> float:
+        """The decode batch's position at ``now`` (decode iterations done since the node started):
+        as of its last update, plus the pure decode iterations since while no prefill iteration runs
+        (a mixed iteration counts one when it ends). A running request has produced
+        ``1 + (position - (finish_iter - decode_iterations)) * t_acc`` tokens."""
+        if self.batch or not self.running or self.decode_iter_s <= 0:
+            return self.iter_pos
+        return self.iter_pos + max(0.0, now - self.pos_time) / self.decode_iter_s
+
     def _progress_to(self, now: float) -> None:
         if not self.batch and self.running and self.decode_iter_s > 0 and now > self.pos_time:
             steps = (now - self.pos_time) / self.decode_iter_s

@@ -417,15 +417,17 @@ class SimBackend:
         self.kick()
 
     async def _stream_tokens(self, job: Job) -> None:
-        """Token events while decoding: due tokens from the elapsed time and the batch's iteration time."""
-        start = self.now()
+        """Token events as the node model decodes them. A mixed iteration (a prefill chunk with the
+        decodes) is one decode step too, so a node busy prefilling streams slower; before, tokens
+        went out at the pure decode pace, ran ahead of the model, and the stream then sent nothing
+        until the model caught up (long enough behind long prompts for the router to time out)."""
+        node, r = self.node, job.req
+        start = r.finish_iter - r.decode_iterations(node.t_acc)
         last = job.output_tokens - 1  # the last one goes with ``done``
         while job.tokens_sent < last:
-            it = self.node.decode_iter_s
-            await asyncio.sleep(max(self.wall(it), _MIN_TOKEN_INTERVAL_S))
-            if it <= 0:
-                continue
-            due = min(last, 1 + int((self.now() - start) / it * self.node.t_acc))
+            await asyncio.sleep(max(self.wall(node.decode_iter_s), _MIN_TOKEN_INTERVAL_S))
+            steps = node.decode_position(self.now()) - start
+            due = min(last, 1 + int(steps * node.t_acc + 1e-9))
             while job.tokens_sent < due:
                 job.emit({"type": "token", "text": token_text(job.tokens_sent)})
                 job.tokens_sent += 1

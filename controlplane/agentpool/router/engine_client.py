@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, cast
 from urllib.parse import urlsplit
 
@@ -70,13 +70,17 @@ class _ConnectionLost(Exception):
         self.started = started
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Target:
+    """An engine URL's address and request line parts, with its idle connections (not a dict key:
+    hashing a dataclass twice per request cost more than the rest of the pool's bookkeeping)."""
+
     host: str
     port: int
     tls: bool
     path: bytes
     host_header: bytes
+    idle: list[_Connection] = field(default_factory=list)
 
 
 class _Connection(asyncio.Protocol):
@@ -225,8 +229,7 @@ class EngineClient:
         self.connect_s = connect_s
         self.first_event_s = first_event_s
         self.between_events_s = between_events_s
-        self._targets: dict[str, _Target] = {}
-        self._idle: dict[_Target, list[_Connection]] = {}
+        self._targets: dict[str, _Target] = {}  # per engine URL, with its idle connections
         self._ssl: ssl.SSLContext | None = None
         self._started = False
         self._pending: set[asyncio.Task[None]] = set()
@@ -238,10 +241,10 @@ class EngineClient:
         self._started = False
         for task in list(self._pending):
             task.cancel()
-        for conns in self._idle.values():
-            for c in conns:
+        for t in self._targets.values():
+            for c in t.idle:
                 c.close()
-        self._idle.clear()
+            t.idle.clear()
 
     def _target(self, url: str) -> _Target:
         t = self._targets.get(url)
@@ -267,7 +270,7 @@ class EngineClient:
         return conn
 
     def _release(self, t: _Target, conn: _Connection) -> None:
-        idle = self._idle.setdefault(t, [])
+        idle = t.idle
         if conn.reusable and self._started and len(idle) < MAX_IDLE:
             idle.append(conn)
         else:
@@ -275,7 +278,7 @@ class EngineClient:
 
     async def _send(self, t: _Target, head: bytes, body: bytes) -> tuple[_Connection, int]:
         """The connection the answer's headers came back on, and their status."""
-        idle = self._idle.get(t)
+        idle = t.idle
         while idle:
             conn = idle.pop()
             if not conn.reusable:

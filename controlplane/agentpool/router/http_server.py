@@ -41,6 +41,7 @@ MAX_HEADER_BYTES = 8190  # one header, name and value
 MAX_HEADERS = 100
 MAX_PIPELINED = 8  # complete requests waiting on one connection before reading pauses
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+_METHODS = {m.encode(): m for m in ("GET", "POST", "PUT", "DELETE", "HEAD", "PATCH", "OPTIONS")}
 
 
 @dataclass(slots=True)
@@ -334,8 +335,15 @@ class _Connection(asyncio.Protocol):
         path, _, query = raw.partition("?")
         self.http11 = parser.get_http_version() == "1.1"
         body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
+        method = parser.get_method()
         req = Request(
-            self, parser.get_method().decode(), path, query, self.headers, body, parser.should_keep_alive()
+            self,
+            _METHODS.get(method) or method.decode(),
+            path,
+            query,
+            self.headers,
+            body,
+            parser.should_keep_alive(),
         )
         self.queue.append(req)
         if self.task is None:
@@ -386,7 +394,12 @@ class _Connection(asyncio.Protocol):
 
     def _answer(self, resp: Response, keep_alive: bool, head_only: bool = False) -> bool:
         keep = keep_alive and not resp.close and self.final is None
-        extra = b"".join(b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in resp.headers.items())
+        headers = resp.headers  # most answers have none of their own
+        extra = (
+            b"".join([b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in headers.items()])
+            if headers
+            else b""
+        )
         if not keep:
             extra += b"Connection: close\r\n"
         elif not self.http11:

@@ -117,6 +117,23 @@ class NodeEntry:
         return self.config.url
 
 
+# the order in which NodeTable._state passes NodeState's fields (a unit test checks it is theirs)
+STATE_FIELDS = (
+    "node_id",
+    "role",
+    "model",
+    "remaining_batch_s",
+    "queue",
+    "unreported",
+    "running_decode",
+    "kv_room_tokens",
+    "kv_used_tokens",
+    "accepting",
+    "draining",
+    "report_age_s",
+    "decode_waiting_tokens",
+)
+
 _NO_WORK = Work(t_uc=0.0)  # a decode's dispatch: its prefill work is not counted
 
 
@@ -359,28 +376,30 @@ class NodeTable:
             waiting = r.decode_waiting_tokens
             remaining = r.remaining_batch_s
             accepting = r.accepting
-        else:
+        else:  # every dispatch and every decode counts (_unreported and _decodes_after of -1)
             queue = EMPTY_QUEUE
-            unreported = self._unreported(e, -1)  # every dispatch (sequence numbers start at 0)
-            running, used = self._decodes_after(e, -1)  # every decode (sequence numbers start at 0)
+            unreported = e.prefill_sums.queue()
+            running, used = len(e.decodes), e.decode_kv
             room = max(0, e.config.kv_capacity_tokens - used)
             waiting = 0
             remaining = 0.0
             accepting = True
+        # positional, in NodeState's field order (STATE_FIELDS, tested): built per node for every
+        # request, and keyword arguments cost twice as much (0.9 against 0.44 us)
         return NodeState(
-            node_id=e.node_id,
-            role=e.role,
-            model=e.model,
-            remaining_batch_s=remaining,
-            queue=queue,
-            unreported=unreported,
-            running_decode=running,
-            kv_room_tokens=room,
-            kv_used_tokens=used,
-            decode_waiting_tokens=waiting,
-            accepting=accepting and now >= e.down_until and not e.awaiting_report,
-            draining=e.draining,
-            report_age_s=age,
+            e.config.id,
+            e.role,
+            e.model,
+            remaining,  # remaining_batch_s
+            queue,
+            unreported,
+            running,  # running_decode
+            room,  # kv_room_tokens
+            used,  # kv_used_tokens
+            accepting and now >= e.down_until and not e.awaiting_report,  # accepting
+            e.draining,
+            age,  # report_age_s
+            waiting,  # decode_waiting_tokens
         )
 
     @staticmethod

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,8 @@ from agentpool.router.config import (
     RouterConfig,
     parse_config,
 )
-from agentpool.router.nodes import NodeTable
-from agentpool.router.policy import Role
+from agentpool.router.nodes import STATE_FIELDS, NodeTable
+from agentpool.router.policy import NodeState, Role
 from agentpool.wire.engine import LoadReport, QueuedItem
 
 
@@ -234,3 +235,19 @@ def test_a_configured_switch_waits_for_the_engine_to_hear_of_it() -> None:
     assert [(s.role, s.draining) for s in t.snapshot(now=3.0)] == [(Role.DECODE, False)]
     t.apply_report(LoadReport(node_id="n0", role=Role.PREFILL), now=4.0)  # and later switches back
     assert [(s.role, s.draining) for s in t.snapshot(now=4.0)] == [(Role.PREFILL, False)]
+
+
+def test_the_snapshot_passes_node_state_fields_in_their_order() -> None:
+    """``NodeTable._state`` builds ``NodeState`` positionally (per node for every request)."""
+    assert tuple(f.name for f in fields(NodeState)) == STATE_FIELDS
+    t = table(Role.BOTH)
+    t.bind_decode("n0", "r0", 700)
+    t.mark_down("n0", 10.0)
+    (state,) = t.snapshot(0.0)
+    assert (state.node_id, state.running_decode, state.kv_used_tokens, state.accepting) == (
+        "n0",
+        1,
+        700,
+        False,
+    )
+    assert (state.report_age_s, state.decode_waiting_tokens, state.draining) == (None, 0, False)

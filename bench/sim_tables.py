@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -99,19 +100,24 @@ def seed_table(by_seed: dict[int, list[dict[str, Any]]], bounds: dict[int, float
     return "\n".join(lines) + f"\n\nSeeds {', '.join(map(str, seeds))}; {bound}.\n"
 
 
-def fit_error_table(by_seed: BySeed) -> str:
-    """The fitted models' errors against the ground truth (``summary["fit_error"]``, where a run fitted):
-    prefill and decode, the mean over nodes (mean and min-max over seeds), the worst node's mean and
-    the worst grid point (max over seeds)."""
+def fit_error_table(by_seed: BySeed, fitted_only: bool = False) -> str:
+    """The fitted models' errors against the ground truth (``summary["fit_error"]``, the first fit of a
+    run that fitted): prefill and decode, the mean over nodes (mean and min-max over seeds), the worst
+    node's mean and the worst grid point (max over seeds); and how many refits each seed's run made
+    (``refit`` entries of its planner log). ``fitted_only`` leaves out the systems that never fitted."""
     seeds = sorted(by_seed)
     lines = [
-        "| system | prefill error | prefill worst node / point | decode error | decode worst node / point |",
-        "|---|---|---|---|---|",
+        "| system | prefill error | prefill worst node / point | decode error | decode worst node / point "
+        "| refits per seed |",
+        "|---|---|---|---|---|---|",
     ]
     for name in [r["system"] for r in by_seed[seeds[0]]]:
-        errs = [next(r for r in by_seed[s] if r["system"] == name)["summary"].get("fit_error") for s in seeds]
+        runs = [next(r for r in by_seed[s] if r["system"] == name) for s in seeds]
+        errs = [r["summary"].get("fit_error") for r in runs]
+        refits = " ".join(str(sum(e["outcome"] == "refit" for e in r.get("planner_log", []))) for r in runs)
         if not all(errs):
-            lines.append(f"| {name} | - | - | - | - |")
+            if not fitted_only:
+                lines.append(f"| {name} | - | - | - | - | {refits} |")
             continue
         cells = []
         for phase in ("prefill", "decode"):
@@ -119,7 +125,7 @@ def fit_error_table(by_seed: BySeed) -> str:
             worst_node = max(100 * e[f"{phase}_mean_worst_node"] for e in errs if e)
             worst_point = max(100 * e[f"{phase}_max"] for e in errs if e)
             cells += [_mean_range(means, "{:.1f}%"), f"{worst_node:.1f}% / {worst_point:.1f}%"]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {refits} |")
     return "\n".join(lines) + "\n"
 
 
@@ -159,8 +165,28 @@ def sweep_table(runs: Runs, systems: list[str], levels: list[int]) -> str:
     return "\n".join(lines) + f"\n\nSeeds {', '.join(map(str, seeds))}.\n"
 
 
+def code_commit() -> str:
+    """The commit of the code that ran (the checkout holding this file), ``+changes`` if the simulator
+    or the benchmarks differ from it; ``unknown`` outside a git checkout."""
+    root = RESULTS.parent.parent
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=False)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short", "HEAD")
+    if not commit:
+        return "unknown"
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", "controlplane", "bench/*.py")
+    return commit + ("+changes" if changed else "")
+
+
 def write_seeds(name: str, md: list[str], payload: dict[str, Any]) -> None:
-    """Store a table over seeds (Markdown and JSON) under ``bench/results/sim_NAME``."""
+    """Store a table over seeds (Markdown and JSON) under ``bench/results/sim_NAME``; unless ``payload``
+    names its commit, the code's commit goes after the command line (``md[1]``)."""
+    if "commit" not in payload:
+        payload["commit"] = code_commit()
+        md = [*md[:2], f"Code: commit {payload['commit']}.\n", *md[2:]]
     (RESULTS / f"sim_{name}.md").write_text("\n".join(md), encoding="utf-8")
     (RESULTS / f"sim_{name}.json").write_text(json.dumps(payload, indent=1, default=float), encoding="utf-8")
     print(f"wrote {RESULTS / f'sim_{name}.md'}")
@@ -174,8 +200,9 @@ def write_sections(
     name: str, title: str, sections: list[tuple[str, Scenario, list[dict[str, Any]]]], notes: str
 ) -> None:
     command = command_line()
-    md = [f"# {title}\n", f"Command: `{command}`\n", notes + "\n"]
-    payload: dict[str, Any] = {"command": command, "sections": []}
+    commit = code_commit()
+    md = [f"# {title}\n", f"Command: `{command}`\n", f"Code: commit {commit}.\n", notes + "\n"]
+    payload: dict[str, Any] = {"command": command, "commit": commit, "sections": []}
     for heading, sc, results in sections:
         md.append(f"## {heading}\n")
         md.append(markdown_table(results))
@@ -267,6 +294,12 @@ def merged_markdown(title: str, header: str, payload: dict[str, Any], parts: Seq
             f"{section['agents']} concurrent agents" if "agents" in section else "results"
         )
         md.append(f"## {heading}\n\n{seed_table(by_seed, bounds)}")
+        if any(r["summary"].get("fit_error") for rs in by_seed.values() for r in rs):
+            md.append(
+                "The online fits against the ground truth (the noiseless truth on `agentpool.sim.fiterror`'s "
+                "grid; mean over nodes, mean and min-max over seeds):\n"
+            )
+            md.append(fit_error_table(by_seed, fitted_only=True))
     return md
 
 
@@ -278,7 +311,7 @@ def _md_header(name: str) -> tuple[str, str]:
     for line in lines[1:]:
         if line.startswith("## "):
             break
-        if line.startswith(("Command", "Merged by", "- ")) or not line.strip():
+        if line.startswith(("Command", "Code: commit", "Merged by", "- ")) or not line.strip():
             continue
         body.append(line)
     return title, "\n".join(body) + "\n"
@@ -292,6 +325,7 @@ def merge(out: str, parts: Sequence[Part]) -> None:
     payload = merge_payloads(loaded)
     md = merged_markdown(title, header, payload, parts)
     payload["command"] = md[1]
+    payload["commit"] = "per row (parts)"
     payload["parts"] = [
         {"name": p.name, "commit": p.commit, "systems": list(p.systems), "command": pl.get("command")}
         for p, pl in loaded

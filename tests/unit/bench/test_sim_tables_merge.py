@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from bench.sim_tables import Part, merge_payloads, seed_table
+from bench.sim_tables import Part, fit_error_table, merge_payloads, seed_table
 
 
 def _run(system: str, rps: float) -> dict[str, Any]:
@@ -52,3 +52,17 @@ def test_merge_refuses_different_bounds_a_missing_row_and_a_row_kept_twice() -> 
         merge_payloads([(Part.parse("a@1=agentpool"), a), (Part.parse("a@1=agentpool"), a)])
     with pytest.raises(ValueError, match="expected"):
         Part.parse("a=agentpool")
+
+
+def test_fit_error_table_gives_the_errors_over_seeds_and_each_seeds_refits() -> None:
+    err = {"prefill_mean": 0.04, "prefill_mean_worst_node": 0.05, "prefill_max": 0.2}
+    err |= {"decode_mean": 0.07, "decode_mean_worst_node": 0.09, "decode_max": 0.3}
+    fitted = [_run("agentpool", 1.0) | {"planner_log": [{"outcome": "fit"}]} for _ in range(2)]
+    fitted[0]["summary"] = fitted[0]["summary"] | {"fit_error": err}
+    fitted[1]["summary"] = fitted[1]["summary"] | {"fit_error": err | {"prefill_mean": 0.02}}
+    fitted[1]["planner_log"] += [{"outcome": "refit"}, {"outcome": "refit"}]
+    by_seed = {0: [_run("preset", 1.0), fitted[0]], 1: [_run("preset", 1.0), fitted[1]]}
+    table = fit_error_table(by_seed)
+    assert "| agentpool | 3.0% (2.0%-4.0%) | 5.0% / 20.0% | 7.0% (7.0%-7.0%) | 9.0% / 30.0% | 0 2 |" in table
+    assert "| preset | - | - | - | - | 0 0 |" in table
+    assert "preset" not in fit_error_table(by_seed, fitted_only=True)

@@ -2,7 +2,10 @@
 
 Engines report one record per iteration: the batch composition and the measured time. During the
 warmup every node serves both phases; the coefficients of Eq. 1 and Eq. 2 are fitted per node by
-nonnegative least squares (``scipy.optimize.nnls``) and then frozen.
+nonnegative least squares (``scipy.optimize.nnls``) and then frozen (:mod:`agentpool.models.refit`
+refits a node whose later work leaves the range they were fitted on). A node with too few records of
+a phase of its own is given the fit of every node's records of that phase (:func:`fit_nodes`): the
+live planner and the simulator both fit through it.
 
 Two choices, both documented here because they change the numbers:
 
@@ -39,8 +42,9 @@ counted there but in ``records_dropped``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import ParamSpec, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -56,6 +60,7 @@ OUTLIER_RATIO = 2.0  # predicted / measured above this (and ...)
 OUTLIER_MEDIANS = 10.0  # ... relative error above this many times the median's: an outlier
 OUTLIER_ROUNDS = 3
 IDENTIFIABLE_SHARE = 0.05  # a term at most this share of every record's time (under the prior): prior's
+MIN_OWN_RECORDS = 20  # a node's own records of a phase it needs to be fitted on them (else: the pool's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,11 +89,16 @@ class DecodeFit:
 
 @dataclass(frozen=True, slots=True)
 class NodeFit:
-    """A node's frozen models and the report of each fit."""
+    """A node's frozen models, the report of each fit, and the records each was fitted on: the node's
+    own, or every node's of that phase when it had fewer than ``MIN_OWN_RECORDS`` (``*_own`` False)."""
 
     node: str
     prefill: PrefillFit
     decode: DecodeFit
+    prefill_own: bool = True
+    decode_own: bool = True
+    prefill_records: tuple[PrefillIterationRecord, ...] = ()
+    decode_records: tuple[DecodeIterationRecord, ...] = ()
 
     def node_model(self, t_bar: float = 8192.0, f_restore: float = 0.0) -> NodeModel:
         return NodeModel(
@@ -173,9 +183,20 @@ def decode_regressors(records: Sequence[DecodeIterationRecord], shape: MoeShape)
 
 
 def fit_nodes(
-    records: Iterable[IterationRecord], shape: MoeShape, holdout_every: int = 5
+    records: Iterable[IterationRecord],
+    shape: MoeShape,
+    holdout_every: int = 5,
+    nodes: Iterable[str] | None = None,
+    min_own: int = MIN_OWN_RECORDS,
+    priors: Mapping[str, PrefillModel] | None = None,
 ) -> dict[str, NodeFit]:
-    """Fit both models of every node that reported records; a node needs records of both phases."""
+    """Fit both models of every node in ``nodes`` (default: every node with records), in that order.
+
+    A phase is fitted on the node's own records of it when it has at least ``min_own``; else on
+    every node's records of that phase, one fit shared by all such nodes (a pool's nodes run one
+    engine spec: a node that ran a phase too little in the warmup, or not at all, gets the pool's
+    model of it rather than none). The pooled prefill fit takes the prior of the first node that
+    needs it. Raises ``ValueError`` when a phase has too few records in all to be fitted."""
     prefill: dict[str, list[PrefillIterationRecord]] = {}
     decode: dict[str, list[DecodeIterationRecord]] = {}
     for r in records:
@@ -183,17 +204,43 @@ def fit_nodes(
             prefill.setdefault(r.node, []).append(r)
         else:
             decode.setdefault(r.node, []).append(r)
-    missing = sorted(set(prefill) ^ set(decode))
-    if missing:
-        raise ValueError(f"nodes without records of both phases cannot be fitted: {', '.join(missing)}")
-    return {
-        node: NodeFit(
-            node=node,
-            prefill=fit_prefill(prefill[node], holdout_every),
-            decode=fit_decode(decode[node], shape, holdout_every),
-        )
-        for node in sorted(prefill)
-    }
+    names = sorted(set(prefill) | set(decode)) if nodes is None else list(nodes)
+    pooled_p: tuple[PrefillFit, tuple[PrefillIterationRecord, ...]] | None = None
+    pooled_d: tuple[DecodeFit, tuple[DecodeIterationRecord, ...]] | None = None
+    out: dict[str, NodeFit] = {}
+    for node in names:
+        own_p, own_d = prefill.get(node, []), decode.get(node, [])
+        prior = None if priors is None else priors.get(node)
+        if len(own_p) >= min_own:
+            pf, p_recs = fit_prefill(own_p, holdout_every, prior), tuple(own_p)
+        else:
+            if pooled_p is None:
+                every_p = tuple(r for rs in prefill.values() for r in rs)
+                pooled_p = _too_few("prefill", every_p, fit_prefill, every_p, holdout_every, prior), every_p
+            pf, p_recs = pooled_p
+        if len(own_d) >= min_own:
+            df, d_recs = fit_decode(own_d, shape, holdout_every), tuple(own_d)
+        else:
+            if pooled_d is None:
+                every_d = tuple(r for rs in decode.values() for r in rs)
+                pooled_d = _too_few("decode", every_d, fit_decode, every_d, shape, holdout_every), every_d
+            df, d_recs = pooled_d
+        out[node] = NodeFit(node, pf, df, len(own_p) >= min_own, len(own_d) >= min_own, p_recs, d_recs)
+    return out
+
+
+F = TypeVar("F", PrefillFit, DecodeFit)
+P = ParamSpec("P")
+
+
+def _too_few(
+    phase: str, every: Sequence[IterationRecord], fit: Callable[P, F], *args: P.args, **kwargs: P.kwargs
+) -> F:
+    """``fit(*args)``; its ``ValueError`` said as the whole pool's records of ``phase`` being too few."""
+    try:
+        return fit(*args, **kwargs)
+    except ValueError as exc:
+        raise ValueError(f"too few {phase} records from the whole pool to fit ({len(every)}): {exc}") from exc
 
 
 def mape(x: FloatArray, y: FloatArray, coef: FloatArray) -> tuple[float, float]:

@@ -27,7 +27,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from kubernetes.client.exceptions import ApiException
@@ -45,8 +45,8 @@ from agentpool.models import (
     slice_window,
     with_window_stats,
 )
-from agentpool.models.fitting import NodeFit, fit_nodes
-from agentpool.models.refit import NodeRecords, RefitPolicy, records_by_node, refit_nodes
+from agentpool.models.fitting import MIN_OWN_RECORDS, NodeFit, fit_nodes
+from agentpool.models.refit import NodeRecords, RefitPolicy, refit_nodes
 from agentpool.planner.config import PlannerConfig
 from agentpool.planner.core import (
     LastSwitch,
@@ -214,8 +214,9 @@ class PlannerController:
             if await _wait(stop, wait_s):
                 return False
             warmup_records = self._inbox.iterations(start, self._clock())  # a copy, taken on the loop
+            nodes = sorted({p.name for p in await self._pods.pods()} | {r.node for r in warmup_records})
             try:
-                await asyncio.to_thread(self.fit_records, warmup_records)
+                await asyncio.to_thread(self.fit_records, warmup_records, nodes)
             except (PlannerError, ValueError) as exc:
                 self.fits_failed += 1
                 log.error("warmup %d fitted nothing, warming up again: %s", self.fits_failed, exc)
@@ -296,21 +297,31 @@ class PlannerController:
         """Fit and freeze each node's models from the iteration records of ``[start, end)``."""
         return self.fit_records(self._inbox.iterations(start, end))
 
-    def fit_records(self, records: list[IterationRecord]) -> dict[str, NodeFit]:
-        """Fit and freeze each node's models from ``records`` (CPU only: safe in a worker thread)."""
-        prefill_nodes = {r.node for r in records if isinstance(r, PrefillIterationRecord)}
-        decode_nodes = {r.node for r in records if not isinstance(r, PrefillIterationRecord)}
-        unfit = sorted(prefill_nodes ^ decode_nodes)
-        if unfit:  # they are left out of planning until refitted; the others go on
-            log.warning("nodes without warmup records of both phases are not fitted: %s", ", ".join(unfit))
-        both = prefill_nodes & decode_nodes
-        fits = fit_nodes([r for r in records if r.node in both], self._shape)
+    def fit_records(
+        self, records: list[IterationRecord], nodes: list[str] | None = None
+    ) -> dict[str, NodeFit]:
+        """Fit and freeze the models of ``nodes`` (default: every node with records) from ``records``
+        (CPU only: safe in a worker thread). A node with too few records of a phase of its own gets
+        the fit of the whole pool's records of it (:func:`agentpool.models.fitting.fit_nodes`)."""
+        fits = fit_nodes(records, self._shape, nodes=nodes)
         if not fits:
             raise PlannerError("no iteration records from the warmup: nothing to fit")
+        pooled = [
+            f"{name} ({_pooled_phases(f)})"
+            for name, f in fits.items()
+            if not (f.prefill_own and f.decode_own)
+        ]
+        if pooled:
+            log.warning(
+                "too few warmup records of their own (< %d) to fit these nodes' phases: fitted on every "
+                "node's records of the phase: %s",
+                MIN_OWN_RECORDS,
+                ", ".join(pooled),
+            )
         self.fits = fits
         self._fitted_at = self._clock()
         self._models = {}
-        self.fitted_records = records_by_node([r for r in records if r.node in fits])
+        self.fitted_records = {n: NodeRecords(f.prefill_records, f.decode_records) for n, f in fits.items()}
         batches = _prefill_batches_by_node(records)
         for name, f in fits.items():
             self._models[name] = with_window_stats(
@@ -432,10 +443,10 @@ class PlannerController:
             self.fitted_records[name] = r.records()
             old = self.fits.get(name)
             if old is not None:
-                self.fits[name] = NodeFit(
-                    name,
-                    old.prefill if r.prefill.fit is None else r.prefill.fit,
-                    old.decode if r.decode.fit is None else r.decode.fit,
+                self.fits[name] = replace(
+                    old,
+                    prefill=old.prefill if r.prefill.fit is None else r.prefill.fit,
+                    decode=old.decode if r.decode.fit is None else r.decode.fit,
                 )
             log.info("planner window %.0f-%.0f: refitted %s: %s", start, end, name, r.describe())
         if changed:
@@ -583,3 +594,8 @@ async def _wait(stop: asyncio.Event, seconds: float) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+def _pooled_phases(f: NodeFit) -> str:
+    """The phases of a node's fit made on the whole pool's records, e.g. ``prefill+decode``."""
+    return "+".join(ph for ph, own in (("prefill", f.prefill_own), ("decode", f.decode_own)) if not own)

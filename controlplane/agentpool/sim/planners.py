@@ -71,7 +71,7 @@ from agentpool.models import (
     slice_window,
     with_window_stats,
 )
-from agentpool.models.fitting import DecodeFit, PrefillFit, fit_decode, fit_prefill
+from agentpool.models.fitting import DecodeFit, PrefillFit, fit_nodes
 from agentpool.models.refit import NodeRecords, NodeRefit, RefitPolicy, refit_nodes
 from agentpool.models.synthetic import noisy
 from agentpool.node import Iteration, IterationHook, Node, NodeStatus, Role
@@ -255,35 +255,26 @@ class OnlineFit:
             return f"not enough iterations to fit yet: {n_p} prefill, {n_d} decode"
         d = self.sim.preset.decode
         shape = MoeShape(d.experts_active, d.experts_total, d.t_fwd)
-        pooled_p: PrefillFit | None = None
-        pooled_d: DecodeFit | None = None
-        out: list[NodeFitted] = []
         models = self.sim.models
+        records: list[IterationRecord] = [r for rs in self.prefill.values() for r in rs]
+        records += [r for rs in self.decode.values() for r in rs]
+        fits = fit_nodes(  # the live planner's fit; the prior: what the planner and router used until now
+            records,
+            shape,
+            nodes=[node.name for node in self.sim.nodes],
+            min_own=self.MIN_RECORDS,
+            priors={node.name: models[node.index].prefill for node in self.sim.nodes},
+        )
+        out: list[NodeFitted] = []
         for node in self.sim.nodes:
-            own_p = self.prefill.get(node.name, [])
-            own_d = self.decode.get(node.name, [])
-            prior = models[node.index].prefill  # what the planner and router used until now
-            if len(own_p) >= self.MIN_RECORDS:
-                pf = fit_prefill(own_p, prior=prior)
-            else:
-                pooled_p = pooled_p or fit_prefill(
-                    [r for rs in self.prefill.values() for r in rs], prior=prior
-                )
-                pf = pooled_p
-            if len(own_d) >= self.MIN_RECORDS:
-                df = fit_decode(own_d, shape)
-            else:
-                pooled_d = pooled_d or fit_decode([r for rs in self.decode.values() for r in rs], shape)
-                df = pooled_d
-            err = fit_error(self.sim.truth, pf.model, df.model, self.sim.preset.gpu_kv_tokens)
-            own = (len(own_p) >= self.MIN_RECORDS, len(own_d) >= self.MIN_RECORDS)
-            out.append(NodeFitted(node.name, pf, df, own[0], own[1], err))
-            self.sim.set_model(node.index, replace(models[node.index], prefill=pf.model, decode=df.model))
+            f = fits[node.name]
+            err = fit_error(self.sim.truth, f.prefill.model, f.decode.model, self.sim.preset.gpu_kv_tokens)
+            out.append(NodeFitted(node.name, f.prefill, f.decode, f.prefill_own, f.decode_own, err))
+            self.sim.set_model(
+                node.index, replace(models[node.index], prefill=f.prefill.model, decode=f.decode.model)
+            )
             if self.refit_policy is not None:
-                self.fitted[node.name] = NodeRecords(
-                    tuple(own_p if own[0] else (r for rs in self.prefill.values() for r in rs)),
-                    tuple(own_d if own[1] else (r for rs in self.decode.values() for r in rs)),
-                )
+                self.fitted[node.name] = NodeRecords(f.prefill_records, f.decode_records)
         if self.refit_policy is None:
             for node in self.sim.nodes:
                 node.on_iteration = self._others[node.index]

@@ -280,13 +280,38 @@ async def test_reported_kv_capacity_keeps_a_split_whose_decode_nodes_could_not_h
     assert six_p and all(c.kv_short_slices > 0 and not c.qualifies for c in six_p)
 
 
+async def test_pods_short_of_warmup_records_get_the_pools_models_and_are_planned(harness: Harness) -> None:
+    h, rng = harness, np.random.default_rng(1)
+    for name in PODS[:-2]:
+        h.inbox.add_iterations(prefill_records(name, NODE, 100, 0.02, rng, start=0, spacing=1))
+        h.inbox.add_iterations(decode_records(name, NODE, 100, 0.02, rng, start=0, spacing=1))
+    # engine-7 reported only prefill iterations in the warmup, engine-8 none at all (a loaded machine,
+    # a late start): they get the models fitted on every node's records of the phases they lack
+    h.inbox.add_iterations(prefill_records("engine-7", NODE, 100, 0.02, rng, start=0, spacing=1))
+    fits = h.controller.fit_records(h.inbox.iterations(0, 100), PODS)
+    assert sorted(fits) == PODS
+    assert (fits["engine-7"].prefill_own, fits["engine-7"].decode_own) == (True, False)
+    assert (fits["engine-8"].prefill_own, fits["engine-8"].decode_own) == (False, False)
+    assert len(h.controller.fitted_records["engine-8"].decode) == 700  # the range its refit checks
+    h.engines_report_observed_roles()
+    for name in PODS:  # move all pods out of colocation by hand: prefill for the first three
+        key = (h.kmock.resource("v1", "pods"), NS, name)
+        role = "prefill" if name in PODS[:3] else "decode"
+        h.kmock.objects[key].patch({"metadata": {"annotations": {"agentpool.io/role": role}}})
+        h.serves(name, role)
+    h.route(200, 800, PUTNAM, rng)
+    ev = await h.controller.evaluate_window(200, 800)
+    assert ev is not None
+    assert ev.excluded == ()
+    assert len(ev.decision.prefill) + len(ev.decision.decode) == 9
+
+
 async def test_pods_without_a_fitted_model_are_left_out_and_reported(harness: Harness) -> None:
     h, rng = harness, np.random.default_rng(1)
     for name in PODS[:-2]:
         h.inbox.add_iterations(prefill_records(name, NODE, 100, 0.02, rng, start=0, spacing=1))
         h.inbox.add_iterations(decode_records(name, NODE, 100, 0.02, rng, start=0, spacing=1))
-    # engine-7 reported only prefill iterations in the warmup: it cannot be fitted, the rest can.
-    h.inbox.add_iterations(prefill_records("engine-7", NODE, 100, 0.02, rng, start=0, spacing=1))
+    # fitted on the records alone: pods that sent none (engine-7, engine-8) have no model
     assert sorted(h.controller.fit(0, 100)) == PODS[:-2]
     h.engines_report_observed_roles()
     for name in PODS:  # move all pods out of colocation by hand: prefill for the first three

@@ -112,9 +112,37 @@ def test_fit_nodes_fits_each_node_from_its_own_records() -> None:
     assert fits["fast"].node_model(t_bar=4096).t_bar == 4096
 
 
+def test_a_node_short_of_its_own_records_gets_the_pools_fit_of_that_phase() -> None:
+    """A node that ran a phase too little in the warmup (or not at all, or is only named) is fitted
+    on every node's records of that phase; enough of its own and it keeps its own fit."""
+    rng = np.random.default_rng(10)
+    slow = NodeModel(
+        PrefillModel(0.03, 8e-5, 4e-10, 2e-6),
+        DecodeModel(0.024, 0.036, 5e-4, experts_active=8, experts_total=256),
+    )
+    records = [
+        *prefill_records("a", TRUE, 300, 0.01, rng),
+        *decode_records("a", TRUE, 300, 0.01, rng),
+        *prefill_records("b", TRUE, 300, 0.01, rng),
+        *decode_records("b", slow, 5, 0.01, rng),  # too few of its own: the pool's decode fit
+        *decode_records("c", slow, 300, 0.01, rng),  # no prefill at all
+    ]
+    fits = fit_nodes(records, SHAPE, nodes=["a", "b", "c", "d"], min_own=20)
+    assert list(fits) == ["a", "b", "c", "d"]
+    own = {n: (f.prefill_own, f.decode_own) for n, f in fits.items()}
+    assert own == {"a": (True, True), "b": (True, False), "c": (False, True), "d": (False, False)}
+    assert fits["c"].decode.model.d2 == pytest.approx(5e-4, rel=0.05)  # its own: the slow node's
+    pooled_p = fits["c"].prefill
+    assert fits["d"].prefill is pooled_p and len(fits["d"].prefill_records) == 600
+    assert pooled_p.model.c1 == pytest.approx(4e-5, rel=0.02)
+    assert fits["b"].decode is fits["d"].decode and len(fits["b"].decode_records) == 605
+    assert fits["a"].prefill_records == tuple(r for r in records[:300])
+    assert fit_nodes(records, SHAPE, nodes=["b"], min_own=5)["b"].decode_own  # 5 of its own suffice
+
+
 def test_fitting_rejects_what_it_cannot_fit() -> None:
     rng = np.random.default_rng(9)
-    with pytest.raises(ValueError, match="both phases"):
+    with pytest.raises(ValueError, match="too few decode records from the whole pool to fit \\(0\\)"):
         fit_nodes(prefill_records("a", TRUE, 20, 0.01, rng), SHAPE)
     with pytest.raises(ValueError, match="at least 4 fitted"):
         fit_prefill(prefill_records("a", TRUE, 4, 0.01, rng))

@@ -6,8 +6,11 @@ Per block the index keeps its parent hash and its holders, one int of two bits p
 slot s holds a host copy, bit 2s + 1: a GPU copy); per node it keeps ``hash -> last access`` of every
 block it holds. A resolve walks the request's hashes once: one dict lookup and one compare per block
 where the holders are those of the block before, a few integer ANDs where they change, whatever the
-node count. All of it is dicts of ints and floats, which CPython's garbage collector does not track, so
-a million indexed blocks add no GC pauses to resolves.
+node count; and no lookup for the blocks of a run that an earlier walk went through and that no
+change touched since (:class:`agentpool.kv.shards.Runs`: a repeated Resolve of the benchmark's
+2,000-block prompt over 64 nodes looks up 146 of its blocks). The tables are dicts of ints and
+floats, which CPython's garbage collector does not track, so a million indexed blocks add no GC
+pauses to resolves.
 
 Memory (``python -m bench.bench_kv``, CPython 3.11, tracemalloc): about 0.18 GiB per million blocks
 held by one node each (entry object, index dict slot, the node's last-access slot, int keys and float
@@ -28,6 +31,7 @@ from agentpool.kv.hashing import ROOT_HASH
 from agentpool.kv.shards import (
     SHARDS,
     Gets,
+    Runs,
     ShardedAccess,
     new_shards,
     shard_keys,
@@ -66,6 +70,7 @@ class PrefixIndex:
         # slots that may hold a block without a host copy; every other slot's held blocks all have one
         self._not_all_host: set[int] = set()
         self._matches: dict[tuple[int, int, int], PrefixMatch] = {}  # see _match
+        self._runs = Runs()  # runs of blocks with one holders int that walks saw (shards.Runs)
         self._peak = 0  # most blocks indexed since the last compaction (see _note_size, _compact)
         self._bind()
 
@@ -114,8 +119,10 @@ class PrefixIndex:
         keep = ~_both_bits(slot)
         hold, parents = self._hold, self._parent
         was, kept = -1, -1  # the last holders changed and what they became (see _hold)
+        forget = self._runs.forget
         while left:  # emptied as it goes, a shard freed when empty: no big deallocation at the end
             yield
+            forget(was)  # runs a walk remembered meanwhile of the holders the next blocks may have
             budget = step
             while budget and left:
                 la = left[-1]
@@ -124,7 +131,8 @@ class PrefixIndex:
                     k = h % SHARDS
                     hk = hold[k]
                     v = hk.get(h, 0)
-                    if v != was:
+                    if v is not was:
+                        forget(v)
                         was, kept = v, v & keep
                     v = kept
                     if v:
@@ -208,6 +216,7 @@ class PrefixIndex:
             bit = _host_bit(slot)
             hold = self._hold
             was, now_held = -1, -1  # the last holders changed and what they became (see _hold)
+            forget = self._runs.forget
             for h in hashes:
                 k = h % SHARDS
                 if setdefault[k](h, prev) != prev:
@@ -215,7 +224,8 @@ class PrefixIndex:
                 la = las[k]
                 if h not in la:
                     v = hold_get[k](h, 0)
-                    if v != was:
+                    if v is not was:
+                        forget(v)
                         was, now_held = v, v | bit
                     hold[k][h] = now_held
                 la[h] = now
@@ -223,12 +233,14 @@ class PrefixIndex:
             return
         bits = (_host_bit(slot) if t & _HOST else 0) | (_gpu_bit(slot) if t & _GPU else 0)
         was, now_held = -1, -1  # the last holders changed and what they became (see _hold)
+        forget = self._runs.forget
         for h in hashes:
             k = h % SHARDS
             if setdefault[k](h, prev) != prev:
                 self._link(h, prev)  # raises
             v = hold_get[k](h, 0)
-            if v != was:
+            if v is not was:
+                forget(v)
                 was, now_held = v, v | bits
             self._hold[k][h] = now_held
             las[k][h] = now
@@ -274,11 +286,15 @@ class PrefixIndex:
         las, hold, parents = self._last_access[slot], self._hold, self._parent
         host_lost: list[int] = []
         kept: list[int] = []  # blocks whose GPU copy stays
+        forget, was = self._runs.forget, -1
         for h, k in chosen:
             hk = hold[k]
             v = hk.get(h, 0)
             if not v & host_bit:  # listed twice: removed already
                 continue
+            if v is not was:
+                forget(v)
+                was = v
             host_lost.append(h)
             v ^= host_bit
             if v & gpu_bit:
@@ -304,12 +320,16 @@ class PrefixIndex:
         las, hold, parents = self._last_access[slot], self._hold, self._parent
         host_lost: list[int] = []
         gone: list[int] = []
+        forget, was = self._runs.forget, -1
         for h, k in chosen:
             la = las[k]
             if h not in la:  # listed twice
                 continue
             hk = hold[k]
             v = hk.get(h, 0)
+            if v is not was:
+                forget(v)
+                was = v
             if gpu_t:
                 v &= ~gpu_bit
             if host_t and v & host_bit:
@@ -397,8 +417,10 @@ class PrefixIndex:
         hold = self._hold
         host_lost: list[int] = []
         was, was_tier, w, lost = -1, -1, -1, False  # the last holders changed, how, and the outcome
+        forget = self._runs.forget
         for i in range(0, n, step):
             yield
+            forget(was)  # runs a walk remembered meanwhile of the holders the next blocks may have
             if self._slot_of.get(node) != slot:
                 raise InvalidEventError(f"node {node!r} was dropped during its resync")
             part = hashes[i : i + step]
@@ -410,7 +432,9 @@ class PrefixIndex:
                 parents[k].setdefault(h, p)
                 hk = hold[k]
                 v = hk.get(h, 0)
-                if v != was or t != was_tier:
+                if v is not was or t != was_tier:
+                    if v is not was:
+                        forget(v)
                     was, was_tier, lost = v, t, False
                     w = v | gpu_bit if t & _GPU else v & ~gpu_bit  # a GPU copy held before may be gone
                     if t & _HOST:
@@ -429,6 +453,7 @@ class PrefixIndex:
         was, kept = -1, -1
         for _ in range(0, total(old), step):
             yield
+            forget(was)  # runs a walk remembered meanwhile of the holders the next blocks may have
             for h in islice(before, step):
                 k = h % SHARDS
                 if h in new[k]:
@@ -438,7 +463,8 @@ class PrefixIndex:
                 v = hk.get(h, 0)
                 if v & host_bit:
                     host_lost.append(h)
-                if v != was:
+                if v is not was:
+                    forget(v)
                     was, kept = v, v & keep
                 v = kept
                 if v:
@@ -525,7 +551,7 @@ class PrefixIndex:
     def longest_prefixes(self, hashes: Sequence[int]) -> dict[str, PrefixMatch]:
         """Per node holding block 0 of ``hashes``: its longest cached prefix by tier, in one walk
         (:func:`agentpool.kv.shards.walk`); the nodes that leave at the same block share one result."""
-        gpu_depth, host_depth, any_depth = walk(hashes, self._hold_get, self._live)
+        gpu_depth, host_depth, any_depth = walk(hashes, self._hold_get, self._live, self._runs)
         names, match = self._name_of, self._match
         return {
             names[slot]: match(gpu_depth.get(slot, 0), host_depth.get(slot, 0), d)

@@ -1,6 +1,7 @@
 """The sharded prefix index answers exactly as the unsharded one did (``index_unsharded``, frozen before
 the change): the same operations, applied to both, give the same answers, return values and errors
-after every step. Table-driven scenarios first, then random histories."""
+after every step. Table-driven scenarios first, then random histories; each with the walk's remembered
+runs as they are and remembered from runs of 1 and 2 blocks on."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from index_unsharded import UnshardedIndex
 
-from agentpool.kv import HeldBlock, InvalidEventError, PrefixIndex, Tier, UnknownNodeError
+from agentpool.kv import HeldBlock, InvalidEventError, PrefixIndex, Tier, UnknownNodeError, shards
 from agentpool.kv.hashing import ROOT_HASH, block_hashes
 from agentpool.kv.shards import SHARDS
 from agentpool.kv.steps import drain
@@ -154,6 +155,15 @@ SCENARIOS: dict[str, list[Op]] = {
         ("drop", "a"),
     ],
 }
+
+
+@pytest.fixture(params=[shards.MIN_RUN, 1, 2], ids=["runs", "every-run", "runs-of-2"], autouse=True)
+def min_run(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
+    """The walk's remembered runs (``shards.Runs``) used as they are and from every run of 1 or 2
+    blocks on, so that the short chains here exercise them (and their forgetting) too."""
+    monkeypatch.setattr(shards, "MIN_RUN", request.param)
+    value: int = request.param
+    return value
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))

@@ -229,9 +229,12 @@ async def load(
     target: str,
     branches: bool = False,
     history: int = 0,
+    pace: float = 0.0,
 ) -> Result:
     """Closed-loop load; with ``branches`` each worker sends ``x-agentpool-branch: bench-<worker>``.
-    The prompt: one 300-word message, or with ``history`` an agent's turn (:func:`agent_turn`)."""
+    The prompt: one 300-word message, or with ``history`` an agent's turn (:func:`agent_turn`).
+    ``pace`` (requests per second in all, 0: none): each worker starts a request at most every
+    ``concurrency / pace`` seconds (waiting when it is early), so routers are compared at one rate."""
     import aiohttp
 
     body = json.dumps(
@@ -248,7 +251,14 @@ async def load(
         async def worker(i: int) -> None:
             nonlocal errors, counter
             mine = {**headers, "x-agentpool-branch": f"bench-{i}"} if branches else headers
+            gap = concurrency / pace if pace > 0 else 0.0
+            next_at = time.perf_counter()
             while time.perf_counter() < stop_at:
+                if gap:
+                    await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
+                    next_at = max(next_at + gap, time.perf_counter() - gap)  # no burst after a stall
+                    if time.perf_counter() >= stop_at:
+                        break
                 url = urls[counter % len(urls)]
                 counter += 1
                 data = agent_turn(i, counter, history) if history else body

@@ -1,6 +1,7 @@
 """Router CPU per request against sglang-router, and router replicas (issue 16, section 5).
 
-``python -m bench.bench_router_cpu [--seconds S] [--repeats N] [--engines N] [--skip-replicas] [--history H]``
+``python -m bench.bench_router_cpu [--seconds S] [--repeats N] [--engines N] [--skip-replicas] [--history H]
+[--pace R]``
 
 1. CPU per request of each router process (user + system from /proc, the process and its
    descendants) for the agentpool router (on its default loop, uvloop, and with ``--loop asyncio``;
@@ -9,7 +10,11 @@
    (``pip install sglang-router==0.3.2``; round_robin and cache_aware) on the same instant engines,
    interleaved, ``--repeats`` times, at concurrency 1 and 64, with the agentpool/sglang ratio of each
    repeat. The prompt is one 300-word message; with ``--history H`` each load worker is an agent
-   resending its ``H`` earlier messages (300 words each) plus a new one every request.
+   resending its ``H`` earlier messages (300 words each) plus a new one every request. With
+   ``--pace R`` also at concurrency 1 paced at ``R`` requests per second (row ``1@R/s``): closed-loop,
+   a router that answers more slowly gets fewer requests a second, and on a loaded machine each
+   request then finds colder caches and costs more CPU, so the c=1 row compares routers at
+   different rates; the paced row compares them at one.
 2. Replicas: one agentpool router against two sharing the same engines (the load generator spreads
    requests over the replicas), interleaved, ``--repeats`` times at concurrency 64: requests per second
    and CPU per request summed over the replicas. (The instant engines send no load reports, so this
@@ -90,12 +95,19 @@ def cpu_seconds(pid: int) -> float:
 
 
 def router_cpu(
-    seconds: float, engines: int, repeats: int, concurrencies: Sequence[int], history: int = 0
+    seconds: float,
+    engines: int,
+    repeats: int,
+    concurrencies: Sequence[int],
+    history: int = 0,
+    pace: float = 0.0,
 ) -> None:
-    """CPU per request of each router process, interleaved, ``repeats`` times; ratios per repeat."""
+    """CPU per request of each router process, interleaved, ``repeats`` times; ratios per repeat.
+    With ``pace`` also at concurrency 1 paced at that many requests per second (row ``1@R/s``)."""
+    loads = [(str(c), c, 0.0) for c in concurrencies] + ([(f"1@{pace:g}/s", 1, pace)] if pace else [])
     print(
         f"\n## Router CPU per request ({engines} instant engines, {seconds:.0f}s per measurement, "
-        f"{repeats} interleaved repeats, concurrency {list(concurrencies)})"
+        f"{repeats} interleaved repeats, concurrency {[label for label, _, _ in loads]})"
     )
     procs: list[subprocess.Popen[bytes]] = []
     tmp = Path(tempfile.mkdtemp(prefix="bench-router-cpu-"))
@@ -122,14 +134,14 @@ def router_cpu(
         note = start_sglang(engine_urls, procs, targets, tmp, pids)
         if note:
             print(note)
-        per_req: dict[tuple[str, int], list[float]] = {}
+        per_req: dict[tuple[str, str], list[float]] = {}
         for rep in range(repeats):
-            for concurrency in concurrencies:
+            for label, concurrency, rate in loads:
                 for name, urls in targets:
                     branches = name in with_directory
-                    asyncio.run(load(urls, concurrency, 0.5, name, branches, history))  # warm-up
+                    asyncio.run(load(urls, concurrency, 0.5, name, branches, history, rate))  # warm-up
                     before, dir_before = cpu_seconds(pids[name]), cpu_seconds(directory.pid)
-                    r = asyncio.run(load(urls, concurrency, seconds, name, branches, history))
+                    r = asyncio.run(load(urls, concurrency, seconds, name, branches, history, rate))
                     used = cpu_seconds(pids[name]) - before
                     dir_used = cpu_seconds(directory.pid) - dir_before if branches else 0.0
                     if branches:
@@ -139,20 +151,20 @@ def router_cpu(
                         )
                     used += dir_used
                     us = used / max(1, r.requests) * 1e6
-                    per_req.setdefault((name, concurrency), []).append(us)
+                    per_req.setdefault((name, label), []).append(us)
                     print(
-                        f"  repeat {rep + 1} c={concurrency:<3} {name:<26} {us:8.0f} us CPU/request "
+                        f"  repeat {rep + 1} c={label:<3} {name:<26} {us:8.0f} us CPU/request "
                         f"({r.requests} requests, {r.rps:.0f} req/s, errors {r.errors})",
                         flush=True,
                     )
         print("\nmedian CPU per request (us) and ratio to sglang-router, per repeat:")
-        for concurrency in concurrencies:
+        for label, _, _ in loads:
             for name, _ in targets:
-                vals = per_req[(name, concurrency)]
-                line = f"  c={concurrency:<3} {name:<26} {statistics.median(vals):8.0f} us"
+                vals = per_req[(name, label)]
+                line = f"  c={label:<3} {name:<26} {statistics.median(vals):8.0f} us"
                 for other in ("sglang-round_robin", "sglang-cache_aware"):
-                    if name.startswith("agentpool") and (other, concurrency) in per_req:
-                        ratios = [a / b for a, b in zip(vals, per_req[(other, concurrency)], strict=True)]
+                    if name.startswith("agentpool") and (other, label) in per_req:
+                        ratios = [a / b for a, b in zip(vals, per_req[(other, label)], strict=True)]
                         line += f"  vs {other}: " + ", ".join(f"{x:.2f}x" for x in ratios)
                 print(line)
     finally:
@@ -280,12 +292,19 @@ def main(argv: list[str] | None = None) -> None:
         help="agent prompts: this many earlier 300-word messages per load worker, then a new one",
     )
     parser.add_argument("--front-door", action="store_true", help="only the bare front-door comparison")
+    parser.add_argument(
+        "--pace",
+        type=float,
+        default=0.0,
+        help="also measure concurrency 1 paced at this many requests per second (every router at one "
+        "rate: closed-loop c=1 CPU per request grows as a router's rate falls on a loaded machine)",
+    )
     args = parser.parse_args(argv)
     print(f"router CPU benchmark on {os.cpu_count()} CPUs (shared machine: figures are noisy)")
     if args.front_door:
         front_door(args.seconds, args.repeats)
         return
-    router_cpu(args.seconds, args.engines, args.repeats, (1, 64), args.history)
+    router_cpu(args.seconds, args.engines, args.repeats, (1, 64), args.history, args.pace)
     if not args.skip_replicas:
         replicas(args.seconds, args.engines, args.repeats)
 

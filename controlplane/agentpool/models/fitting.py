@@ -182,6 +182,21 @@ def decode_regressors(records: Sequence[DecodeIterationRecord], shape: MoeShape)
     return x
 
 
+def split_by_node(
+    records: Iterable[IterationRecord],
+) -> tuple[dict[str, list[PrefillIterationRecord]], dict[str, list[DecodeIterationRecord]]]:
+    """Each node's prefill records and its decode records, in order (nodes in order of their first
+    record of the phase)."""
+    prefill: dict[str, list[PrefillIterationRecord]] = {}
+    decode: dict[str, list[DecodeIterationRecord]] = {}
+    for r in records:
+        if isinstance(r, PrefillIterationRecord):
+            prefill.setdefault(r.node, []).append(r)
+        else:
+            decode.setdefault(r.node, []).append(r)
+    return prefill, decode
+
+
 def fit_nodes(
     records: Iterable[IterationRecord],
     shape: MoeShape,
@@ -197,13 +212,7 @@ def fit_nodes(
     engine spec: a node that ran a phase too little in the warmup, or not at all, gets the pool's
     model of it rather than none). The pooled prefill fit takes the prior of the first node that
     needs it. Raises ``ValueError`` when a phase has too few records in all to be fitted."""
-    prefill: dict[str, list[PrefillIterationRecord]] = {}
-    decode: dict[str, list[DecodeIterationRecord]] = {}
-    for r in records:
-        if isinstance(r, PrefillIterationRecord):
-            prefill.setdefault(r.node, []).append(r)
-        else:
-            decode.setdefault(r.node, []).append(r)
+    prefill, decode = split_by_node(records)
     names = sorted(set(prefill) | set(decode)) if nodes is None else list(nodes)
     pooled_p: tuple[PrefillFit, tuple[PrefillIterationRecord, ...]] | None = None
     pooled_d: tuple[DecodeFit, tuple[DecodeIterationRecord, ...]] | None = None

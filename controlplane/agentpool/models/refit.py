@@ -55,6 +55,7 @@ from agentpool.models.fitting import (
     fit_decode,
     fit_prefill,
     prefill_regressors,
+    split_by_node,
 )
 from agentpool.models.iteration import DecodeModel, NodeModel, PrefillModel
 from agentpool.models.records import DecodeIterationRecord, IterationRecord, MoeShape, PrefillIterationRecord
@@ -262,13 +263,7 @@ def refit_nodes(
 ) -> dict[str, NodeRefit]:
     """Check and refit every node that has fitted records and a model. A node's window records of
     a phase are its own when it has at least ``policy.min_records``, else every node's."""
-    own_p: dict[str, list[PrefillIterationRecord]] = {}
-    own_d: dict[str, list[DecodeIterationRecord]] = {}
-    for r in window:
-        if isinstance(r, PrefillIterationRecord):
-            own_p.setdefault(r.node, []).append(r)
-        else:
-            own_d.setdefault(r.node, []).append(r)
+    own_p, own_d = split_by_node(window)
     all_p = [r for rs in own_p.values() for r in rs]
     all_d = [r for rs in own_d.values() for r in rs]
     out: dict[str, NodeRefit] = {}
@@ -282,19 +277,6 @@ def refit_nodes(
             refit_decode(f.decode, d if len(d) >= policy.min_records else all_d, m.decode, policy),
         )
     return out
-
-
-def records_by_node(records: Iterable[IterationRecord]) -> dict[str, NodeRecords]:
-    """Each node's records of both phases, in order (what a fit of them was made on)."""
-    prefill: dict[str, list[PrefillIterationRecord]] = {}
-    decode: dict[str, list[DecodeIterationRecord]] = {}
-    for r in records:
-        if isinstance(r, PrefillIterationRecord):
-            prefill.setdefault(r.node, []).append(r)
-        else:
-            decode.setdefault(r.node, []).append(r)
-    nodes = sorted(set(prefill) | set(decode))
-    return {n: NodeRecords(tuple(prefill.get(n, ())), tuple(decode.get(n, ()))) for n in nodes}
 
 
 def bounded(fitted: Sequence[R], window: Sequence[R], limit: int) -> tuple[R, ...]:

@@ -33,7 +33,7 @@ from agentpool.models import (
 )
 from agentpool.models.synthetic import SyntheticWorkload, decode_records, prefill_records
 from agentpool.planner.config import PlannerConfig
-from agentpool.planner.controller import PlannerController
+from agentpool.planner.controller import Evaluation, PlannerController
 from agentpool.planner.core import Outcome
 from agentpool.planner.inbox import PlannerInbox
 from agentpool.planner.kube import ObjectRef, PodRoles
@@ -280,6 +280,21 @@ async def test_reported_kv_capacity_keeps_a_split_whose_decode_nodes_could_not_h
     assert six_p and all(c.kv_short_slices > 0 and not c.qualifies for c in six_p)
 
 
+async def split_by_hand_and_evaluate(h: Harness, rng: np.random.Generator) -> Evaluation:
+    """Move every pod out of colocation by hand (prefill for the first three), route a Putnam
+    window and evaluate it."""
+    h.engines_report_observed_roles()
+    for name in PODS:
+        key = (h.kmock.resource("v1", "pods"), NS, name)
+        role = "prefill" if name in PODS[:3] else "decode"
+        h.kmock.objects[key].patch({"metadata": {"annotations": {"agentpool.io/role": role}}})
+        h.serves(name, role)
+    h.route(200, 800, PUTNAM, rng)
+    ev = await h.controller.evaluate_window(200, 800)
+    assert ev is not None
+    return ev
+
+
 async def test_pods_short_of_warmup_records_get_the_pools_models_and_are_planned(harness: Harness) -> None:
     h, rng = harness, np.random.default_rng(1)
     for name in PODS[:-2]:
@@ -293,15 +308,7 @@ async def test_pods_short_of_warmup_records_get_the_pools_models_and_are_planned
     assert (fits["engine-7"].prefill_own, fits["engine-7"].decode_own) == (True, False)
     assert (fits["engine-8"].prefill_own, fits["engine-8"].decode_own) == (False, False)
     assert len(h.controller.fitted_records["engine-8"].decode) == 700  # the range its refit checks
-    h.engines_report_observed_roles()
-    for name in PODS:  # move all pods out of colocation by hand: prefill for the first three
-        key = (h.kmock.resource("v1", "pods"), NS, name)
-        role = "prefill" if name in PODS[:3] else "decode"
-        h.kmock.objects[key].patch({"metadata": {"annotations": {"agentpool.io/role": role}}})
-        h.serves(name, role)
-    h.route(200, 800, PUTNAM, rng)
-    ev = await h.controller.evaluate_window(200, 800)
-    assert ev is not None
+    ev = await split_by_hand_and_evaluate(h, rng)
     assert ev.excluded == ()
     assert len(ev.decision.prefill) + len(ev.decision.decode) == 9
 
@@ -313,15 +320,7 @@ async def test_pods_without_a_fitted_model_are_left_out_and_reported(harness: Ha
         h.inbox.add_iterations(decode_records(name, NODE, 100, 0.02, rng, start=0, spacing=1))
     # fitted on the records alone: pods that sent none (engine-7, engine-8) have no model
     assert sorted(h.controller.fit(0, 100)) == PODS[:-2]
-    h.engines_report_observed_roles()
-    for name in PODS:  # move all pods out of colocation by hand: prefill for the first three
-        key = (h.kmock.resource("v1", "pods"), NS, name)
-        role = "prefill" if name in PODS[:3] else "decode"
-        h.kmock.objects[key].patch({"metadata": {"annotations": {"agentpool.io/role": role}}})
-        h.serves(name, role)
-    h.route(200, 800, PUTNAM, rng)
-    ev = await h.controller.evaluate_window(200, 800)
-    assert ev is not None
+    ev = await split_by_hand_and_evaluate(h, rng)
     assert ev.excluded == ("engine-7 (no fitted model)", "engine-8 (no fitted model)")
     assert len(ev.decision.prefill) + len(ev.decision.decode) == 7
 

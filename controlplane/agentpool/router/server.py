@@ -309,6 +309,9 @@ async def collect(
     count = 0
     while True:
         if isinstance(item, Finish):
+            # let the flow end by itself (it returns after its Finish): closing it at its yield would
+            # unwind its generators with an exception, which costs more than running them to the end
+            await anext(outs, None)
             return "".join(parts), item.finish_reason, item.usage, item.usage.completion_tokens or count
         parts.append(item.text)
         count += 1

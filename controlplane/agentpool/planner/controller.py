@@ -3,7 +3,8 @@
 0. Restart: when a saved state (:mod:`agentpool.planner.state`) has models of the pods, the
    planner resumes from the pods' current roles and skips 1-2.
 1. Warmup: every unpinned engine pod is set to ``both`` (colocated) and serves both phases for
-   ``warmup_s``; the engines' iteration records are fitted per node (NNLS) and frozen (and saved).
+   ``warmup_s``; the engines' iteration records are fitted per node (NNLS) and frozen (and saved):
+   :mod:`agentpool.planner.node_fits`.
 2. Disaggregation starts from the initial split: ``initial_prefill`` prefill nodes (pinned pods
    keep their role; the others in name order), the rest decode.
 3. Every window: slices of average work and decode occupancy from the router's records, each
@@ -13,8 +14,8 @@
    nearly changes the split also records a Kubernetes Event.
    Before it decides, a node whose window records leave the range its models were fitted on, and
    which they mispredict, is refitted on the fitted records plus the window's
-   (:func:`agentpool.models.refit.refit_nodes`; ``PlannerConfig.refit``, on by default), and the
-   routers get the new models with the window's.
+   (:func:`agentpool.planner.node_fits.apply_refits`; ``PlannerConfig.refit``, on by default), and
+   the routers get the new models with the window's.
 
 The configuration is read again at every window, so changes apply without a restart.
 """
@@ -27,25 +28,22 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Protocol
 
 from kubernetes.client.exceptions import ApiException
 
-from agentpool.directory.client import DirectoryRpcError
 from agentpool.errors import UnavailableError
 from agentpool.kv import Role
 from agentpool.models import (
     IterationRecord,
     MoeShape,
     NodeModel,
-    PrefillBatchItem,
-    PrefillIterationRecord,
     measure_prefill_window,
     slice_window,
     with_window_stats,
 )
-from agentpool.models.fitting import MIN_OWN_RECORDS, NodeFit, fit_nodes
+from agentpool.models.fitting import NodeFit
 from agentpool.models.refit import NodeRecords, RefitPolicy, refit_nodes
 from agentpool.planner.config import PlannerConfig
 from agentpool.planner.core import (
@@ -59,8 +57,10 @@ from agentpool.planner.core import (
 )
 from agentpool.planner.inbox import PlannerInbox
 from agentpool.planner.metrics import PlannerMetrics
+from agentpool.planner.node_fits import apply_refits, fit_warmup, prefill_batches_by_node
 from agentpool.planner.roles import ObjectRef, PodRoleState, RoleBoard, split_label
 from agentpool.planner.state import PlannerState, StateStore, SwitchRecord
+from agentpool.planner.switch_follow import PendingSwitch, PhaseSink, announce
 
 log = logging.getLogger(__name__)
 
@@ -74,13 +74,6 @@ class PlannerError(UnavailableError):
     records, pins it cannot honour); the loop tries again."""
 
 
-class PhaseSink(Protocol):
-    """Told when an engine serves a new phase: the KV directory (``SwitchPhase``: a D->P switch
-    resets the node's branch counts, Algorithm E.2 line 14). ``DirectoryClient`` is one."""
-
-    async def switch_phase(self, node: str, phase: Role) -> Role | None: ...
-
-
 class KvCapacities(Protocol):
     """The KV tokens each engine's GPU memory holds, from its load reports (``inf``: unknown).
     :class:`agentpool.planner.roles.ServedRoles` is one."""
@@ -92,15 +85,6 @@ class ModelSink(Protocol):
     """Gets every node's current model (fit + this window's ``t_bar``/``f_n``): the routers."""
 
     async def publish(self, models: Mapping[str, NodeModel], fitted_at: float) -> None: ...
-
-
-@dataclass(slots=True)
-class PendingSwitch:
-    """A switch (or the initial split) in flight: the engines that must serve a new role."""
-
-    applied_at: float
-    moves: dict[str, str]  # engine -> the role it was asked to serve
-    unannounced: dict[str, str] = field(default_factory=dict)  # switched; the directory not told yet
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,40 +287,14 @@ class PlannerController:
         """Fit and freeze the models of ``nodes`` (default: every node with records) from ``records``
         (CPU only: safe in a worker thread). A node with too few records of a phase of its own gets
         the fit of the whole pool's records of it (:func:`agentpool.models.fitting.fit_nodes`)."""
-        fits = fit_nodes(records, self._shape, nodes=nodes)
-        if not fits:
+        warmup = fit_warmup(records, self._shape, nodes)
+        if not warmup.fits:
             raise PlannerError("no iteration records from the warmup: nothing to fit")
-        pooled = [
-            f"{name} ({_pooled_phases(f)})"
-            for name, f in fits.items()
-            if not (f.prefill_own and f.decode_own)
-        ]
-        if pooled:
-            log.warning(
-                "too few warmup records of their own (< %d) to fit these nodes' phases: fitted on every "
-                "node's records of the phase: %s",
-                MIN_OWN_RECORDS,
-                ", ".join(pooled),
-            )
-        self.fits = fits
+        self.fits = warmup.fits
         self._fitted_at = self._clock()
-        self._models = {}
-        self.fitted_records = {n: NodeRecords(f.prefill_records, f.decode_records) for n, f in fits.items()}
-        batches = _prefill_batches_by_node(records)
-        for name, f in fits.items():
-            self._models[name] = with_window_stats(
-                f.node_model(), measure_prefill_window(batches.get(name, []))
-            )
-            log.info(
-                "fitted %s: prefill MAPE %.1f%%, decode MAPE %.1f%% on held-out records; "
-                "%d prefill and %d decode records dropped as measured far too short",
-                name,
-                100 * f.prefill.report.mape_held_out,
-                100 * f.decode.report.mape_held_out,
-                f.prefill.report.records_dropped,
-                f.decode.report.records_dropped,
-            )
-        return fits
+        self._models = warmup.models
+        self.fitted_records = warmup.records
+        return warmup.fits
 
     async def start_disaggregation(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """Apply the initial split; returns (prefill pods, decode pods)."""
@@ -436,19 +394,9 @@ class PlannerController:
         refits = await asyncio.to_thread(
             refit_nodes, self.fitted_records, window, dict(self._models), self.refit_policy
         )
-        changed = [name for name, r in refits.items() if r.changed]
+        changed = apply_refits(refits, self._models, self.fitted_records, self.fits)
         for name in changed:
-            r = refits[name]
-            self._models[name] = r.model(self._models[name])
-            self.fitted_records[name] = r.records()
-            old = self.fits.get(name)
-            if old is not None:
-                self.fits[name] = replace(
-                    old,
-                    prefill=old.prefill if r.prefill.fit is None else r.prefill.fit,
-                    decode=old.decode if r.decode.fit is None else r.decode.fit,
-                )
-            log.info("planner window %.0f-%.0f: refitted %s: %s", start, end, name, r.describe())
+            log.info("planner window %.0f-%.0f: refitted %s: %s", start, end, name, refits[name].describe())
         if changed:
             self.refits += 1
             self._fitted_at = self._clock()
@@ -480,42 +428,15 @@ class PlannerController:
         pending = self._pending
         if pending is None:
             return
-        by_name = {p.name: p for p in pods}
-        for name, role in list(pending.moves.items()):
-            pod = by_name.get(name)
-            if pod is None or pod.desired_role != role:
-                del pending.moves[name]  # gone, or asked for something else since: not waited for
-            elif pod.observed_role == role:
-                pending.unannounced[name] = pending.moves.pop(name)
-        await self._announce(pending)
-        if not pending.moves and not pending.unannounced:
+        pending.settle(pods)
+        await announce(pending, self.directory, self.announced)
+        if pending.done:
             self._pending = None
             settled = max(at, pending.applied_at)
             if self._last_switch is not None and self._last_switch.applied_at == pending.applied_at:
                 self._last_switch = LastSwitch(pending.applied_at, settled)
                 log.info("switch of %.0f completed at %.0f: cooldown starts", pending.applied_at, settled)
                 await self.save_state()
-
-    async def _announce(self, pending: PendingSwitch) -> None:
-        """Tell the directory each switched engine's phase; failures are retried at the next look."""
-        if self.directory is None:
-            pending.unannounced.clear()
-            return
-        for name, value in sorted(pending.unannounced.items()):
-            role = Role(value)
-            try:
-                previous = await self.directory.switch_phase(name, role)
-            except DirectoryRpcError as exc:
-                log.warning("directory not told that %s serves %s (retried): %s", name, role.value, exc)
-                continue
-            del pending.unannounced[name]
-            self.announced.append((name, role))
-            log.info(
-                "directory: %s switched %s -> %s",
-                name,
-                "unknown" if previous is None else previous.value,
-                role.value,
-            )
 
     async def _wait_observing(self, stop: asyncio.Event, seconds: float) -> bool:
         """Sleep ``seconds`` or until ``stop`` (True), following a switch in flight meanwhile."""
@@ -536,7 +457,7 @@ class PlannerController:
     def _planner_nodes(
         self, pods: list[PodRoleState], start: float, end: float
     ) -> tuple[tuple[PlannerNode, ...], list[str]]:
-        batches = _prefill_batches_by_node(self._inbox.iterations(start, end))
+        batches = prefill_batches_by_node(self._inbox.iterations(start, end))
         nodes: list[PlannerNode] = []
         excluded: list[str] = []
         for pod in pods:
@@ -564,15 +485,6 @@ class PlannerController:
         return tuple(nodes), excluded
 
 
-def _prefill_batches_by_node(records: list[IterationRecord]) -> dict[str, list[tuple[PrefillBatchItem, ...]]]:
-    """Each node's prefill batches, in one pass over the records."""
-    batches: dict[str, list[tuple[PrefillBatchItem, ...]]] = {}
-    for r in records:
-        if isinstance(r, PrefillIterationRecord):
-            batches.setdefault(r.node, []).append(r.batch)
-    return batches
-
-
 def _event_message(decision: SplitDecision, excluded: list[str]) -> str:
     best = decision.best
     parts = [decision.reason]
@@ -594,8 +506,3 @@ async def _wait(stop: asyncio.Event, seconds: float) -> bool:
     except TimeoutError:
         return False
     return True
-
-
-def _pooled_phases(f: NodeFit) -> str:
-    """The phases of a node's fit made on the whole pool's records, e.g. ``prefill+decode``."""
-    return "+".join(ph for ph, own in (("prefill", f.prefill_own), ("decode", f.decode_own)) if not own)

@@ -10,11 +10,12 @@ from agentpool.directory.client import DirectoryRpcError
 from agentpool.kv import Role
 from agentpool.models import MoeShape
 from agentpool.planner.config import PlannerConfig
-from agentpool.planner.controller import PendingSwitch, PlannerController
+from agentpool.planner.controller import PlannerController
 from agentpool.planner.core import LastSwitch
 from agentpool.planner.inbox import PlannerInbox
 from agentpool.planner.metrics import PlannerMetrics
 from agentpool.planner.roles import ObjectRef, PodRoleState
+from agentpool.planner.switch_follow import PendingSwitch
 
 
 class Board:

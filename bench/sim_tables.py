@@ -278,12 +278,18 @@ def merge_payloads(parts: Sequence[tuple[Part, dict[str, Any]]]) -> dict[str, An
     return {"sections": merged}
 
 
-def merged_markdown(title: str, header: str, payload: dict[str, Any], parts: Sequence[Part]) -> list[str]:
-    """The merged table's Markdown: title, where each row comes from, the setting, one table per section."""
+def merged_markdown(
+    title: str, header: str, payload: dict[str, Any], parts: Sequence[Part], commands: Sequence[str]
+) -> list[str]:
+    """The merged table's Markdown: title, where each row comes from (file, commit, the command that ran
+    it), the setting, one table per section."""
     md = [
         f"# {title}\n",
         f"Merged by `{command_line('bench.sim_tables')}` from:\n",
-        *[f"- {', '.join(p.systems)}: `sim_{p.name}.json`, commit {p.commit}" for p in parts],
+        *[
+            f"- {', '.join(p.systems)}: `sim_{p.name}.json`, commit {p.commit}, run by `{c}`"
+            for p, c in zip(parts, commands, strict=True)
+        ],
         "",
         header,
     ]
@@ -323,14 +329,25 @@ def merge(out: str, parts: Sequence[Part]) -> None:
     loaded = [(p, json.loads((RESULTS / f"sim_{p.name}.json").read_text(encoding="utf-8"))) for p in parts]
     title, header = _md_header(out if (RESULTS / f"sim_{out}.md").exists() else parts[0].name)
     payload = merge_payloads(loaded)
-    md = merged_markdown(title, header, payload, parts)
+    commands = [_run_command(pl, p.systems) for p, pl in loaded]
+    md = merged_markdown(title, header, payload, parts, commands)
     payload["command"] = md[1]
     payload["commit"] = "per row (parts)"
     payload["parts"] = [
-        {"name": p.name, "commit": p.commit, "systems": list(p.systems), "command": pl.get("command")}
-        for p, pl in loaded
+        {"name": p.name, "commit": p.commit, "systems": list(p.systems), "command": c}
+        for p, c in zip(parts, commands, strict=True)
     ]
     write_seeds(out, md, payload)
+
+
+def _run_command(payload: dict[str, Any], systems: Sequence[str]) -> str:
+    """The benchmark command that ran ``systems`` in a seed table's ``payload``: its own, or where the
+    table is itself a merge, that of the part that held them."""
+    command = str(payload.get("command", ""))
+    for part in payload.get("parts", []):
+        if set(systems) <= set(part["systems"]):
+            command = str(part["command"])
+    return command.strip().removeprefix("Command: ").strip("`")
 
 
 def main(argv: list[str] | None = None) -> int:

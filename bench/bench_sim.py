@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from agentpool.sim.cli import compare
@@ -135,13 +136,12 @@ def cc_seeds(args: argparse.Namespace) -> None:
     md = [
         "# Claude Code trace, 9 nodes (GLM-5.2-class on 4xGB300, roofline ground truth), over seeds\n",
         f"Command: `{command_line()}`\n",
-        f"{args.warmup / 60:g} min warmup, {args.duration / 60:g} min measured; pauses "
-        + ("as recorded" if args.max_pause is None else f"capped at {args.max_pause:g} s")
+        _run_length(args)
         + ". Planned systems start from 6P3D, static-cache-aware runs 4P5D. The seed draws the replay "
         "order of the conversations and the iteration noise. Full results: the JSON beside this file.\n",
     ]
-    payload: dict[str, Any] = {"command": md[1], "sections": []}
-    for agents in args.agents or (126,):
+
+    def section(agents: int) -> tuple[BySeed, Bounds, str]:
         by_seed, bounds = over_seeds(
             functools.partial(_cc_scenario, args, agents),
             systems,
@@ -149,12 +149,34 @@ def cc_seeds(args: argparse.Namespace) -> None:
             args.jobs,
             f"{agents} agents",
         )
-        table = seed_table(by_seed, bounds)
+        return by_seed, bounds, seed_table(by_seed, bounds)
+
+    _sections_by_agents(args, md, section, "cc_seeds")
+
+
+def _run_length(args: argparse.Namespace) -> str:
+    """How long the runs warm up and are measured, and their pauses (a sentence without its end)."""
+    return f"{args.warmup / 60:g} min warmup, {args.duration / 60:g} min measured; pauses " + (
+        "as recorded" if args.max_pause is None else f"capped at {args.max_pause:g} s"
+    )
+
+
+def _sections_by_agents(
+    args: argparse.Namespace,
+    md: list[str],
+    section: Callable[[int], tuple[BySeed, Bounds, str]],
+    default_name: str,
+) -> None:
+    """One section per agent count (``section``: its results by seed, bounds and table), printed and
+    added to ``md``; written with its JSON (``md[1]`` is the command) with ``--write``."""
+    payload: dict[str, Any] = {"command": md[1], "sections": []}
+    for agents in args.agents or (126,):
+        by_seed, bounds, table = section(agents)
         print(f"\n## {agents} agents\n{table}", flush=True)
         md.append(f"## {agents} concurrent agents\n\n{table}")
         payload["sections"].append({"agents": agents, "bounds": bounds, "results_by_seed": slim(by_seed)})
     if args.write:
-        write_seeds(args.name or "cc_seeds", md, payload)
+        write_seeds(args.name or default_name, md, payload)
 
 
 def _shifting_scenario(args: argparse.Namespace, seed: int) -> Scenario:
@@ -464,25 +486,21 @@ def fit_seeds(args: argparse.Namespace) -> None:
         "fitted models. Fit errors: relative to the noiseless truth on `agentpool.sim.fiterror`'s grid, "
         "the mean over nodes of each node's mean error (mean and min-max over seeds), and the worst grid "
         "point of any node and seed. "
-        f"{args.warmup / 60:g} min warmup, {args.duration / 60:g} min measured; pauses "
-        + ("as recorded" if args.max_pause is None else f"capped at {args.max_pause:g} s")
+        + _run_length(args)
         + ". The seed draws the replay order, the truth's noise and the extra noise. Full results: the "
         "JSON beside this file.\n",
     ]
-    payload: dict[str, Any] = {"command": md[1], "sections": []}
-    for agents in args.agents or (126,):
+
+    def section(agents: int) -> tuple[BySeed, Bounds, str]:
         by_seed: BySeed = {}
         bounds: Bounds = {}
         for seed in args.seeds:
             base, by_seed[seed] = _fit_runs(args, agents, seed)
             b = scenario_bound(base, load_conversations(base))
             bounds[seed] = None if b is None else b.throughput_rps
-        table = seed_table(by_seed, bounds) + "\n" + fit_error_table(by_seed)
-        print(f"\n## {agents} agents\n{table}", flush=True)
-        md.append(f"## {agents} concurrent agents\n\n{table}")
-        payload["sections"].append({"agents": agents, "bounds": bounds, "results_by_seed": slim(by_seed)})
-    if args.write:
-        write_seeds(args.name or "fit_seeds", md, payload)
+        return by_seed, bounds, seed_table(by_seed, bounds) + "\n" + fit_error_table(by_seed)
+
+    _sections_by_agents(args, md, section, "fit_seeds")
 
 
 PRESSURE_SYSTEMS = ["agentpool", "agentpool-lru", "static-cache-aware"]

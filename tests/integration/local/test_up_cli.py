@@ -24,42 +24,50 @@ EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "pool-sim.yaml"
 
 def processes_mentioning(text: str) -> list[int]:
     """Pids of processes whose command line contains ``text`` (the pool's work directory)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if text in cmdline:
-            found.append(int(entry.name))
-    return found
+    return [
+        pid
+        for pid in (int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit())
+        if pid != os.getpid() and text in cmdline(pid)
+    ]
 
 
-def up(*args: str) -> subprocess.Popen[str]:
+def cmdline(pid: int) -> str:
+    """The process's command line, arguments joined by spaces ("" once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def up(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "agentpool.cli", "up", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        env=env,
     )
 
 
-def test_up_starts_the_control_plane_and_sigterm_leaves_nothing(tmp_path: Path) -> None:
-    work = tmp_path / "work"
-    port = free_port()
-    proc = up("-f", str(EXAMPLE), "--port", str(port), "--no-engines", "--workdir", str(work))
+def read_until_ready(proc: subprocess.Popen[str], timeout_s: float) -> str:
+    """`up`'s output until it says the pool is up (or ``timeout_s`` passed); fails if `up` exits first."""
     assert proc.stdout is not None
-    lines = []
-    deadline = time.monotonic() + 60
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
         assert line, "agentpool up exited: " + "".join(lines)
         lines.append(line)
         if "Ctrl-C stops everything" in line:
             break
-    text = "".join(lines)
+    return "".join(lines)
+
+
+def test_up_starts_the_control_plane_and_sigterm_leaves_nothing(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    port = free_port()
+    proc = up("-f", str(EXAMPLE), "--port", str(port), "--no-engines", "--workdir", str(work))
+    text = read_until_ready(proc, 60)
     assert f"http://127.0.0.1:{port}/v1" in text and "grpc://127.0.0.1:" in text and "redis://" in text
     children = processes_mentioning(str(work))
     assert len(children) >= 2  # directory and router name files in the work directory
@@ -90,16 +98,7 @@ def test_up_with_engines_and_planner_serves_and_ctrl_c_leaves_nothing(tmp_path: 
     work = tmp_path / "work"
     port = free_port()
     proc = up("-f", str(manifest), "--port", str(port), "--workdir", str(work))
-    assert proc.stdout is not None
-    lines = []
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        assert line, "agentpool up exited: " + "".join(lines)
-        lines.append(line)
-        if "Ctrl-C stops everything" in line:
-            break
-    text = "".join(lines)
+    text = read_until_ready(proc, 120)
     for name in ("redis", "directory", "engine-0", "engine-1", "router", "planner"):
         assert f"{name} " in text, text
     body = json.dumps(
@@ -180,25 +179,10 @@ def test_up_keeps_the_logs_when_a_process_exits(tmp_path: Path) -> None:
     `up` keeps the pool's logs in a new directory and says where, so the failure can be diagnosed."""
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     port = free_port()
-    argv = ["up", "-f", str(EXAMPLE), "--port", str(port), "--no-engines"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agentpool.cli", *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
-    assert proc.stdout is not None
-    lines = []
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        assert line, "agentpool up exited: " + "".join(lines)
-        lines.append(line)
-        if "Ctrl-C stops everything" in line:
-            break
-    found = re.search(r"work directory (\S+) ", "".join(lines))
-    assert found, "".join(lines)
+    proc = up("-f", str(EXAMPLE), "--port", str(port), "--no-engines", env=env)
+    text = read_until_ready(proc, 60)
+    found = re.search(r"work directory (\S+) ", text)
+    assert found, text
     work = found.group(1)
     routers = [pid for pid in processes_mentioning(work) if "agentpool.router" in cmdline(pid)]
     assert len(routers) == 1
@@ -212,10 +196,3 @@ def test_up_keeps_the_logs_when_a_process_exits(tmp_path: Path) -> None:
     assert "router listening" in (logs / "router.log").read_text()
     assert {"directory.log", "redis.log"} <= {p.name for p in logs.iterdir()}
     assert processes_mentioning(work) == []
-
-
-def cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""

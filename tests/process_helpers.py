@@ -4,10 +4,12 @@ handle for every service, the directory and router start-ups, a Redis key namesp
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import functools
 import json
 import re
+import shutil
 import signal
 import socket
 import sys
@@ -28,9 +30,18 @@ ENGINE_AUTH = {"Authorization": f"Bearer {ENGINE_TOKEN}"}
 
 
 @functools.cache
+def process_scratch_dir() -> Path:
+    """One directory for this test process's small shared files (the token files), removed when the
+    process exits."""
+    path = Path(tempfile.mkdtemp(prefix="agentpool-tests-"))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
+@functools.cache
 def engine_token_file() -> Path:
     """A file holding :data:`ENGINE_TOKEN` (``tokenFile`` of the engines, ``--engine-token-file``)."""
-    path = Path(tempfile.mkdtemp(prefix="agentpool-tests-")) / "engine-token"
+    path = process_scratch_dir() / "engine-token"
     path.write_text(ENGINE_TOKEN + "\n")
     return path
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import shutil
 import sys
@@ -12,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import redis.asyncio as aioredis
-from process_helpers import free_port
+from process_helpers import free_port, process_scratch_dir
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
@@ -31,9 +32,11 @@ async def eventually(check: Callable[[], Awaitable[bool]], within: float = 10.0)
 TOKEN = "test-token-0123456789abcdef"
 
 
+@functools.cache
 def token_file() -> Path:
-    """The token as a mounted Secret would hold it (with a trailing newline)."""
-    path = Path(tempfile.mkdtemp(prefix="agentpool-dir-token-")) / "token"
+    """The token as a mounted Secret would hold it (with a trailing newline); one file per test
+    process, removed at its exit."""
+    path = process_scratch_dir() / "dir-token"
     path.write_text(TOKEN + "\n")
     return path
 

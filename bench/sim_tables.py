@@ -243,6 +243,20 @@ def _section_key(section: dict[str, Any]) -> str:
     )
 
 
+def as_seed_payload(payload: dict[str, Any]) -> dict[str, Any]:
+    """A ``write_sections`` payload (one run per section, under ``results``) as a seed table's: its runs
+    under their scenario's seed, no bound, the heading left out (parts name their sections apiece)."""
+    sections = []
+    for section in payload["sections"]:
+        if "results" not in section:
+            sections.append(section)
+            continue
+        kept = {k: v for k, v in section.items() if k not in ("results", "heading")}
+        by_seed = {str(section["scenario"]["seed"]): section["results"]}
+        sections.append({**kept, "bounds": {}, "results_by_seed": by_seed})
+    return {**payload, "sections": sections}
+
+
 def merge_payloads(parts: Sequence[tuple[Part, dict[str, Any]]]) -> dict[str, Any]:
     """One seed table's payload from several: per section (matched on its keys, e.g. ``agents``), each
     part's systems for every seed, in the parts' order. Every part must have every section and seed
@@ -296,14 +310,18 @@ def merged_markdown(
     for section in payload["sections"]:
         by_seed = {int(s): rs for s, rs in section["results_by_seed"].items()}
         bounds = {int(s): b for s, b in section["bounds"].items()}
-        heading = section.get("heading") or (
-            f"{section['agents']} concurrent agents" if "agents" in section else "results"
-        )
-        md.append(f"## {heading}\n\n{seed_table(by_seed, bounds)}")
+        agents = section["scenario"]["agents"] if "scenario" in section else section.get("agents")
+        heading = section.get("heading") or (f"{agents:,} concurrent agents" if agents else "results")
+        if len(by_seed) == 1:  # one seed: every column of the report
+            ((seed, rows),) = by_seed.items()
+            md.append(f"## {heading}, seed {seed}\n\n{markdown_table(rows)}")
+        else:
+            md.append(f"## {heading}\n\n{seed_table(by_seed, bounds)}")
         if any(r["summary"].get("fit_error") for rs in by_seed.values() for r in rs):
             md.append(
-                "The online fits against the ground truth (the noiseless truth on `agentpool.sim.fiterror`'s "
-                "grid; mean over nodes, mean and min-max over seeds):\n"
+                "The online fit at the end of the first planner window against the ground truth (the "
+                "noiseless truth on `agentpool.sim.fiterror`'s grid; mean over nodes, mean and min-max over "
+                "seeds; the errors of later refits are in the planner log of the JSON):\n"
             )
             md.append(fit_error_table(by_seed, fitted_only=True))
     return md
@@ -323,11 +341,17 @@ def _md_header(name: str) -> tuple[str, str]:
     return title, "\n".join(body) + "\n"
 
 
-def merge(out: str, parts: Sequence[Part]) -> None:
+def merge(out: str, parts: Sequence[Part], header_from: str | None = None) -> None:
     """Write ``sim_OUT.md`` and its JSON from ``parts`` (read in full before anything is written); the
-    title and setting paragraph of the existing ``sim_OUT.md``, or else of the first part's."""
-    loaded = [(p, json.loads((RESULTS / f"sim_{p.name}.json").read_text(encoding="utf-8"))) for p in parts]
-    title, header = _md_header(out if (RESULTS / f"sim_{out}.md").exists() else parts[0].name)
+    title and setting paragraph of ``sim_HEADER_FROM.md``, else of the existing ``sim_OUT.md``, else
+    of the first part's."""
+    loaded = [
+        (p, as_seed_payload(json.loads((RESULTS / f"sim_{p.name}.json").read_text(encoding="utf-8"))))
+        for p in parts
+    ]
+    title, header = _md_header(
+        header_from or (out if (RESULTS / f"sim_{out}.md").exists() else parts[0].name)
+    )
     payload = merge_payloads(loaded)
     commands = [_run_command(pl, p.systems) for p, pl in loaded]
     md = merged_markdown(title, header, payload, parts, commands)
@@ -358,8 +382,9 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument(
         "--part", action="append", required=True, type=Part.parse, help="NAME@COMMIT=SYSTEM[,SYSTEM...]"
     )
+    m.add_argument("--header", default=None, help="results name whose title and setting text to keep")
     args = p.parse_args(argv)
-    merge(args.out, args.part)
+    merge(args.out, args.part, args.header)
     return 0
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from bench.sim_tables import Part, fit_error_table, merge_payloads, seed_table
+from bench.sim_tables import Part, as_seed_payload, fit_error_table, merge_payloads, seed_table
 
 
 def _run(system: str, rps: float) -> dict[str, Any]:
@@ -66,3 +66,15 @@ def test_fit_error_table_gives_the_errors_over_seeds_and_each_seeds_refits() -> 
     assert "| agentpool | 3.0% (2.0%-4.0%) | 5.0% / 20.0% | 7.0% (7.0%-7.0%) | 9.0% / 30.0% | 0 2 |" in table
     assert "| preset | - | - | - | - | 0 0 |" in table
     assert "preset" not in fit_error_table(by_seed, fitted_only=True)
+
+
+def test_one_run_sections_merge_under_their_seed() -> None:
+    scenario = {"agents": 2560, "seed": 0}
+
+    def sections(name: str, rps: float) -> dict[str, Any]:
+        return {"sections": [{"heading": name, "scenario": scenario, "results": [_run(name, rps)]}]}
+
+    a, b = as_seed_payload(sections("agentpool", 31.0)), as_seed_payload(sections("static", 12.0))
+    merged = merge_payloads([(Part.parse("a@1=agentpool"), a), (Part.parse("b@2=static"), b)])
+    rows = merged["sections"][0]["results_by_seed"]["0"]
+    assert [(r["system"], r["commit"]) for r in rows] == [("agentpool", "1"), ("static", "2")]

@@ -23,11 +23,10 @@ from agentpool.models import (
     MoeShape,
     NodeModel,
     PrefillBatchItem,
-    PrefillIterationRecord,
     measure_prefill_window,
     with_window_stats,
 )
-from agentpool.models.fitting import MIN_OWN_RECORDS, NodeFit, fit_nodes
+from agentpool.models.fitting import MIN_OWN_RECORDS, NodeFit, fit_nodes, split_by_node
 from agentpool.models.refit import NodeRecords, NodeRefit
 
 log = logging.getLogger(__name__)
@@ -100,12 +99,8 @@ def apply_refits(
 
 
 def prefill_batches_by_node(records: list[IterationRecord]) -> dict[str, list[tuple[PrefillBatchItem, ...]]]:
-    """Each node's prefill batches, in one pass over the records."""
-    batches: dict[str, list[tuple[PrefillBatchItem, ...]]] = {}
-    for r in records:
-        if isinstance(r, PrefillIterationRecord):
-            batches.setdefault(r.node, []).append(r.batch)
-    return batches
+    """Each node's prefill batches, in order."""
+    return {node: [r.batch for r in rs] for node, rs in split_by_node(records)[0].items()}
 
 
 def _pooled_phases(f: NodeFit) -> str:

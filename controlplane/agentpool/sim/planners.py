@@ -71,7 +71,7 @@ from agentpool.models import (
     slice_window,
     with_window_stats,
 )
-from agentpool.models.fitting import DecodeFit, PrefillFit, fit_nodes
+from agentpool.models.fitting import NodeFit, fit_nodes
 from agentpool.models.refit import NodeRecords, NodeRefit, RefitPolicy, refit_nodes
 from agentpool.models.synthetic import noisy
 from agentpool.node import Iteration, IterationHook, Node, NodeStatus, Role
@@ -181,18 +181,6 @@ def _last_switch(sim: Simulator) -> LastSwitch | None:
     return LastSwitch(applied, max(done, default=applied))
 
 
-@dataclass(frozen=True, slots=True)
-class NodeFitted:
-    """One node's fitted models, where each phase's records came from, and its error vs the truth."""
-
-    node: str
-    prefill: PrefillFit
-    decode: DecodeFit
-    prefill_own: bool  # fitted on the node's own records (else: on every node's, see OnlineFit)
-    decode_own: bool
-    error: FitError
-
-
 class OnlineFit:
     """Collects each node's iterations as noisy records, then fits every node's models on its own
     records, by the live planner's NNLS (:func:`~agentpool.models.fitting.fit_prefill` and
@@ -247,8 +235,9 @@ class OnlineFit:
                 DecodeIterationRecord(it.node, it.start, it.running, seconds)
             )
 
-    def try_fit(self) -> list[NodeFitted] | str:
-        """Fit every node and give it its models, or say why not yet."""
+    def try_fit(self) -> list[tuple[NodeFit, FitError]] | str:
+        """Fit every node and give it its models (each node's fit, with its error against the truth),
+        or say why not yet."""
         n_p = sum(map(len, self.prefill.values()))
         n_d = sum(map(len, self.decode.values()))
         if n_p < self.MIN_RECORDS or n_d < self.MIN_RECORDS:
@@ -265,11 +254,11 @@ class OnlineFit:
             min_own=self.MIN_RECORDS,
             priors={node.name: models[node.index].prefill for node in self.sim.nodes},
         )
-        out: list[NodeFitted] = []
+        out: list[tuple[NodeFit, FitError]] = []
         for node in self.sim.nodes:
             f = fits[node.name]
             err = fit_error(self.sim.truth, f.prefill.model, f.decode.model, self.sim.preset.gpu_kv_tokens)
-            out.append(NodeFitted(node.name, f.prefill, f.decode, f.prefill_own, f.decode_own, err))
+            out.append((f, err))
             self.sim.set_model(
                 node.index, replace(models[node.index], prefill=f.prefill.model, decode=f.decode.model)
             )
@@ -308,10 +297,13 @@ class OnlineFit:
         return out
 
 
-def _fit_log(sim: Simulator, at: float, fitted: list[NodeFitted] | str) -> dict[str, Any]:
-    if isinstance(fitted, str):
-        return {"at": at, "outcome": "fit", "reason": fitted}
-    errs = [f.error for f in fitted]
+def _fit_log(
+    sim: Simulator, at: float, fitted_errors: list[tuple[NodeFit, FitError]] | str
+) -> dict[str, Any]:
+    if isinstance(fitted_errors, str):
+        return {"at": at, "outcome": "fit", "reason": fitted_errors}
+    fitted = [f for f, _ in fitted_errors]
+    errs = [e for _, e in fitted_errors]
 
     def mean(xs: list[float]) -> float:
         return sum(xs) / len(xs)
@@ -354,9 +346,9 @@ def _fit_log(sim: Simulator, at: float, fitted: list[NodeFitted] | str) -> dict[
                 "decode": f"d0={f.decode.model.d0:.4g} d1={f.decode.model.d1:.4g} d2={f.decode.model.d2:.4g}",
                 "prefill_records": "own" if f.prefill_own else "all nodes",
                 "decode_records": "own" if f.decode_own else "all nodes",
-                **f.error.as_dict(),
+                **e.as_dict(),
             }
-            for f in fitted
+            for f, e in fitted_errors
         ],
     }
 

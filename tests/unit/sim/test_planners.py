@@ -180,7 +180,7 @@ def test_online_fit_gives_every_node_the_fitted_models_and_stops_recording() -> 
         fit.record(Iteration("n5", float(k), k + 3 * dt, (), 0.0, 0.0, k, dt, 3.0, 0.0))
     fitted = fit.try_fit()
     assert not isinstance(fitted, str) and fit.done
-    by_node = {f.node: f for f in fitted}
+    by_node = {f.node: f for f, _ in fitted}
     assert sorted(by_node) == sorted(n.name for n in sim.nodes)
     for n in sim.nodes:  # every node, prefill and decode alike, now plans and routes with its fit
         f = by_node[n.name]

@@ -9,7 +9,6 @@ import asyncio
 import collections
 import contextlib
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 from planner_link_harness import chat, router_config, start_router
-from process_helpers import engine_token_file, free_port
+from process_helpers import Proc, engine_token_file, free_port, launch
 from prometheus_client import CollectorRegistry
 
 from agentpool.models import MoeShape
@@ -83,7 +82,7 @@ def live_planner(
     return inbox, source, controller
 
 
-async def start_engine(tmp: Path, node: str, port: int, router_url: str) -> asyncio.subprocess.Process:
+async def start_engine(tmp: Path, node: str, port: int, router_url: str) -> Proc:
     role_file = tmp / f"role-{node}"
     role_file.write_text("both\n")
     cfg: dict[str, Any] = {
@@ -102,19 +101,11 @@ async def start_engine(tmp: Path, node: str, port: int, router_url: str) -> asyn
     }
     path = tmp / f"engine-{node}.json"
     path.write_text(json.dumps(cfg))
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agentpool.engine", "--config", str(path),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
-        if "engine listening on" in line:
-            return proc
-        if not line:
-            break
-    raise AssertionError(f"engine {node} did not start")
+    # launch() reads the engine's output all along: an unread pipe fills and blocks the engine's
+    # logging, and then its exit on SIGTERM (a CI run hung here for 300 s)
+    proc = await launch(f"engine {node}", "agentpool.engine", "--config", str(path))
+    await proc.wait_for("engine listening on")
+    return proc
 
 
 async def test_engine_iterations_through_the_router_fit_the_planner_and_the_split_reaches_the_engines(
@@ -178,6 +169,5 @@ async def test_engine_iterations_through_the_router_fit_the_planner_and_the_spli
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             for e in engines:
-                e.terminate()
-                await e.wait()
+                await e.stop()
             await router.stop()

@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 import pytest
 from planner_link_harness import chat, router_config, start_router
-from process_helpers import engine_token_file, free_port
+from process_helpers import Proc, engine_token_file, free_port, launch
 from test_planner_live_fit import FileRoles, live_planner
 
 from agentpool.models import PrefillIterationRecord
@@ -30,9 +30,7 @@ STANDIN = str(Path(__file__).parents[1] / "engine" / "sglang_standin.py")
 P0, P1, D0, D2 = 0.04, 2e-4, 0.02, 3e-3  # the stand-in's pass times (s, s per token, s per request)
 
 
-async def start_engine(
-    tmp: Path, node: str, port: int, router_url: str, *extra: str
-) -> asyncio.subprocess.Process:
+async def start_engine(tmp: Path, node: str, port: int, router_url: str, *extra: str) -> Proc:
     role_file = tmp / f"role-{node}"
     role_file.write_text("both\n")
     cfg: dict[str, Any] = {
@@ -61,19 +59,11 @@ async def start_engine(
     }  # fmt: skip
     path = tmp / f"engine-{node}.json"
     path.write_text(json.dumps(cfg))
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agentpool.engine", "--config", str(path),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
-        if "engine listening on" in line:
-            return proc
-        if not line:
-            break
-    raise AssertionError(f"engine {node} did not start")
+    # launch() reads the engine's output all along: an unread pipe fills and blocks the engine's
+    # logging, and then its exit on SIGTERM (a CI run hung here for 300 s)
+    proc = await launch(f"engine {node}", "agentpool.engine", "--config", str(path))
+    await proc.wait_for("engine listening on")
+    return proc
 
 
 async def test_sglang_engines_records_reach_the_planner_which_fits_them(tmp_path: Path) -> None:
@@ -159,6 +149,5 @@ async def test_sglang_engines_records_reach_the_planner_which_fits_them(tmp_path
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             for e in engines:
-                e.terminate()
-                await e.wait()
+                await e.stop()
             await router.stop()

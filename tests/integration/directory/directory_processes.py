@@ -75,13 +75,28 @@ async def start_directory_process(
 class PrivateRedis:
     """A private redis-server with AOF (``appendfsync`` as given) on a free port: killed (SIGKILL) and
     restarted on the same port and data directory by the test. The shared Redis on 6379 is never
-    touched."""
+    touched. Use it as ``async with PrivateRedis() as redis:`` (started; at the end killed and its
+    data directory removed) or call :meth:`close` when done. The data directory lies in the test
+    process's scratch directory, so one left by a test that never closed it goes at the process's
+    exit."""
 
     def __init__(self, appendfsync: str = "always") -> None:
         self.appendfsync = appendfsync
         self.port = free_port()
-        self.data = tempfile.mkdtemp(prefix="agentpool-redis-")
+        self.data = tempfile.mkdtemp(prefix="redis-", dir=process_scratch_dir())
         self.proc: asyncio.subprocess.Process | None = None
+
+    async def __aenter__(self) -> PrivateRedis:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Kill the server and remove its data directory."""
+        await self.kill()
+        await asyncio.to_thread(shutil.rmtree, self.data, ignore_errors=True)
 
     @property
     def url(self) -> str:

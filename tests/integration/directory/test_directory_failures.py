@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import time
 from collections.abc import AsyncIterator
@@ -89,11 +90,21 @@ async def test_directory_process_restart_keeps_branches_and_counts(namespace: st
 
 @pytest.fixture
 async def private_redis() -> AsyncIterator[PrivateRedis]:
-    r = PrivateRedis()
-    await r.start()
-    yield r
-    await r.kill()
-    shutil.rmtree(r.data, ignore_errors=True)
+    async with PrivateRedis() as r:
+        yield r
+
+
+async def test_a_private_redis_removes_its_data_directory_when_done() -> None:
+    """Each PrivateRedis writes its AOF into a temp directory of its own: gone after the test."""
+    async with PrivateRedis() as r:
+        client = aioredis.Redis(port=r.port)
+        await client.set("k", "v")
+        await client.aclose()
+        await r.kill()  # a test's kill and restart keep the data directory
+        await r.start()
+        assert await asyncio.to_thread(os.path.isdir, r.data)
+    assert r.proc is not None and r.proc.returncode is not None
+    assert not await asyncio.to_thread(os.path.exists, r.data)
 
 
 async def test_redis_restart_reports_unhealthy_reconnects_and_keeps_state(

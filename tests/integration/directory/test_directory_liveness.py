@@ -140,8 +140,11 @@ async def test_a_publisher_survives_the_directory_dying_and_resyncs_when_it_is_b
 async def test_redis_with_aof_everysec_restarted_loses_no_branch_counts(namespace: str) -> None:
     """The durability the chart and the local pool configure: appendonly yes, appendfsync everysec.
     Redis is killed (SIGKILL) more than a second after the last write and restarted on its data."""
-    redis = PrivateRedis(appendfsync="everysec")
-    await redis.start()
+    async with PrivateRedis(appendfsync="everysec") as redis:
+        await restart_redis_and_the_directory(namespace, redis)
+
+
+async def restart_redis_and_the_directory(namespace: str, redis: PrivateRedis) -> None:
     directory, address = await start_directory_process(namespace, "--redis-url", redis.url)
     try:
         async with DirectoryClient(address, token=TOKEN) as client:
@@ -173,7 +176,6 @@ async def test_redis_with_aof_everysec_restarted_loses_no_branch_counts(namespac
             assert {n: await counts(client, n) for n in ("p1", "p2")} == before
     finally:
         await stop(directory)
-        await redis.kill()
 
 
 async def counts(client: DirectoryClient, node: str) -> dict[int, int]:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import re
-import signal
-import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -14,7 +12,7 @@ from typing import Any
 
 import pytest
 from planner_link_harness import router_config, start_router
-from process_helpers import kubeconfig
+from process_helpers import Proc, kubeconfig, launch
 from test_planner_controller import NODE, NS, PODS, SHAPE, pod_body
 
 from agentpool.models import Work
@@ -68,35 +66,33 @@ def events(kmock: Any) -> list[dict[str, Any]]:
     return [dict(obj.raw) for (r, _, _), obj in kmock.objects.items() if r == res]
 
 
-async def start(tmp_path: Path, kmock: Any, router_url: str, *extra: str) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agentpool.planner",
+async def start(tmp_path: Path, kmock: Any, router_url: str, *extra: str) -> Proc:
+    """The planner, its output read all along (:func:`process_helpers.launch`): a pipe nobody reads
+    fills at 64 KiB and blocks the planner's next log line."""
+    return await launch(
+        "planner", "agentpool.planner",
         "--namespace", NS, "--pool", "demo", "--router", router_url,
         "--kubeconfig", str(kubeconfig(tmp_path / "kubeconfig", str(kmock.url))),
         "--poll-interval-s", "0.2", "--initial-prefill", "2",
         "--experts-active", "8", "--experts-total", "256",
         *extra,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
 
 
-async def until(check: Callable[[], bool], within_s: float, proc: asyncio.subprocess.Process) -> None:
+async def until(check: Callable[[], bool], within_s: float, proc: Proc) -> None:
     deadline = time.monotonic() + within_s
     while not check():
-        if proc.returncode is not None or time.monotonic() > deadline:
-            out = b""
-            if proc.returncode is None:
-                proc.kill()
-            out = await proc.stdout.read() if proc.stdout else b""
-            raise AssertionError(f"condition not met; planner output:\n{out.decode()}")
+        if proc.proc.returncode is not None or time.monotonic() > deadline:
+            await proc.stop()
+            raise AssertionError(f"condition not met; planner output:\n{proc.text()}")
         await asyncio.sleep(0.1)
 
 
-async def stop(proc: asyncio.subprocess.Process) -> str:
-    proc.send_signal(signal.SIGTERM)
-    out, _ = await asyncio.wait_for(proc.communicate(), timeout=15)
-    assert proc.returncode == 0, out.decode()
-    return out.decode()
+async def stop(proc: Proc) -> str:
+    """SIGTERM (SIGKILL after 15 s): a clean stop exits 0."""
+    code = await proc.stop()
+    assert code == 0, proc.text()
+    return proc.text()
 
 
 async def test_process_warms_up_polls_the_router_and_stops_cleanly_on_sigterm(
@@ -105,11 +101,14 @@ async def test_process_warms_up_polls_the_router_and_stops_cleanly_on_sigterm(
     url, seen, _ = router
     add_pods(kmock, {n: ("decode" if n == PODS[-1] else "prefill") for n in PODS})
     proc = await start(tmp_path, kmock, url, "--warmup-s", "3600")
-    await until(lambda: all(role(kmock, n) == "both" for n in PODS[:-1]), 20, proc)
-    await until(lambda: sum(p.startswith("/agentpool/v1/work") for p in seen) >= 2, 10, proc)
-    assert role(kmock, PODS[-1]) == "decode"  # pinned
-    assert any("since=" in p for p in seen)  # the second poll sends the first one's cursor
-    out = await stop(proc)
+    try:
+        await until(lambda: all(role(kmock, n) == "both" for n in PODS[:-1]), 20, proc)
+        await until(lambda: sum(p.startswith("/agentpool/v1/work") for p in seen) >= 2, 10, proc)
+        assert role(kmock, PODS[-1]) == "decode"  # pinned
+        assert any("since=" in p for p in seen)  # the second poll sends the first one's cursor
+        out = await stop(proc)
+    finally:
+        await proc.stop()  # a failed check leaves no planner running
     assert "planner stopped" in out
 
 
@@ -138,13 +137,14 @@ async def test_process_resumes_from_the_saved_state_and_plans_from_the_routers_r
             await asyncio.sleep(0.02)
 
     feeding = asyncio.create_task(traffic())
+    proc = await start(tmp_path, kmock, url, "--warmup-s", "3600", "--window-s", "1", "--slices", "2")
     try:
-        proc = await start(tmp_path, kmock, url, "--warmup-s", "3600", "--window-s", "1", "--slices", "2")
         await until(lambda: any(e["reason"] == "PlannerResumed" for e in events(kmock)), 20, proc)
         await asyncio.sleep(2.5)  # two windows
         out = await stop(proc)
     finally:
         feeding.cancel()
+        await proc.stop()
     assert "3P6D" in next(e["message"] for e in events(kmock) if e["reason"] == "PlannerResumed")
     outcomes = re.findall(r"planner window \d+-\d+: ([a-z-]+):", out)
     assert outcomes and outcomes[0] in {"hold", "switch"}, out  # a window with data, no warmup
@@ -194,16 +194,17 @@ async def test_process_pushes_the_saved_fits_to_a_real_router_with_its_token(
         "metadata": {"name": "demo-planner-state", "namespace": NS, "resourceVersion": "1"},
         "data": {"state.json": state.model_dump_json()},
     }
+    proc = await start(
+        tmp_path, kmock, real.url, "--warmup-s", "3600", "--router-token-file", str(tmp_path / "token")
+    )
     try:
-        proc = await start(
-            tmp_path, kmock, real.url, "--warmup-s", "3600", "--router-token-file", str(tmp_path / "token")
-        )
         nodes = real.service.nodes
         await until(lambda: nodes.fits_version is not None, 20, proc)
         assert all(nodes.fitted(n) for n in PODS)
         assert nodes.get(PODS[0]).model.prefill == NODE.prefill
         await stop(proc)
     finally:
+        await proc.stop()
         await real.stop()
 
 

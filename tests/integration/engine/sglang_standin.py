@@ -485,7 +485,8 @@ async def main() -> None:
     args.record.write_text(json.dumps(sys.argv[1:]))
     s = StandIn(args)
     loop_task = asyncio.create_task(s.scheduler())
-    runner = web.AppRunner(s.app())
+    # a request whose client hangs up ends at once (SGLang aborts it), so SIGTERM stops promptly
+    runner = web.AppRunner(s.app(), handler_cancellation=True)
     await runner.setup()
     await web.TCPSite(runner, args.host, args.port).start()
     boot = web.AppRunner(s.bootstrap_app())

@@ -274,3 +274,50 @@ async def test_the_agent_stops_when_sglang_dies(tmp_path: Path) -> None:
 
 async def _true(v: bool) -> bool:
     return v
+
+
+async def test_the_agent_stops_promptly_with_requests_in_sglang(tmp_path: Path) -> None:
+    """SIGTERM while requests stream from SGLang: the agent ends its requests in SGLang before
+    stopping it, so SGLang's server is not held open by them and the agent exits in seconds, not
+    after its 30 s stop timeout and a SIGKILL (a CI run hung here)."""
+    launcher = sglang_section(tmp_path)["launcher"] + ["--standin-decode-s", "0.05,0"]
+    cfg = engine_config("sg5", backend="sglang", sglang=sglang_section(tmp_path, launcher=launcher))
+    engine = await start_engine(tmp_path, cfg)
+    try:
+        async with aiohttp.ClientSession() as http:
+
+            async def ready() -> bool:
+                async with http.get(engine.url + "/ready") as r:
+                    return r.status == 200
+
+            await wait_until(ready, 30, "the agent to be ready once SGLang is healthy")
+            streams: list[asyncio.Task[list[dict[str, Any]]]] = []
+            first_tokens = 0
+
+            async def long_generate(rid: str) -> list[dict[str, Any]]:
+                nonlocal first_tokens
+                events: list[dict[str, Any]] = []
+                body = gen_body(rid, list(range(200, 200 + 4 * PAGE)), max_tokens=2000)
+                async with http.post(
+                    engine.url + "/agentpool/v1/generate", json=body, headers=ENGINE_AUTH
+                ) as r:
+                    async for line in r.content:
+                        events.append(json.loads(line))
+                        if events[-1]["type"] == "token" and sum(e["type"] == "token" for e in events) == 1:
+                            first_tokens += 1
+                return events
+
+            streams = [asyncio.create_task(long_generate(f"long{i}")) for i in range(3)]
+            await wait_until(lambda: _true(first_tokens == 3), 20, "every request to stream")
+            started = asyncio.get_running_loop().time()
+            rc = await engine.stop(within_s=60)
+            took = asyncio.get_running_loop().time() - started
+            ends = await asyncio.gather(*streams, return_exceptions=True)
+        assert rc == 0, engine.text()
+        assert took < 10, f"the agent took {took:.1f} s to stop:\n{engine.text()}"
+        assert "SGLang stopped (exit code 0)" in engine.text(), engine.text()
+        for events in ends:  # each request was told, not cut off silently
+            assert not isinstance(events, BaseException), ends
+            assert events[-1] == {"type": "error", "message": "the engine is stopping"}, events[-3:]
+    finally:
+        await engine.stop()

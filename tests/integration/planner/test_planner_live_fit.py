@@ -168,6 +168,6 @@ async def test_engine_iterations_through_the_router_fit_the_planner_and_the_spli
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            for e in engines:
-                await e.stop()
+            stopped = [await e.stop() for e in engines]
             await router.stop()
+    assert stopped == [0] * len(engines), "an engine did not exit on SIGTERM within 15 s"

@@ -168,6 +168,7 @@ class SglangBackend:
         self.records = IterationRecorder(s.chunked_prefill_tokens)
         self.load_errors = 0
         self._http: aiohttp.ClientSession | None = None
+        self._forwards: set[asyncio.Task[None]] = set()  # our requests in SGLang, held until they end
         self._control: SglangControl | None = None
         self._idle = asyncio.Event()
         self._idle.set()
@@ -195,6 +196,11 @@ class SglangBackend:
                     await bridge
                 for job in list(self.jobs.values()):
                     job.finish({"type": "error", "message": "the engine is stopping"})
+                # our requests still open in SGLang would hold its HTTP server's shutdown (the stop
+                # then waits its whole timeout and kills it): end them first
+                for t in self._forwards:
+                    t.cancel()
+                await asyncio.gather(*self._forwards, return_exceptions=True)
                 await self.process.stop(self.s.stop_timeout_s)
                 if self.store is not None:
                     await self.store.close()
@@ -337,7 +343,7 @@ class SglangBackend:
         if g.phase != "prefill":  # streamed: its chunks time SGLang's passes
             self.records.submitted(rid, time.monotonic(), len(ids), prefills_here=g.phase == "both")
         self._idle.clear()
-        asyncio.get_running_loop().create_task(self._forward(job, payload))
+        self._start_forward(job, payload)
         if g.phase == "prefill":
             # SGLang's prefill waits for the decode node to pull the KV: the router learns the room now
             job.output = True
@@ -351,6 +357,11 @@ class SglangBackend:
         url = self.cfg.advertise_url
         host = urlsplit(url).hostname if url else None
         return host or self.cfg.host
+
+    def _start_forward(self, job: SglangJob, payload: dict[str, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(self._forward(job, payload))
+        self._forwards.add(task)
+        task.add_done_callback(self._forwards.discard)
 
     async def _forward(self, job: SglangJob, payload: dict[str, Any]) -> None:
         assert self._http is not None
@@ -465,7 +476,7 @@ class SglangBackend:
         self.jobs[job.rid] = job
         self.records.submitted(job.rid, time.monotonic(), len(g.prompt_token_ids), prefills_here=False)
         payload = payload | {"rid": job.rid, "bootstrap_port": port, "bootstrap_room": room}
-        asyncio.get_running_loop().create_task(self._forward(job, payload))
+        self._start_forward(job, payload)
 
     def _fail_now(self, job: SglangJob, message: str, status: int) -> None:
         self.metrics.requests.labels(job.phase, "error").inc()

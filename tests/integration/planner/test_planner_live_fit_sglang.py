@@ -148,6 +148,6 @@ async def test_sglang_engines_records_reach_the_planner_which_fits_them(tmp_path
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            stopped = [await e.stop() for e in engines]
+            for e in engines:  # a prompt stop is checked in test_engine_sglang_process.py
+                await e.stop()
             await router.stop()
-    assert stopped == [0] * len(engines), "an engine did not exit on SIGTERM within 15 s"

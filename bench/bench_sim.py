@@ -96,7 +96,27 @@ def _cc_scenario(args: argparse.Namespace, agents: int, seed: int = 0) -> Scenar
         max_pause_s=args.max_pause,
         sim=SimConfig(decode_binding=args.decode_binding),
         seed=seed,
+        planner=_planner_settings(args),
     )
+
+
+def _planner_settings(args: argparse.Namespace, **kw: Any) -> PlannerSettings:
+    """The planner's settings, with ``--min-relative-gain`` where given (the default otherwise)."""
+    if args.min_relative_gain is not None:
+        kw["min_relative_gain"] = args.min_relative_gain
+    return PlannerSettings(**kw)
+
+
+def _label_gain(args: argparse.Namespace, by_seed: BySeed) -> None:
+    """Name agentpool's rows after a ``--min-relative-gain`` other than the default, so a table run
+    with it merges beside the default's (``python -m bench.sim_tables merge``)."""
+    r = args.min_relative_gain
+    if r is None or r == PlannerSettings().min_relative_gain:
+        return
+    for runs in by_seed.values():
+        for run in runs:
+            if run["system"] == "agentpool":
+                run["system"] = f"agentpool (min gain {r:g})"
 
 
 def cc(args: argparse.Namespace) -> None:
@@ -149,6 +169,7 @@ def cc_seeds(args: argparse.Namespace) -> None:
             args.jobs,
             f"{agents} agents",
         )
+        _label_gain(args, by_seed)
         return by_seed, bounds, seed_table(by_seed, bounds)
 
     _sections_by_agents(args, md, section, "cc_seeds")
@@ -378,6 +399,7 @@ def scale(args: argparse.Namespace) -> None:
         ramp_s=args.ramp,
         static_prefill_nodes=prefill,
         sim=SimConfig(nodes=nodes, prefill_nodes=prefill),
+        planner=_planner_settings(args),
     )
     systems = [s.strip() for s in args.scale_systems.split(",") if s.strip()]
     t = time.perf_counter()
@@ -432,7 +454,7 @@ def _fit_runs(args: argparse.Namespace, agents: int, seed: int) -> tuple[Scenari
     convs = load_conversations(base)
     res = []
     for source, noise in [(ModelSource.PRESET, 0.0)] + [(ModelSource.ONLINE, n) for n in args.noises]:
-        settings = PlannerSettings(fit=source, fit_noise=noise, fit_seed=seed)
+        settings = _planner_settings(args, fit=source, fit_noise=noise, fit_seed=seed)
         r = run_system("agentpool", dataclasses.replace(base, planner=settings), convs)
         # fitted with no extra noise is agentpool as every other table runs it: its rows merge with those
         r["system"] = (
@@ -498,6 +520,7 @@ def fit_seeds(args: argparse.Namespace) -> None:
             base, by_seed[seed] = _fit_runs(args, agents, seed)
             b = scenario_bound(base, load_conversations(base))
             bounds[seed] = None if b is None else b.throughput_rps
+        _label_gain(args, by_seed)
         return by_seed, bounds, seed_table(by_seed, bounds) + "\n" + fit_error_table(by_seed)
 
     _sections_by_agents(args, md, section, "fit_seeds")
@@ -619,6 +642,14 @@ def main(argv: list[str] | None = None) -> int:
         "--name",
         default=None,
         help="cc/fit --seeds, shifting/open-loop --seeds, smetric, scale: results file name (sim_NAME.md)",
+    )
+    p.add_argument(
+        "--min-relative-gain",
+        type=float,
+        default=None,
+        help="cc, fit, scale: agentpool's planner's least gain of a switch, as a fraction of the "
+        "current split's predicted throughput (default: PlannerSettings'; 0: the paper's test alone); "
+        "cc --seeds names agentpool's rows after a value other than the default",
     )
     p.add_argument("--write", action="store_true", help="store the results under bench/results/")
     args = p.parse_args(argv)

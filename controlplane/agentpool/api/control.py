@@ -91,6 +91,10 @@ class PlannerSpec(ApiModel):
     refit: bool = True
     """Refit a node's iteration models when a window's work leaves the range they were fitted on
     and they mispredict it; false keeps the warmup's fit frozen, as the paper does."""
+    min_relative_gain: float = Field(default=0.03, ge=0, lt=1)
+    """A switch must also gain at least this fraction of the current split's predicted throughput,
+    and a candidate that moves more nodes must beat one that moves fewer by as much; 0 is the
+    paper's test alone (mean gain above twice its standard error)."""
 
     def settings(self) -> PlannerSettings:
         return PlannerSettings(
@@ -102,6 +106,7 @@ class PlannerSpec(ApiModel):
             min_prefill=self.min_nodes.prefill,
             min_decode=self.min_nodes.decode,
             refit=self.refit,
+            min_relative_gain=self.min_relative_gain,
         )
 
 

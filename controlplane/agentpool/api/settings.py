@@ -27,6 +27,8 @@ class PlannerSettings:
     min_decode: int
     refit: bool = True
     """Refit the iteration models when a window's work leaves their fitted range."""
+    min_relative_gain: float = 0.03
+    """A switch must gain at least this fraction of the current split's predicted throughput."""
 
     @property
     def slice_s(self) -> float:

@@ -22,6 +22,7 @@ def planner_config(spec: AgentServingPoolSpec) -> PlannerConfig:
         initial_prefill=spec.initial_split.prefill,
         enabled=s.enabled,
         refit=s.refit,
+        min_relative_gain=s.min_relative_gain,
     )
 
 

@@ -75,6 +75,7 @@ SETTING_FLAGS = (
     ("min_prefill", int, "minimum prefill nodes"),
     ("min_decode", int, "minimum decode nodes"),
     ("initial_prefill", int, "prefill nodes of the split disaggregation starts from"),
+    ("min_relative_gain", float, "least gain of a switch, as a fraction of the current throughput"),
 )
 
 

@@ -88,6 +88,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "leaves the range its models were fitted on (agentpool.models.refit, as the live planner does)",
     )
     parser.add_argument(
+        "--min-relative-gain",
+        type=float,
+        default=PlannerSettings().min_relative_gain,
+        help="agentpool's planner switches only for a mean gain of at least this fraction of the "
+        "current split's predicted throughput (0: the paper's test alone; default %(default)s)",
+    )
+    parser.add_argument(
         "--truth",
         default="roofline",
         choices=list(TRUTHS),
@@ -156,7 +163,11 @@ def scenario_from(args: argparse.Namespace) -> Scenario:
         duration_s=args.duration,
         seed=args.seed,
         planner=PlannerSettings(
-            fit=ModelSource(args.fit), fit_noise=args.fit_noise, fit_seed=args.seed, refit=not args.no_refit
+            fit=ModelSource(args.fit),
+            fit_noise=args.fit_noise,
+            fit_seed=args.seed,
+            refit=not args.no_refit,
+            min_relative_gain=args.min_relative_gain,
         ),
     )
 

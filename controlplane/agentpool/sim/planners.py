@@ -107,6 +107,7 @@ class PlannerSettings:
     window_s: float = 600.0
     slices: int = 10
     cooldown_s: float = 120.0
+    min_relative_gain: float = 0.03  # PlannerPolicy.min_relative_gain (0: the paper's test alone)
     # Dynamo's load planner defaults (agentpool.sim.dynamo)
     dynamo: DynamoSettings = field(default_factory=DynamoSettings)
     arrow_interval_s: float = 30.0
@@ -377,7 +378,7 @@ def _pct_range(xs: list[float]) -> str:
 
 
 def _evolving(sim: Simulator, s: PlannerSettings) -> Tick:
-    policy = PlannerPolicy(cooldown_s=s.cooldown_s)
+    policy = PlannerPolicy(cooldown_s=s.cooldown_s, min_relative_gain=s.min_relative_gain)
     refit = s.refit_policy if s.refit else None
     fit = OnlineFit(sim, s.fit_noise, s.fit_seed, refit) if s.fit is ModelSource.ONLINE else None
 

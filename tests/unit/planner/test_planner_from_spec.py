@@ -47,3 +47,10 @@ def test_the_refit_opt_out_reaches_the_planner_config() -> None:
     assert planner_config(spec).refit  # on by default
     off = spec.model_copy(update={"planner": spec.planner.model_copy(update={"refit": False})})
     assert planner_config(off).refit is False
+
+
+def test_the_min_relative_gain_reaches_the_planner_policy() -> None:
+    spec = _pool("pool-sim.yaml").spec
+    assert planner_config(spec).policy().min_relative_gain == 0.03  # the default
+    off = spec.model_copy(update={"planner": spec.planner.model_copy(update={"min_relative_gain": 0.0})})
+    assert planner_config(off).policy().min_relative_gain == 0.0  # the paper's test alone

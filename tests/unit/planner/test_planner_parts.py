@@ -24,6 +24,8 @@ def test_config_defaults_are_the_papers_and_bad_values_are_rejected() -> None:
         PlannerConfig(min_prefill=2, initial_prefill=1)
     with pytest.raises(ValueError, match="cooldown"):
         PlannerConfig(cooldown_s=-1)
+    with pytest.raises(ValueError, match="min relative gain"):
+        PlannerConfig(min_relative_gain=-0.01)
 
 
 def test_inbox_keeps_only_the_newest_iteration_records_beyond_its_cap() -> None:

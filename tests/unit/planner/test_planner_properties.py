@@ -48,7 +48,9 @@ def pools(draw: st.DrawFn) -> tuple[PlannerInput, PlannerPolicy]:
     )
     lo = draw(st.integers(min_value=1, max_value=max(1, n // 2)))
     policy = PlannerPolicy(
-        min_prefill=lo, min_decode=draw(st.integers(min_value=1, max_value=max(1, n - lo)))
+        min_prefill=lo,
+        min_decode=draw(st.integers(min_value=1, max_value=max(1, n - lo))),
+        min_relative_gain=draw(st.sampled_from([0.0, 0.03, 0.2])),
     )
     return PlannerInput(nodes=tuple(nodes), slices=slices), policy
 
@@ -64,15 +66,21 @@ def test_decisions_respect_pins_minimums_fewest_moves_and_the_gain_test(
     pinned = {x.name for x in inp.nodes if x.pinned}
     p_now = sum(1 for x in inp.nodes if x.role is Role.PREFILL)
     assert p_now not in {c.prefill_count for c in d.candidates}
+    floor = policy.min_relative_gain * (sum(d.current_throughput) / max(len(d.current_throughput), 1))
     for c in d.candidates:
         assert policy.min_prefill <= c.prefill_count <= n - policy.min_decode
         assert c.moves == abs(c.prefill_count - p_now)
         assert not pinned & (set(c.to_prefill) | set(c.to_decode))
-        assert c.qualifies == (c.mean_gain > policy.significance * c.std_error)
+        assert c.qualifies == (c.mean_gain > policy.significance * c.std_error and c.mean_gain > floor)
     qualifying = [c for c in d.candidates if c.qualifies]
     if d.outcome is Outcome.SWITCH:
         assert d.chosen is not None and d.chosen.qualifies
-        assert d.chosen.mean_gain == max(c.mean_gain for c in qualifying)
+        top = max(c.mean_gain for c in qualifying)
+        assert d.chosen.mean_gain >= top - floor  # within the floor of the best ...
+        if policy.min_relative_gain == 0:
+            assert d.chosen.mean_gain == top  # ... which is the best itself for the paper's test
+        # ... and no candidate within it moves fewer nodes
+        assert not [c for c in qualifying if c.mean_gain >= top - floor and c.moves < d.chosen.moves]
         assert len(d.prefill) == d.chosen.prefill_count and len(d.prefill) + len(d.decode) == n
     else:
         assert d.outcome is Outcome.HOLD and not qualifying and d.to_prefill == d.to_decode == ()

@@ -1,7 +1,8 @@
 """The planner's I/O shell (Algorithm E.3 line 1 and the outer loop): warmup, fit, windows, apply.
 
 0. Restart: when a saved state (:mod:`agentpool.planner.state`) has models of the pods, the
-   planner resumes from the pods' current roles and skips 1-2.
+   planner resumes from the pods' current roles and skips 1-2; the saved fitted records are
+   what its refits check windows against.
 1. Warmup: every unpinned engine pod is set to ``both`` (colocated) and serves both phases for
    ``warmup_s``; the engines' iteration records are fitted per node (NNLS) and frozen (and saved):
    :mod:`agentpool.planner.node_fits`.
@@ -59,6 +60,7 @@ from agentpool.planner.inbox import PlannerInbox
 from agentpool.planner.metrics import PlannerMetrics
 from agentpool.planner.node_fits import apply_refits, fit_warmup, prefill_batches_by_node
 from agentpool.planner.roles import ObjectRef, PodRoleState, RoleBoard, split_label
+from agentpool.planner.saved_records import saved_records
 from agentpool.planner.state import PlannerState, StateStore, SwitchRecord
 from agentpool.planner.switch_follow import PendingSwitch, PhaseSink, announce
 
@@ -141,8 +143,7 @@ class PlannerController:
         self.fits_failed = 0
         self.fits: dict[str, NodeFit] = {}
         self.refit_policy = RefitPolicy() if refit_policy is None else refit_policy
-        # what each node's models were fitted on; not saved: a planner resumed from its saved
-        # state has none and refits nothing until its next warmup
+        # what each node's models were fitted on (saved thinned with the state, restored on resume)
         self.fitted_records: dict[str, NodeRecords] = {}
         self.refits = 0  # windows that refitted a node
         self.last: Evaluation | None = None
@@ -224,6 +225,7 @@ class PlannerController:
             log.warning("saved planner state has models of none of the pods: warming up")
             return False
         self._models = models
+        self.fitted_records = saved.node_records()
         self._fitted_at = saved.fitted_at
         self.switches = saved.switches
         if saved.last_switch_at is not None:
@@ -251,20 +253,17 @@ class PlannerController:
         return True
 
     async def save_state(self) -> None:
-        """Save the models and the last switch time (no-op without a state store)."""
+        """Save the models, their fitted records (thinned in a worker thread) and the last switch
+        time (no-op without a state store)."""
         if self._state is None or not self._models:
             return
         sw = self._last_switch
-        await self._state.save(
-            PlannerState.of(
-                self._shape,
-                self._models,
-                self._fitted_at,
-                None if sw is None else sw.applied_at,
-                None if sw is None else sw.settled_at,
-                self.switches,
-            )
+        applied, settled = (None, None) if sw is None else (sw.applied_at, sw.settled_at)
+        records = await asyncio.to_thread(saved_records, dict(self.fitted_records))
+        state = PlannerState.of(
+            self._shape, self._models, self._fitted_at, applied, settled, self.switches, records
         )
+        await self._state.save(state)
 
     async def publish_models(self) -> None:
         """Send every fitted node's current model to the routers (no-op without a sink)."""

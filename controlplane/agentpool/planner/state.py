@@ -1,17 +1,21 @@
-"""What the planner keeps across restarts (the fitted node models, the last switch time, the
-switch count) and what it reports for the pool's status (the configuration generations in force).
+"""What the planner keeps across restarts (the fitted node models and the records they were fitted
+on, the last switch time, the switch count) and what it reports for the pool's status (the
+configuration generations in force).
 
 Without it a restarted planner would set every node back to colocated, wait out a new warmup
 (30 minutes by default) and split the pool again from the initial split, throwing away the
-split it had converged to. With it, a restart resumes from the pods' current roles.
+split it had converged to. With it, a restart resumes from the pods' current roles, and a later
+window whose work leaves the range of the saved fitted records refits the nodes as it would have
+before the restart (:mod:`agentpool.planner.saved_records`: a few hundred records per node and
+phase, 256 KiB at most, under a key of their own).
 
 Where: a ConfigMap ``<pool>-planner-state`` (key ``state.json``) in the pool's namespace, owned by
 the pool (garbage-collected with it). Not an annotation on the ``AgentServingPool``: the operator
 watches that object, so every save would wake its handlers, annotations share a 256 KiB budget
 with everyone else's, and the planner would need write access to the pool. A ConfigMap is the
-planner's own object (1 MiB: about 4000 nodes' models), readable with ``kubectl get cm``, and
-needs only ``get/create/patch`` on configmaps. Saved after the fit and after every switch, so
-writes are rare.
+planner's own object (1 MiB: about 4000 nodes' models, or about 3000 beside the fitted records'
+256 KiB), readable with ``kubectl get cm``, and needs only ``get/create/patch`` on configmaps.
+Saved after the fit, after every refit and after every switch, so writes are rare.
 
 A saved state is used only if its MoE shape matches the planner's; otherwise (or if it cannot be
 parsed) the planner warms up as on a first start.
@@ -34,13 +38,16 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agentpool.models import MoeShape, NodeModel
+from agentpool.models.refit import NodeRecords
 from agentpool.planner.kube import MERGE_PATCH
 from agentpool.planner.roles import ObjectRef
+from agentpool.planner.saved_records import SavedRecords, SavedRecordSet
 from agentpool.wire.fits import WireNodeModel
 
 log = logging.getLogger(__name__)
 
 STATE_KEY = "state.json"
+RECORDS_KEY = "records.json"  # the fitted records, apart: the operator reads state.json every few seconds
 LOADED_KEY = "loaded.json"
 
 
@@ -81,6 +88,10 @@ class LoadedGenerations(_Wire):
 class PlannerState(_Wire):
     """``fitted_at``, ``last_switch_at`` (applied) and ``last_switch_settled_at`` (the last moved
     node served its new phase; None while one drains) are wall-clock seconds (the planner's clock).
+    ``records``: what each node's models were fitted on, thinned; a ConfigMap keeps them under a key
+    of their own (``records.json``), so ``state.json`` stays small for the operator, which reads it
+    for the status. None in a state saved before they were kept: such a planner refits nothing
+    until its next warmup.
     """
 
     version: Literal[1] = 1
@@ -90,6 +101,7 @@ class PlannerState(_Wire):
     last_switch_settled_at: float | None = None
     models: dict[str, SavedNodeModel]
     switches: SwitchRecord = SwitchRecord()
+    records: dict[str, SavedRecords] = Field(default_factory=dict)
 
     @staticmethod
     def of(
@@ -99,9 +111,12 @@ class PlannerState(_Wire):
         last_switch_at: float | None,
         last_switch_settled_at: float | None = None,
         switches: SwitchRecord | None = None,
+        records: dict[str, SavedRecords] | None = None,
     ) -> PlannerState:
+        """``records``: from :func:`agentpool.planner.saved_records.saved_records` (bounded)."""
         return PlannerState(
             switches=switches if switches is not None else SwitchRecord(),
+            records=records or {},
             shape=SavedShape(
                 experts_active=shape.experts_active, experts_total=shape.experts_total, t_fwd=shape.t_fwd
             ),
@@ -121,6 +136,10 @@ class PlannerState(_Wire):
 
     def node_models(self) -> dict[str, NodeModel]:
         return {name: m.node_model() for name, m in self.models.items()}
+
+    def node_records(self) -> dict[str, NodeRecords]:
+        """The saved fitted records of each node that has a model."""
+        return {name: r.node_records(name) for name, r in self.records.items() if name in self.models}
 
 
 class StateStore(Protocol):
@@ -151,15 +170,26 @@ class ConfigMapStateStore:
             log.info("configmap %s/%s has no %s: no saved state", self.namespace, self.name, STATE_KEY)
             return None
         try:
-            return PlannerState.model_validate_json(raw)
+            state = PlannerState.model_validate_json(raw)
         except ValidationError as e:
             log.warning(
                 "saved planner state in %s/%s is not readable, ignored: %s", self.namespace, self.name, e
             )
             return None
+        raw = (cm.data or {}).get(RECORDS_KEY)
+        try:
+            records = {} if raw is None else SavedRecordSet.model_validate_json(raw).nodes
+        except ValidationError as e:
+            log.warning(
+                "saved fitted records are not readable, none restored (no refit until a warmup): %s", e
+            )
+            records = {}
+        return state.model_copy(update={"records": records})
 
     async def save(self, state: PlannerState) -> None:
-        await self._save({STATE_KEY: state.model_dump_json()})
+        """``state.json`` without the fitted records, ``records.json`` with them, in one patch."""
+        records = SavedRecordSet(nodes=state.records).model_dump_json()
+        await self._save({STATE_KEY: state.model_dump_json(exclude={"records"}), RECORDS_KEY: records})
 
     async def save_loaded(self, loaded: LoadedGenerations) -> None:
         """Report which generation each part runs (``loaded.json``; the state is left alone)."""

@@ -15,9 +15,24 @@ import pytest
 import pytest_asyncio
 from kubernetes import client as k8s
 from prometheus_client import CollectorRegistry
-from test_planner_controller import NODE, NS, OSWORLD, PODS, POOL, SHAPE, Harness, pod_body, warmup_records
+from test_planner_controller import (
+    LONG_CHUNKS,
+    NODE,
+    NS,
+    OSWORLD,
+    PODS,
+    POOL,
+    PUTNAM,
+    SHAPE,
+    SHORT,
+    Harness,
+    Published,
+    pod_body,
+    warmup_records,
+)
 
-from agentpool.models import MoeShape
+from agentpool.models import MoeShape, PrefillModel
+from agentpool.models.synthetic import decode_records, prefill_records
 from agentpool.planner.config import PlannerConfig
 from agentpool.planner.controller import Evaluation, PlannerController, PlannerError
 from agentpool.planner.core import Outcome
@@ -25,6 +40,7 @@ from agentpool.planner.inbox import PlannerInbox
 from agentpool.planner.kube import PodRoles
 from agentpool.planner.metrics import PlannerMetrics
 from agentpool.planner.roles import ServedRoles
+from agentpool.planner.saved_records import SavedRecordSet
 from agentpool.planner.state import ConfigMapStateStore, LoadedGenerations, PlannerState
 
 pytestmark = pytest.mark.integration
@@ -70,10 +86,14 @@ async def env(kmock: Any) -> AsyncIterator[Env]:
         assert isinstance(box[0], PlannerConfig)
         return box[0]
 
-    def build(cls: type[PlannerController] = PlannerController, shape: MoeShape = SHAPE) -> PlannerController:
+    def build(
+        cls: type[PlannerController] = PlannerController,
+        shape: MoeShape = SHAPE,
+        inbox: PlannerInbox | None = None,
+    ) -> PlannerController:
         return cls(
             pods=PodRoles(api, NS, "agentpool.io/pool=demo", served),
-            inbox=PlannerInbox(),
+            inbox=PlannerInbox() if inbox is None else inbox,
             config=config,
             pool=POOL,
             metrics=PlannerMetrics(CollectorRegistry()),
@@ -114,6 +134,10 @@ async def test_state_is_a_configmap_owned_by_the_pool_and_holds_models_and_the_l
     assert state.last_switch_at == 2400 and sorted(state.models) == PODS
     assert state.models["engine-3"].node_model().prefill.c1 == pytest.approx(NODE.prefill.c1, rel=0.05)
     assert json.loads(cm["data"]["state.json"])["version"] == 1
+    # the fitted records lie apart, so the operator's status refresh reads a small state.json
+    assert "records" not in json.loads(cm["data"]["state.json"]) and state.records == {}
+    records = SavedRecordSet.model_validate_json(cm["data"]["records.json"])
+    assert sorted(records.nodes) == PODS and all(len(r.decode) == 128 for r in records.nodes.values())
     assert (state.switches.total, state.switches.last_to) == (1, "6P3D")  # what the operator shows
     # which generation each part runs goes beside it, and leaves the state alone
     store = ConfigMapStateStore(env.api, NS, STATE)
@@ -151,6 +175,51 @@ async def test_a_restarted_planner_resumes_the_split_and_the_cooldown_without_re
     assert sorted(ev.decision.prefill) == sorted(switched.decision.prefill)
 
 
+async def test_a_restarted_planner_refits_on_the_saved_fitted_records_without_a_new_warmup(env: Env) -> None:
+    """Fitted on short batches, then restarted; the next window's full 8K chunks, which the
+    warmup's models underestimate, leave the saved records' range: the restarted planner refits."""
+    h, rng = env.h, np.random.default_rng(7)
+    for name in PODS:
+        h.inbox.add_iterations(prefill_records(name, NODE, 300, 0.02, rng, SHORT, start=0, spacing=6))
+        h.inbox.add_iterations(decode_records(name, NODE, 300, 0.02, rng, start=0, spacing=6))
+    await asyncio.to_thread(h.controller.fit, 0.0, 1800.0)
+    await h.controller.start_disaggregation()
+    await h.controller.save_state()
+    h.engines_report_observed_roles()
+    warm = {n: f.prefill.model for n, f in h.controller.fits.items()}
+    patches = len(env.pod_patches())
+
+    inbox = PlannerInbox()
+    restarted = env.build(inbox=inbox)
+    sink = restarted.models_out = Published()
+    assert await restarted.resume()
+    assert len(env.pod_patches()) == patches  # resumed: nothing re-colocated, no warmup
+    saved = restarted.fitted_records
+    assert sorted(saved) == PODS and all(len(saved[n].prefill) == 128 for n in PODS)  # of 300
+    window = [
+        r
+        for name in ("engine-0", "engine-1")  # the prefill nodes run the new work
+        for r in prefill_records(name, LONG_CHUNKS, 100, 0.02, rng, start=1800, spacing=6)
+    ]
+    inbox.add_iterations(window)
+    dataclasses.replace(h, controller=restarted, inbox=inbox).route(1800, 2400, PUTNAM, rng)
+    ev = await restarted.evaluate_window(1800, 2400)
+    assert ev is not None and restarted.refits == 1
+
+    def error(model: PrefillModel) -> float:
+        return float(np.mean([abs(model.iteration_time(r.batch) - r.seconds) / r.seconds for r in window]))
+
+    published, _ = sink.sets[-1]
+    for n in PODS:  # every node, the decode nodes on the prefill nodes' records
+        assert error(warm[n]) > 0.15 and error(published[n].prefill) < 0.10, n
+    # the refit's records are saved in turn: a second restart checks the next window against them
+    again = env.build()
+    assert await again.resume()
+    assert max(r.seconds for r in again.fitted_records["engine-0"].prefill) == pytest.approx(
+        max(r.seconds for r in restarted.fitted_records["engine-0"].prefill)
+    )
+
+
 async def test_run_after_a_restart_evaluates_windows_at_once_instead_of_warming_up(env: Env) -> None:
     await converge(env)
     patches = len(env.pod_patches())
@@ -171,6 +240,9 @@ async def test_no_state_or_a_state_for_another_model_means_a_warmup(env: Env) ->
     await converge(env)
     assert not await env.build(shape=MoeShape(experts_active=2, experts_total=8)).resume()
     key = (env.h.kmock.resource("v1", "configmaps"), NS, STATE)
+    env.h.kmock.objects[key].patch({"data": {"records.json": "{not json"}})
+    unreadable_records = env.build()  # the models and split still resume; no refit until a warmup
+    assert await unreadable_records.resume() and unreadable_records.fitted_records == {}
     env.h.kmock.objects[key].patch({"data": {"state.json": "{not json"}})
     assert not await env.build().resume()
 

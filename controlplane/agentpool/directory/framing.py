@@ -15,15 +15,22 @@ from collections.abc import Sequence
 from agentpool.v1 import directory_pb2 as pb
 
 # field numbers (proto/agentpool/v1/directory.proto)
-_RESOLVE_HASHES = 1  # ResolveRequest.block_hashes
-_PLACE_HASHES = 3  # PlaceRequest.block_hashes
+_RESOLVE_HASHES, _RESOLVE_BRANCH = 1, 2  # ResolveRequest.block_hashes, .branch
+_PLACE_BRANCH, _PLACE_NODE, _PLACE_HASHES = 1, 2, 3  # PlaceRequest.branch, .node, .block_hashes
 _OP_RESOLVE, _OP_PLACE, _OP_QUIET = 2, 3, 4  # RouteOp
 _REPLY_RESOLVE, _REPLY_PLACE, _REPLY_ERROR = 2, 3, 4  # RouteReply
 _REPEATED = 1  # RouteBatch.ops, RouteReplies.replies
 _ID = b"\x08"  # RouteOp.id / RouteReply.id: field 1, varint
 
 
+_SMALL = [bytes((v,)) for v in range(0x80)]  # one-byte varints
+_OMIT_PATHS = b"\x18\x01"  # ResolveRequest.omit_paths = true: field 3, varint 1
+_QUIET = bytes(((_OP_QUIET << 3), 1))  # RouteOp.quiet = true
+
+
 def varint(value: int) -> bytes:
+    if value < 0x80:
+        return _SMALL[value]
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)
@@ -34,7 +41,13 @@ def varint(value: int) -> bytes:
 
 def length_delimited(field: int, data: bytes) -> bytes:
     """A bytes, string or message field (wire type 2) of number ``field`` (< 16: one tag byte)."""
-    return bytes(((field << 3) | 2,)) + varint(len(data)) + data
+    return _SMALL[(field << 3) | 2] + varint(len(data)) + data
+
+
+def _string(field: int, value: str) -> bytes:
+    """A string field, left out when empty (as proto3 writes it); UnicodeEncodeError (a ValueError)
+    for a string UTF-8 cannot hold, as the generated classes raise."""
+    return length_delimited(field, value.encode()) if value else b""
 
 
 def packed_hashes(field: int, hashes: Sequence[int]) -> bytes:
@@ -50,14 +63,17 @@ def packed_hashes(field: int, hashes: Sequence[int]) -> bytes:
 
 def resolve_request(block_hashes: Sequence[int], branch: str, omit_paths: bool = False) -> bytes:
     """An encoded ``ResolveRequest``."""
-    rest: bytes = pb.ResolveRequest(branch=branch, omit_paths=omit_paths).SerializeToString()
-    return packed_hashes(_RESOLVE_HASHES, block_hashes) + rest
+    encoded = packed_hashes(_RESOLVE_HASHES, block_hashes) + _string(_RESOLVE_BRANCH, branch)
+    return encoded + _OMIT_PATHS if omit_paths else encoded
 
 
 def place_request(branch: str, node: str, block_hashes: Sequence[int]) -> bytes:
     """An encoded ``PlaceRequest``."""
-    rest: bytes = pb.PlaceRequest(branch=branch, node=node).SerializeToString()
-    return rest + packed_hashes(_PLACE_HASHES, block_hashes)
+    return (
+        _string(_PLACE_BRANCH, branch)
+        + _string(_PLACE_NODE, node)
+        + packed_hashes(_PLACE_HASHES, block_hashes)
+    )
 
 
 def route_op(
@@ -73,7 +89,7 @@ def route_op(
         else length_delimited(_OP_PLACE, place or b"")
     )
     if quiet:
-        body += bytes(((_OP_QUIET << 3), 1))
+        body += _QUIET
     return length_delimited(_REPEATED, body)
 
 

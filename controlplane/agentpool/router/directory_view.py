@@ -41,12 +41,20 @@ class Resolved:
 
 class DirectoryView(Protocol):
     async def resolve(
-        self, hashes: Sequence[int], branch: str | None, parent_branch: str | None
-    ) -> Resolved: ...
+        self,
+        hashes: Sequence[int],
+        branch: str | None,
+        parent_branch: str | None,
+        timeout_s: float | None = None,
+    ) -> Resolved:
+        """The directory's answer, within ``timeout_s`` (None: the view's own limit) or
+        :class:`DirectoryError` (the caller arms no timer of its own)."""
+        ...
 
     async def place(self, branch: str, node: str, hashes: Sequence[int]) -> None:
         """``node`` took a request of ``branch`` with full pages ``hashes``: Algorithm E.1 for the branch
-        (the Resolve before only looked), then E.2's count on the node."""
+        (the Resolve before only looked), then E.2's count on the node. Never waits for the directory
+        (the request does not wait for it: a view sends it, or applies it in process)."""
         ...
 
     async def end_branch(self, branch: str) -> bool:
@@ -79,7 +87,13 @@ class InProcessDirectoryView:
         self.directory = directory
         self._clock = clock
 
-    async def resolve(self, hashes: Sequence[int], branch: str | None, parent_branch: str | None) -> Resolved:
+    async def resolve(
+        self,
+        hashes: Sequence[int],
+        branch: str | None,
+        parent_branch: str | None,
+        timeout_s: float | None = None,
+    ) -> Resolved:
         try:
             r = self.directory.lookup(hashes, branch)  # read-only: the Place applies E.1
         except KvError as e:

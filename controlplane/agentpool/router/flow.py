@@ -40,7 +40,7 @@ from agentpool.errors import (
 )
 from agentpool.models import Work
 from agentpool.router.config import RouterConfig
-from agentpool.router.directory_view import DirectoryError, DirectoryView, InProcessDirectoryView
+from agentpool.router.directory_view import DirectoryError, DirectoryView
 from agentpool.router.engine_client import EngineBusy, EngineClient, EngineFailure, EngineRejected
 from agentpool.router.metrics import RouterMetrics
 from agentpool.router.nodes import NodeTable
@@ -301,12 +301,8 @@ class Dispatcher:
         if prep.branch is None:
             return
         try:
-            if isinstance(self.directory, InProcessDirectoryView):  # answers without waiting: no timer
-                await self.directory.place(prep.branch, node, prep.hashes)
-                return
-            async with asyncio.timeout(self.routing.config.timeouts.directory_s):
-                await self.directory.place(prep.branch, node, prep.hashes)
-        except (DirectoryError, TimeoutError):
+            await self.directory.place(prep.branch, node, prep.hashes)  # never waits: no timer
+        except DirectoryError:
             self.metrics.directory_errors.labels("place").inc()
 
     def _generate_request(

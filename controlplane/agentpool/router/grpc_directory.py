@@ -60,9 +60,15 @@ class GrpcDirectoryView:
         await self.session.close()
         await self.client.close()
 
-    async def resolve(self, hashes: Sequence[int], branch: str | None, parent_branch: str | None) -> Resolved:
+    async def resolve(
+        self,
+        hashes: Sequence[int],
+        branch: str | None,
+        parent_branch: str | None,
+        timeout_s: float | None = None,
+    ) -> Resolved:
         try:
-            r = await self.session.resolve(hashes, branch)
+            r = await self.session.resolve(hashes, branch, timeout_s=timeout_s)
         except DirectoryRpcError as e:
             raise DirectoryError(str(e)) from e
         prefixes = {
@@ -73,7 +79,7 @@ class GrpcDirectoryView:
         return Resolved(prefixes, r.branch.version if r.HasField("branch") else None, hashes)
 
     async def place(self, branch: str, node: str, hashes: Sequence[int]) -> None:
-        """Sent on the Route stream, not waited for (see the module's doc)."""
+        """Sent on the Route stream, not waited for (see the module's doc): never waits."""
         self.session.place(branch, node, hashes)
 
     async def end_branch(self, branch: str) -> bool:

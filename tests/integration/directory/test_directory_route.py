@@ -112,6 +112,29 @@ async def test_operations_queued_together_travel_in_one_message(client: Director
         await session.close()
 
 
+@pytest.mark.parametrize(
+    ("branch", "node", "hashes", "omit"),
+    [("b", "n", CHAIN, True), ("", "", [], False), ("é" * 200, "n" * 130, [(1 << 64) - 1] * 40, True)],
+)
+def test_hand_written_requests_are_the_generated_encodings(
+    branch: str, node: str, hashes: list[int], omit: bool
+) -> None:
+    """Byte for byte what protobuf writes (empty fields left out, strings as UTF-8, long lengths)."""
+    expected = pb.ResolveRequest(block_hashes=hashes, branch=branch, omit_paths=omit).SerializeToString()
+    assert framing.resolve_request(hashes, branch, omit) == expected
+    placed = pb.PlaceRequest(branch=branch, node=node, block_hashes=hashes).SerializeToString()
+    assert framing.place_request(branch, node, hashes) == placed
+
+
+def test_a_string_utf8_cannot_hold_is_refused_as_protobuf_refuses_it() -> None:
+    with pytest.raises(ValueError):
+        framing.resolve_request(CHAIN, "\ud800")
+    with pytest.raises(ValueError):
+        framing.place_request("b", "\ud800", CHAIN)
+    with pytest.raises(ValueError):
+        pb.PlaceRequest(branch="b", node="\ud800").SerializeToString()
+
+
 def test_hand_written_encodings_parse_as_the_generated_messages() -> None:
     batch = pb.RouteBatch.FromString(
         framing.route_op(7, resolve=framing.resolve_request(CHAIN, "b", omit_paths=True))
@@ -202,6 +225,59 @@ async def test_a_lone_quiet_place_goes_out_within_its_delay(
             assert loop.time() - sent < 2.0, "the Place never went out"
             await asyncio.sleep(0.005)
         assert loop.time() - sent >= 0.04  # it waited for company first
+    finally:
+        await session.close()
+
+
+class _CountedRoute:
+    """The session's ``RouteClient`` seam over the real client, counting the messages written."""
+
+    def __init__(self, client: DirectoryClient) -> None:
+        self.client = client
+        self.timeout_s = client.timeout_s
+        self.messages: list[bytes] = []
+
+    def open_route(self) -> _CountedStream:
+        return _CountedStream(self, self.client.open_route())
+
+
+class _CountedStream:
+    def __init__(self, owner: _CountedRoute, inner: Any) -> None:
+        self.owner, self.inner = owner, inner
+
+    async def write(self, data: bytes) -> None:
+        self.owner.messages.append(data)
+        await self.inner.write(data)
+
+    async def read(self) -> bytes:
+        data: bytes = await self.inner.read()
+        return data
+
+    async def done_writing(self) -> None:
+        await self.inner.done_writing()
+
+    def cancel(self) -> None:
+        self.inner.cancel()
+
+
+async def test_a_quiet_place_travels_with_a_resolve_sent_10_ms_later(
+    client: DirectoryClient, server: DirectoryServer
+) -> None:
+    """With the default delay, a router at 100 requests a second (a Resolve every 10 ms) sends each
+    Place with the next Resolve: one message, applied in order (the Resolve sees the Place)."""
+    counted = _CountedRoute(client)
+    session = DirectorySession(counted)
+    try:
+        await client.switch_phase("p1", Role.BOTH)
+        assert (await session.resolve(CHAIN, "ten")).branch.is_new  # the stream is open
+        session.place("ten", "p1", CHAIN)
+        await asyncio.sleep(0.01)
+        before = len(counted.messages)
+        answer = await session.resolve(CHAIN, "ten")
+        assert not answer.branch.is_new and answer.branch.counted_nodes == ["p1"]  # saw the Place
+        assert len(counted.messages) == before + 1
+        ops = pb.RouteBatch.FromString(counted.messages[-1]).ops
+        assert [op.WhichOneof("op") for op in ops] == ["place", "resolve"] and ops[0].quiet
     finally:
         await session.close()
 
@@ -297,9 +373,12 @@ async def test_places_applied_together_share_one_redis_round_trip(
     assert all(by_id[f"g{i}"].counted["p1"] == frozenset(CHAIN[: 1 + i % 6]) for i in range(20))
 
 
-async def test_a_stuck_stream_is_replaced_once_a_caller_gave_up_on_it() -> None:
+@pytest.mark.parametrize("own_timeout", [False, True], ids=["caller-timeout", "resolve-timeout_s"])
+async def test_a_stuck_stream_is_replaced_once_a_caller_gave_up_on_it(own_timeout: bool) -> None:
     """A peer that takes the stream and never answers (a hung directory): after a Resolve went
-    unanswered for ``stale_s``, the next operation opens a new stream instead of queueing behind."""
+    unanswered for ``stale_s``, the next operation opens a new stream instead of queueing behind.
+    The caller's limit is its own ``asyncio.timeout``, or the Resolve's ``timeout_s`` (the router's
+    way: DEADLINE_EXCEEDED, well before the client's 30 s)."""
     opened: list[int] = []
 
     async def swallow(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]) -> None:
@@ -319,9 +398,17 @@ async def test_a_stuck_stream_is_replaced_once_a_caller_gave_up_on_it() -> None:
         async with DirectoryClient(f"127.0.0.1:{port}", timeout_s=30) as c:
             session = DirectorySession(c, stale_s=0.1)
             for attempt in (1, 2):
-                with pytest.raises(TimeoutError):
-                    async with asyncio.timeout(0.3):  # the router's own directory timeout
-                        await session.resolve(CHAIN, None)
+                if own_timeout:
+                    loop = asyncio.get_running_loop()
+                    asked = loop.time()
+                    with pytest.raises(DirectoryRpcError) as err:
+                        await session.resolve(CHAIN, None, timeout_s=0.3)
+                    assert err.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+                    assert 0.25 <= loop.time() - asked < 5.0
+                else:
+                    with pytest.raises(TimeoutError):
+                        async with asyncio.timeout(0.3):  # the caller's own limit
+                            await session.resolve(CHAIN, None)
                 for _ in range(100):
                     if len(opened) == attempt:
                         break

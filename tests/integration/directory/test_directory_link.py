@@ -12,6 +12,8 @@ from pathlib import Path
 import grpc
 import pytest
 from conftest import config_for
+from directory_processes import TOKEN as TOKEN_FILE_TOKEN
+from directory_processes import start_directory_process
 from test_directory_security import _ca_and_certs
 
 from agentpool.directory import framing
@@ -180,3 +182,32 @@ async def test_tls_and_mutual_tls_on_the_link(namespace: str, tmp_path: Path) ->
         assert err.value.code is grpc.StatusCode.UNAUTHENTICATED
     finally:
         await srv.stop()
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+async def test_the_directory_cli_serves_the_link_and_the_grpc_stream_on_either_loop(
+    namespace: str, loop: str
+) -> None:
+    """``python -m agentpool.directory --loop ...`` (uvloop by default): a Resolve, a quiet Place seen
+    by the next Resolve and an EndBranch on the Route link and on the gRPC Route stream."""
+    proc, address = await start_directory_process(namespace, "--link-port", "0", "--loop", loop)
+    try:
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
+        assert line.startswith("directory link listening on "), line
+        async with DirectoryClient(address, token=TOKEN_FILE_TOKEN) as grpc_client:
+            await grpc_client.switch_phase("p1", Role.BOTH)
+            link = LinkClient(line.split()[-1], token=TOKEN_FILE_TOKEN)
+            for i, session in enumerate((DirectorySession(link), DirectorySession(grpc_client))):
+                try:
+                    assert (await session.resolve(CHAIN, f"cli{i}")).branch.is_new
+                    session.place(f"cli{i}", "p1", CHAIN[:3])
+                    answer = await session.resolve(CHAIN, f"cli{i}")
+                    assert not answer.branch.is_new and answer.branch.counted_nodes == ["p1"]
+                    assert await session.end_branch(f"cli{i}") == 1
+                finally:
+                    await session.close()
+            assert (await link.health()).serving
+    finally:
+        proc.terminate()
+        assert await asyncio.wait_for(proc.wait(), 15) == 0

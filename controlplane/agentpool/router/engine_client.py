@@ -303,67 +303,15 @@ class EngineClient:
             conn.close()
             raise
 
-    async def generate(self, url: str, request: GenerateRequest | bytes) -> AsyncGenerator[AnyEvent, None]:
-        """``request``: the model, or its JSON (:func:`agentpool.wire.engine.generate_body`)."""
-        if not self._started:
-            raise RuntimeError("EngineClient.start() was not called")
-        try:
-            body = request if isinstance(request, bytes) else encode_generate(request)
-        except (orjson.JSONEncodeError, UnicodeEncodeError) as e:
-            raise EngineRejected(f"the request cannot be encoded for the engine: {e}") from e
-        t = self._target(url)
-        head = (
-            b"POST %s HTTP/1.1\r\nHost: %s\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-            % (t.path, t.host_header, self._auth_line, len(body))
-        )
-        conn: _Connection | None = None
-        lines: _Lines | None = None
-        finished = False
-        try:
-            conn, status = await self._send(t, head, body)
-            if status in (429, 503):
-                raise EngineBusy(f"{url} answered {status}")
-            if status != 200:
-                text = (await self._some(conn)).decode(errors="replace")
-                if status in REJECTED_STATUSES:
-                    raise EngineRejected(f"{url} rejected the request ({status}): {text}")
-                if status == 401:
-                    raise EngineFailure(
-                        f"{url} refused the router's engine token (401; --engine-token-file): {text}"
-                    )
-                raise EngineFailure(f"{url} answered {status}: {text}")
-            lines = _Lines(conn)
-            wait = self.first_event_s
-            while True:
-                line = await lines.next(wait)
-                if not line:
-                    raise EngineFailure(f"{url} closed the stream before the request finished")
-                wait = self.between_events_s
-                if not line.strip():
-                    continue
-                try:
-                    event = parse_event(line)
-                except ValueError as e:  # pydantic's ValidationError is a ValueError
-                    raise EngineFailure(f"{url} sent an invalid event: {e}") from e
-                if event.type in ("done", "error", "requeue"):
-                    finished = True
-                    yield event
-                    return
-                yield event
-        except (EngineBusy, EngineRejected, EngineFailure):
-            raise  # already the caller's (EngineRejected is a ValueError: not a broken line below)
-        except TimeoutError as e:
-            raise EngineFailure(f"{url} timed out") from e
-        except _ConnectionLost as e:
-            raise EngineFailure(f"{url}: connection lost: {e}") from e
-        except (OSError, ValueError) as e:  # ValueError: a line over MAX_EVENT_BYTES
-            raise EngineFailure(f"{url}: {type(e).__name__}: {e}") from e
-        finally:
-            if conn is not None:
-                if finished and lines is not None and not lines.pending:
-                    self._release_when_complete(t, conn)
-                else:
-                    conn.close()
+    def open(self, url: str, request: GenerateRequest | bytes) -> EngineCall:
+        """A ``generate`` call to ``url`` (``request``: the model, or its JSON,
+        :func:`agentpool.wire.engine.generate_body`), not yet sent: :meth:`EngineCall.next` sends it
+        and gives its events one by one; :meth:`EngineCall.close` ends it."""
+        return EngineCall(self, url, request)
+
+    def generate(self, url: str, request: GenerateRequest | bytes) -> AsyncGenerator[AnyEvent, None]:
+        """The call's events as an async generator (:meth:`EngineCall.events`)."""
+        return EngineCall(self, url, request).events()
 
     async def _some(self, conn: _Connection) -> bytes:
         """Up to 500 bytes of an error answer (bounded in time)."""
@@ -397,6 +345,110 @@ class EngineClient:
             conn.close()
 
 
+class EngineCall:
+    """One ``generate`` call: :meth:`next` sends the request (at its first call) and returns the
+    engine's events one at a time (``finished`` once a ``done``, ``error`` or ``requeue`` came);
+    :meth:`close` pools the connection when the answer was read to its end, else closes it. One
+    coroutine per event and no async generator: this runs for every event of every request."""
+
+    __slots__ = ("_client", "_conn", "_lines", "_request", "_target", "_wait", "finished", "url")
+
+    def __init__(self, client: EngineClient, url: str, request: GenerateRequest | bytes) -> None:
+        self._client = client
+        self.url = url
+        self._request = request
+        self._target: _Target | None = None
+        self._conn: _Connection | None = None
+        self._lines: _Lines | None = None
+        self._wait = client.first_event_s
+        self.finished = False
+
+    async def _start(self) -> _Lines:
+        client, url, request = self._client, self.url, self._request
+        if not client._started:
+            raise RuntimeError("EngineClient.start() was not called")
+        try:
+            body = request if isinstance(request, bytes) else encode_generate(request)
+        except (orjson.JSONEncodeError, UnicodeEncodeError) as e:
+            raise EngineRejected(f"the request cannot be encoded for the engine: {e}") from e
+        t = self._target = client._target(url)
+        head = (
+            b"POST %s HTTP/1.1\r\nHost: %s\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+            % (t.path, t.host_header, client._auth_line, len(body))
+        )
+        conn, status = await client._send(t, head, body)
+        self._conn = conn
+        if status in (429, 503):
+            raise EngineBusy(f"{url} answered {status}")
+        if status != 200:
+            text = (await client._some(conn)).decode(errors="replace")
+            if status in REJECTED_STATUSES:
+                raise EngineRejected(f"{url} rejected the request ({status}): {text}")
+            if status == 401:
+                raise EngineFailure(
+                    f"{url} refused the router's engine token (401; --engine-token-file): {text}"
+                )
+            raise EngineFailure(f"{url} answered {status}: {text}")
+        lines = self._lines = _Lines(conn)
+        return lines
+
+    async def next(self) -> AnyEvent:
+        """The next event; raises :class:`EngineBusy`, :class:`EngineRejected` or :class:`EngineFailure`."""
+        url = self.url
+        try:
+            lines = self._lines
+            if lines is None:
+                lines = await self._start()
+            while True:
+                line = lines.next_nowait()
+                if line is None:
+                    line = await lines.next(self._wait)
+                if not line:
+                    raise EngineFailure(f"{url} closed the stream before the request finished")
+                self._wait = self._client.between_events_s
+                if not line.strip():
+                    continue
+                try:
+                    event = parse_event(line)
+                except ValueError as e:  # pydantic's ValidationError is a ValueError
+                    raise EngineFailure(f"{url} sent an invalid event: {e}") from e
+                if event.type in _FINAL:
+                    self.finished = True
+                return event
+        except (EngineBusy, EngineRejected, EngineFailure):
+            raise  # already the caller's (EngineRejected is a ValueError: not a broken line below)
+        except TimeoutError as e:
+            raise EngineFailure(f"{url} timed out") from e
+        except _ConnectionLost as e:
+            raise EngineFailure(f"{url}: connection lost: {e}") from e
+        except (OSError, ValueError) as e:  # ValueError: a line over MAX_EVENT_BYTES
+            raise EngineFailure(f"{url}: {type(e).__name__}: {e}") from e
+
+    async def events(self) -> AsyncGenerator[AnyEvent, None]:
+        """The events as an async generator, closing the call at its end (the router's colocated path
+        awaits :meth:`next` itself: no generator on every event of every request)."""
+        try:
+            while not self.finished:
+                yield await self.next()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Pool the connection if the answer was read to its end, else close it (idempotent)."""
+        conn = self._conn
+        if conn is None:
+            return
+        self._conn = None
+        lines, t = self._lines, self._target
+        if self.finished and lines is not None and not lines.pending and t is not None:
+            self._client._release_when_complete(t, conn)
+        else:
+            conn.close()
+
+
+_FINAL = frozenset(("done", "error", "requeue"))
+
+
 class _Lines:
     """Newline-delimited lines of a response body, each within ``timeout_s`` of asking for it.
 
@@ -417,6 +469,15 @@ class _Lines:
     def pending(self) -> bool:
         """Whether received bytes are left unread."""
         return len(self._buf) > self._pos
+
+    def next_nowait(self) -> bytes | None:
+        """A whole line already received, or None (then :meth:`next` waits for one)."""
+        buf, pos = self._buf, self._pos
+        end = buf.find(b"\n", pos)
+        if end < 0 or end + 1 - pos > MAX_EVENT_BYTES:
+            return None  # :meth:`next` raises for the line too long
+        self._pos = end + 1
+        return buf[pos : end + 1]
 
     async def next(self, timeout_s: float) -> bytes:
         deadline: float | None = None

@@ -41,7 +41,13 @@ from agentpool.errors import (
 from agentpool.models import Work
 from agentpool.router.config import RouterConfig
 from agentpool.router.directory_view import DirectoryError, DirectoryView
-from agentpool.router.engine_client import EngineBusy, EngineClient, EngineFailure, EngineRejected
+from agentpool.router.engine_client import (
+    EngineBusy,
+    EngineCall,
+    EngineClient,
+    EngineFailure,
+    EngineRejected,
+)
 from agentpool.router.metrics import RouterMetrics
 from agentpool.router.nodes import NodeTable
 from agentpool.router.policy import (
@@ -102,6 +108,20 @@ class Chunk:
 class Finish:
     finish_reason: str
     usage: Usage
+
+
+class Output:
+    """Where the flow puts the answer's text as the engines send it (the server's collector or its SSE
+    stream): :meth:`chunk` per piece; ``sent`` (set by the flow): whether any text went out, after
+    which a failure cannot be retried (the client has its first token)."""
+
+    __slots__ = ("sent",)
+
+    def __init__(self) -> None:
+        self.sent = False
+
+    async def chunk(self, text: str) -> None:
+        raise NotImplementedError
 
 
 @dataclass(slots=True)
@@ -192,10 +212,11 @@ class Dispatcher:
         return NoCapacity("no node can take a prefill now")
 
     # -- running -----------------------------------------------------------------------------
-    async def run(self, prep: Prepared) -> AsyncGenerator[Chunk | Finish, None]:
+    async def run(self, prep: Prepared, out: Output) -> Finish:
+        """Serve ``prep``: its text goes to ``out`` as it comes, the :class:`Finish` is returned once
+        the engines are done with it (one coroutine for the whole request on a colocated node)."""
         cfg = self.routing.config
         failures = requeues = kv_lost = 0
-        first_token = False
         last_error = ""
         while True:
             try:
@@ -218,19 +239,13 @@ class Dispatcher:
             colocated = self.nodes.get(node).role is Role.BOTH
             try:
                 if colocated:
-                    stream = self._colocated(prep, decision, seq)
+                    finish = await self._colocated(prep, decision, seq, out)
                 else:
-                    stream = self._disaggregated(prep, decision, seq)
-                async with contextlib.aclosing(stream) as events:
-                    async for out in events:
-                        if isinstance(out, Chunk):
-                            first_token = True
-                        else:  # served: before the yield, after which the caller closes the flow
-                            self.nodes.succeeded(node)
-                        yield out
-                return
+                    finish = await self._pass(self._disaggregated(prep, decision, seq), out)
+                self.nodes.succeeded(node)
+                return finish
             except _Requeue as e:
-                if first_token:
+                if out.sent:
                     raise StreamBroken(f"requeued after the first token: {e}") from e
                 requeues += 1
                 prep.excluded.add(node)
@@ -238,7 +253,7 @@ class Dispatcher:
                 if requeues > cfg.max_requeues:
                     raise NoCapacity(f"re-routed {requeues} times: {e}") from e
             except _KvSourceLost as e:
-                if first_token:  # placing it again would send the client its first token twice
+                if out.sent:  # placing it again would send the client its first token twice
                     raise StreamBroken(f"the prefilled KV was lost after the first token: {e}") from e
                 kv_lost += 1
                 down_s = self.nodes.mark_down(node, self.clock())
@@ -257,13 +272,13 @@ class Dispatcher:
             except EngineRejected as e:
                 self.metrics.engine_failures.labels("request").inc()
                 log.warning("request %s: %s refused it for its content: %s", prep.request_id, node, e)
-                if first_token:
+                if out.sent:
                     raise StreamBroken(str(e)) from e
                 raise BadRequest(str(e)) from e
             except (EngineFailure, _DecodeFailed) as e:
                 failed = e.node if isinstance(e, _DecodeFailed) else node
                 self.metrics.engine_failures.labels("engine").inc()
-                if first_token:
+                if out.sent:
                     log.warning("request %s: engine %s failed mid-stream: %s", prep.request_id, failed, e)
                     raise StreamBroken(str(e)) from e
                 down_s = self.nodes.mark_down(failed, self.clock())
@@ -283,6 +298,17 @@ class Dispatcher:
                     raise RequestFailed(f"{failures} engines failed, last: {last_error}") from e
             finally:
                 self.nodes.finish_prefill(node, prep.request_id)
+
+    @staticmethod
+    async def _pass(items: AsyncGenerator[Chunk | Finish, None], out: Output) -> Finish:
+        """The disaggregated path's items put to ``out``; its :class:`Finish`."""
+        async with contextlib.aclosing(items) as events:
+            async for item in events:
+                if isinstance(item, Finish):
+                    return item
+                out.sent = True
+                await out.chunk(item.text)
+        raise EngineFailure("the request ended without a finish")  # _disaggregated returns after one
 
     @staticmethod
     def _kv_tokens(prep: Prepared) -> int:
@@ -329,12 +355,12 @@ class Dispatcher:
         except (orjson.JSONEncodeError, UnicodeEncodeError) as e:
             raise EngineRejected(f"the request cannot be encoded for the engine: {e}") from e
 
-    def _engine(self, node: str, request: bytes) -> AsyncGenerator[AnyEvent, None]:
-        """The engine call's events (not yet started); the caller checks each (:meth:`_refused`),
-        turns :class:`EngineBusy` into a re-route and closes the generator."""
+    def _engine(self, node: str, request: bytes) -> EngineCall:
+        """The engine call (not yet sent); the caller checks each event (:meth:`_refused`), turns
+        :class:`EngineBusy` into a re-route and closes the call."""
         if node not in self.nodes:  # discovery removed it while the request waited: route again
             raise _Requeue(f"{node} is gone")
-        return self.engines.generate(self.nodes.get(node).url, request)
+        return self.engines.open(self.nodes.get(node).url, request)
 
     @staticmethod
     def _refused(node: str, ev: AnyEvent) -> None:
@@ -353,8 +379,9 @@ class Dispatcher:
     ) -> AsyncGenerator[AnyEvent, None]:
         """The engine's events; with ``place``, its branch is placed on ``node`` at the first event
         (the engine accepted the request)."""
+        call = self._engine(node, request)
         try:
-            async with contextlib.aclosing(self._engine(node, request)) as events:
+            async with contextlib.aclosing(call.events()) as events:
                 async for ev in events:
                     self._refused(node, ev)
                     if place is not None:
@@ -364,17 +391,16 @@ class Dispatcher:
         except EngineBusy as e:
             raise _Requeue(str(e)) from e
 
-    async def _colocated(
-        self, prep: Prepared, decision: RouteDecision, seq: int
-    ) -> AsyncGenerator[Chunk | Finish, None]:
-        """:meth:`_events` written out (one async generator less on every event of every request)."""
+    async def _colocated(self, prep: Prepared, decision: RouteDecision, seq: int, out: Output) -> Finish:
+        """``phase=both`` on the node: its events read here, its text put to ``out``."""
         node = decision.node_id
         request = self._generate_request(prep, decision, seq, "both")
         decoding = False
         place = prep.branch is not None
-        events = self._engine(node, request)
+        call = self._engine(node, request)
         try:
-            async for ev in events:
+            while True:
+                ev = await call.next()
                 self._refused(node, ev)
                 if place:  # the engine accepted the request: its branch is placed on the node
                     place = False
@@ -385,15 +411,14 @@ class Dispatcher:
                         self.nodes.finish_prefill(node, prep.request_id)
                         self.nodes.bind_decode(node, prep.request_id, self._kv_tokens(prep))
                         self.work_log.decoding(prep.request_id, self.nodes.t_acc(node))
-                    yield Chunk(ev.text)
+                    out.sent = True
+                    await out.chunk(ev.text)
                 elif ev.type == "done":
-                    yield Finish(ev.finish_reason or "stop", ev.usage or Usage())
-                    return
-            raise EngineFailure(f"{node}: stream ended without done")
+                    return Finish(ev.finish_reason or "stop", ev.usage or Usage())
         except EngineBusy as e:
             raise _Requeue(str(e)) from e
         finally:
-            await events.aclose()
+            call.close()
             if decoding:
                 self.nodes.finish_decode(node, prep.request_id)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 from urllib.parse import unquote
 
@@ -40,14 +40,12 @@ from agentpool.router.directory_view import DirectoryError
 from agentpool.router.fitted_models import mount as mount_fitted_models
 from agentpool.router.flow import (
     BadRequest,
-    Chunk,
     Finish,
     FlowError,
     NoCapacity,
+    Output,
     Overloaded,
     Prepared,
-    RequestFailed,
-    StreamBroken,
 )
 from agentpool.router.http_server import HttpServer, Request, Response, Routes, Stream, json_response
 from agentpool.router.openai_api import (
@@ -67,7 +65,7 @@ from agentpool.router.openai_api import (
 )
 from agentpool.router.service import RouterService
 from agentpool.router.tokenizer import Encoded, TokenizerError
-from agentpool.wire.engine import LoadReport, Usage
+from agentpool.wire.engine import LoadReport
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
@@ -245,6 +243,76 @@ async def encode(service: RouterService, pending: Awaitable[Encoded]) -> Encoded
     return encoded
 
 
+class _Collected(Output):
+    """A non-streamed answer's text, as the flow gives it."""
+
+    __slots__ = ("first_at", "parts")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parts: list[str] = []
+        self.first_at: float | None = None
+
+    async def chunk(self, text: str) -> None:
+        if self.first_at is None:
+            self.first_at = time.monotonic()
+        self.parts.append(text)
+
+
+class _Sse(Output):
+    """A streamed answer: its SSE stream starts at the first text (a failure before it is answered
+    as a plain error), each text one frame."""
+
+    __slots__ = ("chat", "count", "created", "first_at", "frames", "model", "request", "resp", "rid")
+
+    def __init__(self, request: Request, prep: Prepared, model: str) -> None:
+        super().__init__()
+        self.request, self.rid, self.model = request, prep.request_id, model
+        self.chat = prep.endpoint == "chat"
+        self.created = int(time.time())
+        self.frames = TokenFrames(self.chat, self.rid, model, self.created)
+        self.resp: Stream | None = None
+        self.count = 0
+        self.first_at: float | None = None
+
+    async def begin(self) -> Stream:
+        if self.first_at is None:
+            self.first_at = time.monotonic()
+        resp = self.resp = self.request.stream(b"text/event-stream", SSE_HEADERS)
+        if self.chat:
+            role = {"role": "assistant", "content": ""}
+            await resp.write(sse(chat_chunk(self.rid, self.model, self.created, role, None)))
+        return resp
+
+    async def chunk(self, text: str) -> None:
+        resp = self.resp
+        if resp is None:
+            resp = await self.begin()
+        self.count += 1
+        await resp.write(self.frames.token(text))
+
+    async def finish(self, item: Finish, include_usage: bool) -> None:
+        resp = self.resp
+        if resp is None:
+            resp = await self.begin()
+        rid, model, created = self.rid, self.model, self.created
+        if self.chat:
+            await resp.write(sse(chat_chunk(rid, model, created, {}, item.finish_reason)))
+        else:
+            await resp.write(sse(completion_chunk(rid, model, created, "", item.finish_reason)))
+        if include_usage:
+            obj = "chat.completion.chunk" if self.chat else "text_completion"
+            await resp.write(sse(usage_chunk(rid, model, created, obj, item.usage)))
+        await resp.write(sse("[DONE]"))
+
+    async def fail(self, e: FlowError) -> None:
+        """The stream ends with an error event: the client has had text already."""
+        assert self.resp is not None
+        log.warning("request %s failed mid-stream: %s", self.rid, e)
+        await self.resp.write(sse(error_body(f"generation failed: {e}", "server_error", "engine_failed")))
+        await self.resp.write(sse("[DONE]"))
+
+
 async def answer(
     request: Request,
     service: RouterService,
@@ -254,105 +322,59 @@ async def answer(
     model: str,
     end_branch: bool,
 ) -> Response | Stream:
-    policy = service.routing.policy.name
-    stats = service.metrics
-    endpoint = prep.endpoint
+    """The flow's answer: whole, or streamed as SSE (one coroutine: the flow puts its text to an
+    :class:`~agentpool.router.flow.Output`)."""
     t0 = time.monotonic()
-    first_at: float | None = None
+    out: _Collected | _Sse = _Sse(request, prep, model) if stream else _Collected()
     tokens = 0
     code = "200"
     try:
-        async with contextlib.aclosing(service.dispatcher.run(prep)) as outs:
-            try:
-                head = await anext(outs)
-            except FlowError as e:
-                error = flow_error(e, service.config.retry_after_s)
-                code = str(error.status)
-                return error
-            first_at = time.monotonic()
-            stats.child(stats.ttft, policy).observe(first_at - t0)
-            if not stream:
-                text, finish, usage, tokens = await collect(head, outs)
-                make = chat_response if endpoint == "chat" else completion_response
-                return Response(200, orjson.dumps(make(prep.request_id, model, text, finish, usage)))
-            resp = request.stream(b"text/event-stream", SSE_HEADERS)
-            try:
-                tokens = await stream_sse(resp, prep, model, head, outs, include_usage)
-                resp.end()
-            except ConnectionResetError:  # the client went away: stop generating (aclosing ends it)
-                code = "499"
-                log.info("client of %s disconnected mid-stream", prep.request_id)
-            return resp
-    except (StreamBroken, RequestFailed, NoCapacity) as e:
-        code = str(http_status(e))
-        if not stream:
-            return flow_error(e, service.config.retry_after_s)
-        raise
+        try:
+            finish = await service.dispatcher.run(prep, out)
+        except FlowError as e:
+            if isinstance(out, _Sse) and out.resp is not None:
+                tokens = out.count
+                await out.fail(e)
+                out.resp.end()
+                return out.resp
+            error = flow_error(e, service.config.retry_after_s)
+            code = str(error.status)
+            return error
+        if out.first_at is None:
+            out.first_at = time.monotonic()
+        if isinstance(out, _Collected):
+            tokens = finish.usage.completion_tokens or len(out.parts)
+            make = chat_response if prep.endpoint == "chat" else completion_response
+            body = make(prep.request_id, model, "".join(out.parts), finish.finish_reason, finish.usage)
+            return Response(200, orjson.dumps(body))
+        tokens = out.count
+        await out.finish(finish, include_usage)
+        resp = out.resp
+        assert resp is not None
+        resp.end()
+        return resp
+    except ConnectionResetError:  # the client went away mid-stream: the flow stopped generating
+        if not isinstance(out, _Sse) or out.resp is None:
+            raise
+        code = "499"
+        log.info("client of %s disconnected mid-stream", prep.request_id)
+        tokens = out.count
+        return out.resp
     finally:
         service.dispatcher.work_log.finished(prep.request_id, tokens)
         done = time.monotonic()
-        stats.child(stats.requests, endpoint, code).inc()
+        policy = service.routing.policy.name
+        stats = service.metrics
+        stats.child(stats.requests, prep.endpoint, code).inc()
+        first_at = out.first_at
         if first_at is not None:
+            stats.child(stats.ttft, policy).observe(first_at - t0)
             stats.child(stats.e2e, policy).observe(done - t0)
             if tokens > 1:
                 stats.child(stats.tpot, policy).observe((done - first_at) / (tokens - 1))
         if end_branch and prep.branch is not None:
             with contextlib.suppress(DirectoryError, TimeoutError):
                 await service.end_branch(prep.branch)
-
-
-async def collect(
-    head: Chunk | Finish, outs: AsyncGenerator[Chunk | Finish, None]
-) -> tuple[str, str, Usage, int]:
-    parts: list[str] = []
-    item: Chunk | Finish = head
-    count = 0
-    while True:
-        if isinstance(item, Finish):
-            # let the flow end by itself (it returns after its Finish): closing it at its yield would
-            # unwind its generators with an exception, which costs more than running them to the end
-            await anext(outs, None)
-            return "".join(parts), item.finish_reason, item.usage, item.usage.completion_tokens or count
-        parts.append(item.text)
-        count += 1
-        item = await anext(outs)
-
-
-async def stream_sse(
-    resp: Stream,
-    prep: Prepared,
-    model: str,
-    head: Chunk | Finish,
-    outs: AsyncGenerator[Chunk | Finish, None],
-    include_usage: bool,
-) -> int:
-    created = int(time.time())
-    rid = prep.request_id
-    chat = prep.endpoint == "chat"
-    count = 0
-    frames = TokenFrames(chat, rid, model, created)
-    if chat:
-        await resp.write(sse(chat_chunk(rid, model, created, {"role": "assistant", "content": ""}, None)))
-    item: Chunk | Finish = head
-    try:
-        while True:
-            if isinstance(item, Finish):
-                if chat:
-                    await resp.write(sse(chat_chunk(rid, model, created, {}, item.finish_reason)))
-                else:
-                    await resp.write(sse(completion_chunk(rid, model, created, "", item.finish_reason)))
-                if include_usage:
-                    obj = "chat.completion.chunk" if chat else "text_completion"
-                    await resp.write(sse(usage_chunk(rid, model, created, obj, item.usage)))
-                break
-            count += 1
-            await resp.write(frames.token(item.text))
-            item = await anext(outs)
-    except FlowError as e:
-        log.warning("request %s failed mid-stream: %s", rid, e)
-        await resp.write(sse(error_body(f"generation failed: {e}", "server_error", "engine_failed")))
-    await resp.write(sse("[DONE]"))
-    return count
 
 
 async def list_models(service: RouterService, request: Request) -> Response:

@@ -210,11 +210,12 @@ class HttpServer:
             self._sweeper.cancel()
         for conn in list(self.connections):
             conn.stopping = True
-            if conn.task is None:
+            if not conn.busy:
                 conn.close()
-        busy = [c.task for c in self.connections if c.task is not None]
-        if busy:
-            _, late = await asyncio.wait(busy, timeout=timeout_s)
+                conn.wake()  # its task, waiting for a request, ends
+        tasks = [c.task for c in self.connections if c.task is not None]
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=timeout_s)
             for task in late:
                 task.cancel()
         for conn in list(self.connections):
@@ -238,7 +239,9 @@ class _Connection(asyncio.Protocol):
         self.body: list[bytes] = []
         self.size = 0
         self.queue: deque[Request] = deque()
-        self.task: asyncio.Task[None] | None = None
+        self.task: asyncio.Task[None] | None = None  # serves the connection's requests, made at its first
+        self.busy = False  # a request is being served (else the task waits on ``_next`` for one)
+        self._next: asyncio.Future[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.reading = False  # a request has begun and is not complete yet
         self.final: Response | None = None  # an error to answer once the queue is served, then close
@@ -263,6 +266,7 @@ class _Connection(asyncio.Protocol):
             self.timer.cancel()
         if self._drain is not None and not self._drain.done():
             self._drain.set_exception(ConnectionResetError("the client closed the connection"))
+        self.wake()
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -346,17 +350,36 @@ class _Connection(asyncio.Protocol):
             parser.should_keep_alive(),
         )
         self.queue.append(req)
-        if self.task is None:
-            self.task = self.loop.create_task(self._serve())
-            self.task.add_done_callback(_log_failure)
+        if not self.busy:
+            self.busy = True
+            if self.task is None:
+                self.task = self.loop.create_task(self._serve())
+                self.task.add_done_callback(_log_failure)
+            else:
+                self.wake()
         elif len(self.queue) >= MAX_PIPELINED and self.transport is not None:
             self.read_paused = True
             self.transport.pause_reading()
 
     # -- serving --------------------------------------------------------------------------------
     async def _serve(self) -> None:
+        """The connection's requests in order; between them it waits for the next (one task for the
+        connection, not one per request)."""
         try:
-            while self.queue and not self.lost:
+            while not self.lost:
+                if not self.queue:
+                    if self.final is not None:
+                        self._answer(self.final, keep_alive=False)
+                        return
+                    if self.stopping:
+                        self.close()
+                        return
+                    if self.timer is None:
+                        self.idle_since = self.loop.time()
+                    self.busy = False
+                    self._next = self.loop.create_future()
+                    await self._next
+                    continue
                 req = self.queue.popleft()
                 if self.read_paused and self.transport is not None:
                     self.read_paused = False
@@ -369,12 +392,14 @@ class _Connection(asyncio.Protocol):
             raise
         finally:
             self.task = None
-        if self.final is not None:
-            self._answer(self.final, keep_alive=False)
-        elif self.stopping:
-            self.close()
-        elif self.timer is None:
-            self.idle_since = self.loop.time()
+            self.busy = False
+            self._next = None
+
+    def wake(self) -> None:
+        """The task waiting for a request looks again (one came, or the connection ends)."""
+        waiter = self._next
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     async def _one(self, req: Request) -> bool:
         """Answer ``req``; whether the connection stays open."""
@@ -423,7 +448,7 @@ class _Connection(asyncio.Protocol):
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        if self.task is None:
+        if not self.busy:
             self._answer(resp, keep_alive=False)
 
     def _timed_out(self) -> None:

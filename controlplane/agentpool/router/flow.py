@@ -100,11 +100,6 @@ class BadRequest(FlowError, InvalidInputError):
 
 
 @dataclass(frozen=True, slots=True)
-class Chunk:
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
 class Finish:
     finish_reason: str
     usage: Usage
@@ -233,7 +228,7 @@ class Dispatcher:
             )
             # Take the node's queue slot in the same step as choose(), before any await: otherwise
             # concurrent requests all choose the node while its count is still low (the queue limit).
-            seq = self.nodes.dispatch_prefill(node, prep.request_id, work, self._kv_tokens(prep))
+            seq = self.nodes.dispatch_prefill(node, prep.request_id, work, kv_tokens_needed(prep.view))
             self._count_prefix(prep.view, decision)
             self.work_log.routed(prep.request_id, work)
             colocated = self.nodes.get(node).role is Role.BOTH
@@ -241,7 +236,7 @@ class Dispatcher:
                 if colocated:
                     finish = await self._colocated(prep, decision, seq, out)
                 else:
-                    finish = await self._pass(self._disaggregated(prep, decision, seq), out)
+                    finish = await self._disaggregated(prep, decision, seq, out)
                 self.nodes.succeeded(node)
                 return finish
             except _Requeue as e:
@@ -298,21 +293,6 @@ class Dispatcher:
                     raise RequestFailed(f"{failures} engines failed, last: {last_error}") from e
             finally:
                 self.nodes.finish_prefill(node, prep.request_id)
-
-    @staticmethod
-    async def _pass(items: AsyncGenerator[Chunk | Finish, None], out: Output) -> Finish:
-        """The disaggregated path's items put to ``out``; its :class:`Finish`."""
-        async with contextlib.aclosing(items) as events:
-            async for item in events:
-                if isinstance(item, Finish):
-                    return item
-                out.sent = True
-                await out.chunk(item.text)
-        raise EngineFailure("the request ended without a finish")  # _disaggregated returns after one
-
-    @staticmethod
-    def _kv_tokens(prep: Prepared) -> int:
-        return kv_tokens_needed(prep.view)
 
     def _count_prefix(self, view: RequestView, d: RouteDecision) -> None:
         local = d.cached_tokens - d.fetch_tokens
@@ -409,7 +389,7 @@ class Dispatcher:
                     if not decoding:  # prefill done: the request leaves the queue and decodes
                         decoding = True
                         self.nodes.finish_prefill(node, prep.request_id)
-                        self.nodes.bind_decode(node, prep.request_id, self._kv_tokens(prep))
+                        self.nodes.bind_decode(node, prep.request_id, kv_tokens_needed(prep.view))
                         self.work_log.decoding(prep.request_id, self.nodes.t_acc(node))
                     out.sent = True
                     await out.chunk(ev.text)
@@ -422,9 +402,7 @@ class Dispatcher:
             if decoding:
                 self.nodes.finish_decode(node, prep.request_id)
 
-    async def _disaggregated(
-        self, prep: Prepared, decision: RouteDecision, seq: int
-    ) -> AsyncGenerator[Chunk | Finish, None]:
+    async def _disaggregated(self, prep: Prepared, decision: RouteDecision, seq: int, out: Output) -> Finish:
         prefill_node = decision.node_id
         prefill_url = self.nodes.get(prefill_node).url  # before any await: discovery may remove it
         decode_node: str | None = None
@@ -444,15 +422,16 @@ class Dispatcher:
                         break
                     elif ev.type == "done":  # finished on the prefill node (e.g. max_tokens=1)
                         if ev.text:
-                            yield Chunk(ev.text)
-                        yield Finish(ev.finish_reason or "length", ev.usage or Usage())
-                        return
+                            out.sent = True
+                            await out.chunk(ev.text)
+                        return Finish(ev.finish_reason or "length", ev.usage or Usage())
             if transfer is None:
                 raise EngineFailure(f"{prefill_node}: prefill ended without a KV transfer id")
             if decode_node is None:
                 decode_node, decode_seq = await self._bind(prep)
             if first:
-                yield Chunk(first)
+                out.sent = True
+                await out.chunk(first)
             kv = KvSource(node_id=prefill_node, url=prefill_url, transfer_id=transfer)
             gave_back: set[str] = set()
             while True:
@@ -463,10 +442,10 @@ class Dispatcher:
                         async for ev in events:
                             if ev.type == "token" and ev.text:
                                 decoding = True
-                                yield Chunk(ev.text)
+                                out.sent = True
+                                await out.chunk(ev.text)
                             elif ev.type == "done":
-                                yield Finish(ev.finish_reason or "stop", ev.usage or Usage())
-                                return
+                                return Finish(ev.finish_reason or "stop", ev.usage or Usage())
                     raise EngineFailure(f"{decode_node}: decode stream ended without done")
                 except EngineFailure as e:
                     raise _DecodeFailed(decode_node, e) from e
@@ -516,7 +495,7 @@ class Dispatcher:
                     "and none has decodes running that would free it"
                 )
             await asyncio.sleep(_DECODE_ROOM_POLL_S)
-        seq = self.nodes.bind_decode(binding.node_id, prep.request_id, self._kv_tokens(prep))
+        seq = self.nodes.bind_decode(binding.node_id, prep.request_id, kv_tokens_needed(prep.view))
         self.work_log.decoding(prep.request_id, self.nodes.t_acc(binding.node_id))
         m = self.metrics
         m.child(m.decisions, self.routing.policy.name, binding.node_id, "decode").inc()

@@ -17,6 +17,7 @@ from agentpool.api.base import ApiModel, CrossFieldRule
 from agentpool.api.settings import FetchSettings, PlannerSettings, RouterSettings
 from agentpool.api.values import Duration, PositiveDuration, duration_seconds
 from agentpool.models import TtftSlo
+from agentpool.models.refit import RefitPolicy
 
 PolicyName = Literal[
     "evolving",
@@ -73,6 +74,51 @@ class MinNodesSpec(ApiModel):
     """Fewest decode nodes."""
 
 
+_REFIT = RefitPolicy()  # the defaults
+
+
+class RefitSpec(ApiModel):
+    """When a window's work refits a node's iteration models: its records leave the range the
+    models were fitted on (by `margin`), enough of them (`minRecords` and `minShare`), and the
+    models mispredict them (`maxError`)."""
+
+    enabled: bool = True
+    """Refit at all; false keeps the warmup's fit frozen, as the paper does."""
+    margin: float = Field(default=_REFIT.margin, ge=1, le=100)
+    """A window record is out of range when a regressor lies above `margin` times its largest
+    fitted value, or below its smallest positive fitted value divided by `margin`."""
+    min_records: int = Field(default=_REFIT.min_records, ge=1, le=100_000)
+    """Out-of-range records of a node and phase a window needs to refit ..."""
+    min_share: float = Field(default=_REFIT.min_share, ge=0, le=1)
+    """... and their least share of the window's records of that phase."""
+    max_error: float = Field(default=_REFIT.max_error, ge=0, le=10)
+    """Refit only when the current model's mean relative error on those records exceeds this."""
+    max_records: int = Field(default=_REFIT.max_records, ge=2, le=1_000_000)
+    """Records a refit fits on at most: fitted and window, half each."""
+
+    rules = (
+        CrossFieldRule(
+            # defaults spelt out: kube-apiserver checks the section's default ({}) against it as is
+            cel=(
+                f"(has(self.maxRecords) ? self.maxRecords : {_REFIT.max_records})"
+                f" >= 2 * (has(self.minRecords) ? self.minRecords : {_REFIT.min_records})"
+            ),
+            message="refit.maxRecords must be at least 2 x refit.minRecords",
+            holds=lambda m: m.max_records >= 2 * m.min_records,
+            field_path=".maxRecords",
+        ),
+    )
+
+    def policy(self) -> RefitPolicy:
+        return RefitPolicy(
+            margin=self.margin,
+            min_records=self.min_records,
+            min_share=self.min_share,
+            max_error=self.max_error,
+            max_records=self.max_records,
+        )
+
+
 class PlannerSpec(ApiModel):
     """The planner sizes the prefill/decode split from online-fitted iteration models (§5.2)."""
 
@@ -88,9 +134,9 @@ class PlannerSpec(ApiModel):
     """No switch within this long after the previous switch."""
     min_nodes: MinNodesSpec = Field(default=MinNodesSpec())
     """Minimum number of nodes per phase."""
-    refit: bool = True
+    refit: RefitSpec = Field(default=RefitSpec())
     """Refit a node's iteration models when a window's work leaves the range they were fitted on
-    and they mispredict it; false keeps the warmup's fit frozen, as the paper does."""
+    and they mispredict it (`enabled: false` keeps the warmup's fit frozen, as the paper does)."""
     min_relative_gain: float = Field(default=0.03, ge=0, lt=1)
     """A switch must also gain at least this fraction of the current split's predicted throughput,
     and a candidate that moves more nodes must beat one that moves fewer by as much; 0 is the
@@ -105,7 +151,8 @@ class PlannerSpec(ApiModel):
             cooldown_s=duration_seconds(self.cooldown),
             min_prefill=self.min_nodes.prefill,
             min_decode=self.min_nodes.decode,
-            refit=self.refit,
+            refit=self.refit.enabled,
+            refit_policy=self.refit.policy(),
             min_relative_gain=self.min_relative_gain,
         )
 

@@ -7,7 +7,9 @@ services and the simulator take these dataclasses, never the wire models.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from agentpool.models.refit import RefitPolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +28,9 @@ class PlannerSettings:
     min_prefill: int
     min_decode: int
     refit: bool = True
-    """Refit the iteration models when a window's work leaves their fitted range."""
+    """Refit the iteration models when a window's work leaves their fitted range ..."""
+    refit_policy: RefitPolicy = field(default_factory=RefitPolicy)
+    """... by how much, on how many records, and how wrong they must be."""
     min_relative_gain: float = 0.03
     """A switch must gain at least this fraction of the current split's predicted throughput."""
 

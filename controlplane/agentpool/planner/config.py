@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agentpool.models import DEFAULT_OCCUPANCY, OccupancyCount
+from agentpool.models.refit import RefitPolicy
 from agentpool.planner.core import PlannerPolicy
+
+_REFIT = RefitPolicy()  # the defaults
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,7 +21,9 @@ class PlannerConfig:
     :class:`agentpool.models.OccupancyCount`); samples that count something else are ignored.
     ``refit``: refit a node's models when a window's iteration records leave the range they were
     fitted on and they mispredict them (:mod:`agentpool.models.refit`); false keeps the warmup's
-    fit frozen, as the paper does.
+    fit frozen, as the paper does. ``refit_margin``, ``refit_min_records``, ``refit_min_share``,
+    ``refit_max_error`` and ``refit_max_records`` are :class:`RefitPolicy`'s fields (its defaults;
+    :meth:`refit_policy`), flat so that a settings file and the command line set them by name.
     ``min_relative_gain``: a switch must gain at least this fraction of the current split's
     predicted throughput, and moving more nodes must gain that much more than moving fewer
     (:class:`agentpool.planner.core.PlannerPolicy`; 0 is the paper's test alone). 3% by default:
@@ -37,6 +42,11 @@ class PlannerConfig:
     occupancy: OccupancyCount = DEFAULT_OCCUPANCY
     refit: bool = True
     min_relative_gain: float = 0.03
+    refit_margin: float = _REFIT.margin
+    refit_min_records: int = _REFIT.min_records
+    refit_min_share: float = _REFIT.min_share
+    refit_max_error: float = _REFIT.max_error
+    refit_max_records: int = _REFIT.max_records
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "occupancy", OccupancyCount(self.occupancy))  # "in_flight" from a file
@@ -47,6 +57,7 @@ class PlannerConfig:
         if self.initial_prefill < self.min_prefill:
             raise ValueError(f"initial prefill count {self.initial_prefill} is below min {self.min_prefill}")
         self.policy()  # validates cooldown and min nodes per phase
+        self.refit_policy()  # and the refit thresholds
 
     def policy(self) -> PlannerPolicy:
         return PlannerPolicy(
@@ -54,4 +65,13 @@ class PlannerConfig:
             min_prefill=self.min_prefill,
             min_decode=self.min_decode,
             min_relative_gain=self.min_relative_gain,
+        )
+
+    def refit_policy(self) -> RefitPolicy:
+        return RefitPolicy(
+            margin=self.refit_margin,
+            min_records=self.refit_min_records,
+            min_share=self.refit_min_share,
+            max_error=self.refit_max_error,
+            max_records=self.refit_max_records,
         )

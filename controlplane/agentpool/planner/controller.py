@@ -15,7 +15,8 @@
    nearly changes the split also records a Kubernetes Event.
    Before it decides, a node whose window records leave the range its models were fitted on, and
    which they mispredict, is refitted on the fitted records plus the window's
-   (:func:`agentpool.planner.node_fits.apply_refits`; ``PlannerConfig.refit``, on by default), and
+   (:func:`agentpool.planner.node_fits.apply_refits`; ``PlannerConfig.refit``, on by default, and
+   its thresholds, read at every window), and
    the routers get the new models with the window's.
 
 The configuration is read again at every window, so changes apply without a restart.
@@ -113,14 +114,12 @@ class PlannerController:
         models_out: ModelSink | None = None,
         switch_poll_s: float = SWITCH_POLL_S,
         kv_capacity: KvCapacities | None = None,
-        refit_policy: RefitPolicy | None = None,
     ):
         """``on_evaluation`` receives every window's evaluation (e.g. to put it in the pool's status);
         ``state`` keeps the models and the last switch time across restarts; ``directory`` is told
         when an engine serves its new phase; ``models_out`` gets the models after the fit and after
         every window; ``kv_capacity`` says how many KV tokens each engine holds (from its load
-        reports), so decode capacity is bounded by KV room (None: not bounded); ``refit_policy``:
-        when a window's records refit a node (with ``PlannerConfig.refit``)."""
+        reports), so decode capacity is bounded by KV room (None: not bounded)."""
         self._pods = pods
         self._kv_capacity = kv_capacity
         self._inbox = inbox
@@ -142,7 +141,6 @@ class PlannerController:
         self.announced: deque[tuple[str, Role]] = deque(maxlen=1000)
         self.fits_failed = 0
         self.fits: dict[str, NodeFit] = {}
-        self.refit_policy = RefitPolicy() if refit_policy is None else refit_policy
         # what each node's models were fitted on (saved thinned with the state, restored on resume)
         self.fitted_records: dict[str, NodeRecords] = {}
         self.refits = 0  # windows that refitted a node
@@ -332,7 +330,7 @@ class PlannerController:
         if self._pending is not None:
             await self._observe(pods, end)
         if cfg.refit and self.fitted_records:
-            await self.refit_window(start, end)
+            await self.refit_window(start, end, cfg.refit_policy())
         nodes, excluded = self._planner_nodes(pods, start, end)
         sliced = slice_window(
             self._inbox.requests(start, end),
@@ -385,14 +383,12 @@ class PlannerController:
         await self.publish_models()  # this window's t_bar and f_n
         return self.last
 
-    async def refit_window(self, start: float, end: float) -> list[str]:
+    async def refit_window(self, start: float, end: float, policy: RefitPolicy) -> list[str]:
         """Refit every node whose records of ``[start, end)`` left the range of its fit and which
-        its models mispredict there (CPU in a worker thread); the refitted nodes. The routers get
-        the new models with the window's at the end of the evaluation."""
+        its models mispredict there, as ``policy`` says (CPU in a worker thread); the refitted
+        nodes. The routers get the new models with the window's at the end of the evaluation."""
         window = self._inbox.iterations(start, end)
-        refits = await asyncio.to_thread(
-            refit_nodes, self.fitted_records, window, dict(self._models), self.refit_policy
-        )
+        refits = await asyncio.to_thread(refit_nodes, self.fitted_records, window, dict(self._models), policy)
         changed = apply_refits(refits, self._models, self.fitted_records, self.fits)
         for name in changed:
             log.info("planner window %.0f-%.0f: refitted %s: %s", start, end, name, refits[name].describe())

@@ -23,6 +23,11 @@ def planner_config(spec: AgentServingPoolSpec) -> PlannerConfig:
         enabled=s.enabled,
         refit=s.refit,
         min_relative_gain=s.min_relative_gain,
+        refit_margin=s.refit_policy.margin,
+        refit_min_records=s.refit_policy.min_records,
+        refit_min_share=s.refit_policy.min_share,
+        refit_max_error=s.refit_policy.max_error,
+        refit_max_records=s.refit_policy.max_records,
     )
 
 

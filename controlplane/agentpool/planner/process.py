@@ -76,6 +76,11 @@ SETTING_FLAGS = (
     ("min_decode", int, "minimum decode nodes"),
     ("initial_prefill", int, "prefill nodes of the split disaggregation starts from"),
     ("min_relative_gain", float, "least gain of a switch, as a fraction of the current throughput"),
+    ("refit_margin", float, "refit: a record beyond margin x the fitted range is out of range"),
+    ("refit_min_records", int, "refit: out-of-range records a window needs"),
+    ("refit_min_share", float, "refit: their least share of the window's records"),
+    ("refit_max_error", float, "refit: only when the model's mean relative error on them exceeds this"),
+    ("refit_max_records", int, "refit: records a refit fits on, at most"),
 )
 
 
@@ -112,6 +117,7 @@ def parser() -> argparse.ArgumentParser:
     for name, kind, text in SETTING_FLAGS:
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help=text)
     p.add_argument("--enabled", choices=("true", "false"), default=None, help="evaluate windows")
+    p.add_argument("--refit", choices=("true", "false"), default=None, help="refit models beyond their range")
     p.add_argument(
         "--occupancy", choices=[c.value for c in OccupancyCount], default=None, help="what q̄ counts"
     )
@@ -126,8 +132,9 @@ def parser() -> argparse.ArgumentParser:
 
 def setting_flags(args: argparse.Namespace) -> dict[str, Any]:
     flags: dict[str, Any] = {n: getattr(args, n) for n, _, _ in SETTING_FLAGS if getattr(args, n) is not None}
-    if args.enabled is not None:
-        flags["enabled"] = args.enabled == "true"
+    for name in ("enabled", "refit"):
+        if getattr(args, name) is not None:
+            flags[name] = getattr(args, name) == "true"
     if args.occupancy is not None:
         flags["occupancy"] = OccupancyCount(args.occupancy)
     return flags

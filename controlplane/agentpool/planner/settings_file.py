@@ -2,10 +2,11 @@
 
 The file (YAML or JSON) holds :class:`agentpool.planner.config.PlannerConfig` fields by name
 (``window_s``, ``slices``, ``warmup_s``, ``cooldown_s``, ``min_prefill``, ``min_decode``,
-``initial_prefill``, ``enabled``, ``occupancy``, ``refit``, ``min_relative_gain``), and optionally
-``generation``: the pool generation the operator rendered the file for, which the planner reports
-as the one it runs
-(:attr:`PlannerSettings.generation`); unknown keys are an error. Flags given on the
+``initial_prefill``, ``enabled``, ``occupancy``, ``refit``, ``min_relative_gain`` and the refit
+thresholds ``refit_margin``, ``refit_min_records``, ``refit_min_share``, ``refit_max_error``,
+``refit_max_records``), and optionally ``generation``: the pool generation the operator rendered
+the file for, which the planner reports as the one it runs (:attr:`PlannerSettings.generation`);
+unknown keys are an error. Flags given on the
 command line win over the file, the file over the defaults. The file is re-read every
 ``reload_s`` in a worker thread (no blocking I/O on the event loop); a change applies at the
 next window. A file that stops parsing or validating is logged and the last good configuration

@@ -390,12 +390,17 @@ SHORT = SyntheticWorkload(chunk_tokens=1024, max_requests=2, max_cached=8192)
 LONG_CHUNKS = NodeModel(prefill=dataclasses.replace(NODE.prefill, c1=6e-5), decode=NODE.decode)
 
 
-@pytest.mark.parametrize("refit", [True, False])
+@pytest.mark.parametrize(
+    "settings",
+    [{}, {"refit": False}, {"refit_max_error": 0.9}],
+    ids=["refit", "opted-out", "tolerant-threshold"],
+)
 async def test_a_window_beyond_the_warmups_range_refits_and_the_routers_get_the_new_models(
-    harness: Harness, refit: bool, caplog: pytest.LogCaptureFixture
+    harness: Harness, settings: dict[str, Any], caplog: pytest.LogCaptureFixture
 ) -> None:
+    """The refit and its thresholds as the planner's settings say (read at every window)."""
     h, rng = harness, np.random.default_rng(7)
-    h.config[0] = dataclasses.replace(h.config[0], refit=refit)
+    h.config[0] = dataclasses.replace(h.config[0], **settings)
     sink = Published()
     h.controller.models_out = sink
     for name in PODS:
@@ -419,9 +424,10 @@ async def test_a_window_beyond_the_warmups_range_refits_and_the_routers_get_the_
     assert ev is not None
     published, _ = sink.sets[-1]
     assert all(error(warm[n]) > 0.15 for n in PODS)  # the warmup's fit underestimates the new work
-    if not refit:  # opted out: the warmup's models stay, nothing refitted
+    if settings:  # opted out, or mispredicted within the threshold: the warmup's models stay
         assert h.controller.refits == 0 and "refitted" not in caplog.text
         assert all(published[n].prefill == warm[n] for n in PODS)
+        assert all(error(warm[n]) < 0.9 for n in PODS)
         return
     assert h.controller.refits == 1
     for n in PODS:  # every node, the decode nodes on the prefill nodes' records

@@ -268,6 +268,26 @@ BAD = [
         "1 is less than the minimum of 2",
     ),
     Bad(
+        "refit range margin below 1",
+        changed(SIM, {"spec.planner.refit": {"margin": 0.5}}),
+        "spec.planner.refit.margin",
+        "Input should be greater than or equal to 1",
+        "0.5 is less than the minimum of 1",
+    ),
+    Bad(
+        "refit on in the old boolean form",
+        changed(SIM, {"spec.planner.refit": True}),
+        "spec.planner.refit",
+        "Input should be a valid dictionary or instance of RefitSpec",
+        "is not of type 'object'",
+    ),
+    cel(
+        "refit fits on fewer records than twice those it needs",
+        changed(SIM, {"spec.planner.refit": {"minRecords": 100, "maxRecords": 150}}),
+        "spec.planner.refit.maxRecords",
+        "refit.maxRecords must be at least 2 x refit.minRecords",
+    ),
+    Bad(
         "smetric hit ratio above 1",
         changed(SIM, {"spec.router.policy": "smetric", "spec.router.smetric": {"hitRatio": 1.5}}),
         "spec.router.smetric.hitRatio",
@@ -607,6 +627,19 @@ GOOD = {
         SGLANG, {"spec.planner.enabled": False, "spec.initialSplit.prefill": 2}
     ),
     "split at the maximum": changed(SGLANG, {"spec.initialSplit.prefill": 7}),
+    "refit off": changed(SIM, {"spec.planner.refit": {"enabled": False}}),
+    "refit thresholds at their bounds": changed(
+        SIM,
+        {
+            "spec.planner.refit": {
+                "margin": 1,
+                "minRecords": 500,
+                "minShare": 1.0,
+                "maxError": 0,
+                "maxRecords": 1000,
+            }
+        },
+    ),
     "dense model on one GPU": changed(
         SGLANG, {"spec.model": {"name": "/models/dense-8b"}, "spec.engine.gpusPerNode": 1}
     ),

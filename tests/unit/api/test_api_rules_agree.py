@@ -132,3 +132,17 @@ def test_duration_nanoseconds_equal_go_parse(parts: list[tuple[int, str, str]]) 
     except ValueError:
         got = None
     assert got == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    min_records=st.none() | st.integers(1, 3000),
+    max_records=st.none() | st.integers(2, 8000),
+)
+def test_refit_record_rules_agree(min_records: int | None, max_records: int | None) -> None:
+    """Either count may be left to its default (20, 4000): the CEL rule spells the defaults out."""
+    manifest = copy.deepcopy(BASE)
+    refit = {"minRecords": min_records, "maxRecords": max_records}
+    manifest["spec"]["planner"] = {"refit": {k: v for k, v in refit.items() if v is not None}}
+    manifest["spec"]["initialSplit"] = {"prefill": 1}
+    assert _messages_from_pydantic(pydantic_errors(manifest)) == _messages_from_crd(crd_errors(manifest))

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from agentpool.api import AgentServingPool, AgentServingPoolSpec
+from agentpool.models.refit import RefitPolicy
 from agentpool.operator.builders import BuildSettings, InvalidPoolError, children
 from agentpool.operator.builders.secrets import (
     generated_secret,
@@ -346,6 +347,27 @@ def test_an_slo_or_policy_edit_changes_only_the_config_map() -> None:
     assert (planner["cooldown_s"], planner["generation"]) == (300.0, 2)
     before_cm = by_kind(before, "ConfigMap")["sim-config"]
     assert parse_config(before_cm["data"]["router.json"], "json").generation == 1
+
+
+def test_the_refit_thresholds_reach_the_planners_settings_file_and_only_it() -> None:
+    _, _, before = build(SIM, generation=1)
+    edit = edited(SIM)
+    refit = {"margin": 2, "minRecords": 50, "minShare": 0.25, "maxError": 0.2, "maxRecords": 1000}
+    edit["spec"]["planner"] = {**SIM["spec"]["planner"], "refit": refit}
+    _, _, after = build(edit, generation=2)
+    changed = [a["metadata"]["name"] for a, b in zip(after, before, strict=True) if a != b]
+    assert changed == ["sim-config"]  # read live by the planner: no pod restarts
+    values, _ = split_generation(
+        json.loads(by_kind(after, "ConfigMap")["sim-config"]["data"]["planner.json"])
+    )
+    config = build_config(values, {})  # through the planner's own loader
+    assert config.refit and config.refit_policy() == RefitPolicy(
+        margin=2.0, min_records=50, min_share=0.25, max_error=0.2, max_records=1000
+    )
+    values, _ = split_generation(
+        json.loads(by_kind(before, "ConfigMap")["sim-config"]["data"]["planner.json"])
+    )
+    assert build_config(values, {}).refit_policy() == RefitPolicy()  # left out: the defaults
 
 
 def test_a_scale_changes_engines_and_who_may_be_patched() -> None:

@@ -6,7 +6,9 @@ import pytest
 import yaml
 
 from agentpool.api import AgentServingPool
+from agentpool.api.control import RefitSpec
 from agentpool.models import MoeShape
+from agentpool.models.refit import RefitPolicy
 from agentpool.planner.config import PlannerConfig
 from agentpool.planner.from_spec import moe_shape, planner_config
 
@@ -42,11 +44,26 @@ def test_dense_model_and_colocated_pool() -> None:
         planner_config(colocated)
 
 
-def test_the_refit_opt_out_reaches_the_planner_config() -> None:
+def test_the_refit_opt_out_and_thresholds_reach_the_planner_config() -> None:
     spec = _pool("pool-sim.yaml").spec
-    assert planner_config(spec).refit  # on by default
-    off = spec.model_copy(update={"planner": spec.planner.model_copy(update={"refit": False})})
+    assert planner_config(spec).refit  # on by default, with RefitPolicy's defaults
+    assert planner_config(spec).refit_policy() == RefitPolicy()
+    off = spec.model_copy(
+        update={"planner": spec.planner.model_copy(update={"refit": RefitSpec(enabled=False)})}
+    )
     assert planner_config(off).refit is False
+    manifest = yaml.safe_load((EXAMPLES / "pool-sim.yaml").read_text())
+    manifest["spec"].setdefault("planner", {})["refit"] = {
+        "margin": 2,
+        "minRecords": 50,
+        "minShare": 0.25,
+        "maxError": 0.2,
+        "maxRecords": 1000,
+    }
+    tuned = planner_config(AgentServingPool.model_validate(manifest).spec)
+    assert tuned.refit and tuned.refit_policy() == RefitPolicy(
+        margin=2.0, min_records=50, min_share=0.25, max_error=0.2, max_records=1000
+    )
 
 
 def test_the_min_relative_gain_reaches_the_planner_policy() -> None:

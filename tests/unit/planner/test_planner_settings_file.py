@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from agentpool.models import OccupancyCount
+from agentpool.models.refit import RefitPolicy
 from agentpool.planner.config import PlannerConfig
 from agentpool.planner.process import parser, setting_flags
 from agentpool.planner.settings_file import PlannerSettings, build_config
@@ -47,3 +48,22 @@ def test_bad_values_are_value_errors() -> None:
         build_config({"slices": "many"}, {})
     with pytest.raises(ValueError):
         PlannerConfig(occupancy="in_the_air")  # type: ignore[arg-type]
+
+
+def test_refit_thresholds_from_the_command_line_and_the_file(tmp_path: Path) -> None:
+    """The operator writes them into the settings file; flags win over it as for every setting."""
+    path = tmp_path / "planner.json"
+    path.write_text('{"refit_margin": 2.0, "refit_min_records": 50, "refit_max_error": 0.2}')
+    common = ["--namespace", "ns", "--pool", "p", "--router", "http://r"]
+    refit = ["--refit-min-records", "30", "--refit-min-share", "0.5", "--refit-max-records", "600"]
+    args = parser().parse_args([*common, *refit, "--refit", "false"])
+    cfg = PlannerSettings(setting_flags(args), path)()
+    assert cfg.refit is False
+    assert cfg.refit_policy() == RefitPolicy(
+        margin=2.0, min_records=30, min_share=0.5, max_error=0.2, max_records=600
+    )
+    assert PlannerConfig().refit_policy() == RefitPolicy()  # the defaults are RefitPolicy's
+    with pytest.raises(ValueError, match="max_records >= 2 x min_records"):
+        build_config({"refit_min_records": 400, "refit_max_records": 600}, {})
+    with pytest.raises(ValueError, match="margin must be >= 1"):
+        build_config({"refit_margin": 0.5}, {})

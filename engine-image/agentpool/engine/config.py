@@ -217,7 +217,7 @@ class EngineConfig(_Model):
     """Requests queued beyond this are handed back (``requeue``) instead of admitted."""
     stall_log_s: float = Field(10.0, gt=0)
     """A request whose stream sends nothing for this long is logged with what it waits for (``sim``
-    backend; ``stall_watch.py``), again each time its silence doubles."""
+    and ``sglang`` backends; ``stall_watch.py``), again each time its silence doubles."""
     stall_log_queued_s: float = Field(60.0, gt=0)
     """The same for a request still queued or prefilling (a long prompt under load waits long)."""
     sim: SimSettings = SimSettings()

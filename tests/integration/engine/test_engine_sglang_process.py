@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -319,5 +320,50 @@ async def test_the_agent_stops_promptly_with_requests_in_sglang(tmp_path: Path) 
         for events in ends:  # each request was told, not cut off silently
             assert not isinstance(events, BaseException), ends
             assert events[-1] == {"type": "error", "message": "the engine is stopping"}, events[-3:]
+    finally:
+        await engine.stop()
+
+
+async def test_a_request_silent_in_sglang_is_logged_with_what_the_agent_knows(tmp_path: Path) -> None:
+    """The stall log of the ``sim`` backend, on ``sglang`` too: SGLang retracts a streaming request
+    (its KV ran short) and sends nothing for it; the agent logs the request, its SGLang rid and
+    SGLang's load, and logs again when it streams once more."""
+    launcher = sglang_section(tmp_path)["launcher"] + ["--standin-decode-s", "0.05,0"]
+    cfg = engine_config(
+        "sg6", backend="sglang", sglang=sglang_section(tmp_path, launcher=launcher), stallLogS=1.0
+    )
+    engine = await start_engine(tmp_path, cfg)
+    sg = f"http://127.0.0.1:{cfg['sglang']['port']}"
+    try:
+        async with aiohttp.ClientSession() as http:
+
+            async def ready() -> bool:
+                async with http.get(engine.url + "/ready") as r:
+                    return r.status == 200
+
+            await wait_until(ready, 30, "the agent to be ready once SGLang is healthy")
+            events: list[dict[str, Any]] = []
+
+            async def stream() -> None:
+                body = gen_body("quiet", list(range(300, 300 + 4 * PAGE)), max_tokens=400)
+                async with http.post(
+                    engine.url + "/agentpool/v1/generate", json=body, headers=ENGINE_AUTH
+                ) as r:
+                    async for line in r.content:
+                        events.append(json.loads(line))
+
+            task = asyncio.create_task(stream())
+            await wait_until(lambda: _true(any(e["type"] == "token" for e in events)), 20, "a first token")
+            async with http.post(sg + "/standin/retract", json={"running": 0}) as r:
+                assert r.status == 200
+            await engine.wait_for(r"request quiet \(both, decode\) has sent nothing for", within_s=15)
+            async with http.post(sg + "/standin/retract", json={"running": None}) as r:
+                assert r.status == 200
+            await engine.wait_for(r"request quiet \(both\) streams again after a stall", within_s=15)
+            await asyncio.wait_for(task, 30)
+        line = next(x for x in engine.output if "has sent nothing for" in x)
+        assert "SGLang rid sg6-" in line and "tokens out, the last chunk" in line, line
+        assert re.search(r"SGLang's last load: \d+ running, \d+ waiting, KV \d+ of \d+ tokens", line), line
+        assert events[-1]["type"] == "done", events[-3:]
     finally:
         await engine.stop()

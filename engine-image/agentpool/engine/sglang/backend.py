@@ -31,7 +31,6 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -56,10 +55,13 @@ from agentpool.engine.sglang.generate import (
 )
 from agentpool.engine.sglang.handover import prefill_again
 from agentpool.engine.sglang.iterations import IterationRecorder
+from agentpool.engine.sglang.job import SglangJob
 from agentpool.engine.sglang.l3_index import L3Index
 from agentpool.engine.sglang.l3_store import L3StoreServer
 from agentpool.engine.sglang.process import SglangProcess
+from agentpool.engine.sglang.stalls import sglang_wait
 from agentpool.engine.sglang.zmq_bridge import ZmqKvBridge
+from agentpool.engine.stall_watch import StallWatch
 from agentpool.kv import HeldBlock, Role, Tier
 from agentpool.wire.engine import KV_SOURCE_LOST, GenerateRequest, QueuedItem
 
@@ -107,19 +109,6 @@ def launch_argv(cfg: EngineConfig, s: SglangSettings, l3_socket: str | None = No
         return build_args(launch, s.launcher)
     except LaunchError as e:
         raise BackendUnavailable(f"backend sglang: {e}") from None
-
-
-@dataclass(eq=False, kw_only=True)
-class SglangJob(EventStream):
-    rid: str
-    prompt_tokens: int
-    cached_tokens: int = 0  # the router's estimate until SGLang says
-    output: bool = False  # SGLang answered with output (or the prefill was handed over)
-    text: str = ""
-    handover: tuple[GenerateRequest, dict[str, Any]] | None = None  # a decode: to prefill it again
-    retrying: bool = False  # its hand-over failed: a new prefill at the source is under way
-    tokens_out: int = 0  # SGLang's completion tokens so far
-    last_output_at: float = 0.0  # monotonic time of its last chunk
 
 
 class SglangBackend:
@@ -174,6 +163,12 @@ class SglangBackend:
         self._idle.set()
         self._seq = itertools.count()
         self._clear_grace: asyncio.TimerHandle | None = None
+        self.stalls = StallWatch(  # a prefill answered at once waits for the decode side: not silent
+            lambda: [j for j in self.jobs.values() if j.state is not JobState.FINISHED],
+            lambda job, now: sglang_wait(self, job, now),
+            cfg.stall_log_s,
+            cfg.stall_log_queued_s,
+        )
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def run(self) -> None:
@@ -188,7 +183,7 @@ class SglangBackend:
                 await self.process.wait_healthy(http, self.url, self.s.ready_timeout_s)
                 self._ready = True
                 await self._poll_load_once()
-                await asyncio.gather(self.process.watch(), self._poll_loads())
+                await asyncio.gather(self.process.watch(), self._poll_loads(), self.stalls.run())
             finally:
                 self._ready = False
                 bridge.cancel()

@@ -21,18 +21,17 @@ import asyncio
 import ssl
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Protocol, cast
+from typing import cast
 from urllib.parse import urlsplit
 
 import httptools
 import orjson
 
 from agentpool.errors import InvalidInputError, UnavailableError, UpstreamError
+from agentpool.router.engine_lines import EventLines
 from agentpool.wire.engine import AnyEvent, GenerateRequest, encode_generate, parse_event
 
 GENERATE_PATH = "/agentpool/v1/generate"
-# The longest event line accepted.
-MAX_EVENT_BYTES = 1 << 17
 # Unread response bytes at which reading from the engine pauses (resumes below half of it).
 MAX_BUFFER = 1 << 20
 # Idle connections kept per engine.
@@ -54,12 +53,6 @@ REJECTED_STATUSES = frozenset((400, 413, 422))
 
 class EngineBusy(UnavailableError):
     """The engine refused the request without failing (HTTP 429/503): route it elsewhere."""
-
-
-class _Content(Protocol):
-    def read_nowait(self) -> bytes: ...
-
-    async def readany(self) -> bytes: ...
 
 
 class _ConnectionLost(Exception):
@@ -94,6 +87,9 @@ class _Connection(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self._buf = bytearray()
         self._waiter: asyncio.Future[None] | None = None
+        self._deadline: float | None = None  # of the current wait
+        self._timer: asyncio.TimerHandle | None = None  # at ``_timer_at``, not before the deadline
+        self._timer_at = 0.0
         self._paused = False
         self.status = 0
         self.headers_done = False
@@ -118,6 +114,9 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail(exc or ConnectionResetError("the engine closed the connection"))
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def on_headers_complete(self) -> None:
         self.status = self._parser.get_status_code()
@@ -155,17 +154,37 @@ class _Connection(asyncio.Protocol):
     async def wait(self, deadline: float | None = None) -> None:
         """Until the connection has news; ``TimeoutError`` at ``deadline`` (the loop's clock).
 
-        A timer on the waiter instead of ``asyncio.timeout``, which costs several times more and ran
-        on every request (bench/results/router_cpu.md)."""
+        One timer for the connection, not one per wait: a wait sets its deadline, and a timer is
+        armed only when none is armed for that moment or earlier; when it fires it fails the wait
+        whose deadline passed, or is armed again for the current wait's (later) deadline. A request
+        on a kept-alive connection then makes no timer (the first one fires once a timeout)."""
         loop = self.loop
         waiter = self._waiter = loop.create_future()
-        timer = None if deadline is None else loop.call_at(deadline, _expire, waiter)
+        if deadline is not None:
+            self._deadline = deadline
+            if self._timer is None or deadline < self._timer_at:
+                self._arm(deadline)
         try:
             await waiter
         finally:
             self._waiter = None
-            if timer is not None:
-                timer.cancel()
+            self._deadline = None
+
+    def _arm(self, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.loop.call_at(when, self._check_deadline)
+        self._timer_at = when
+
+    def _check_deadline(self) -> None:
+        self._timer = None
+        deadline, waiter = self._deadline, self._waiter
+        if deadline is None or waiter is None or waiter.done():
+            return  # no wait now: armed again by the next one
+        if deadline <= self.loop.time():
+            waiter.set_exception(TimeoutError())
+        else:
+            self._arm(deadline)
 
     @property
     def reusable(self) -> bool:
@@ -207,11 +226,6 @@ class _Connection(asyncio.Protocol):
         self.keep_alive = False
         if self.transport is not None:
             self.transport.close()
-
-
-def _expire(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_exception(TimeoutError())
 
 
 class EngineClient:
@@ -359,11 +373,11 @@ class EngineCall:
         self._request = request
         self._target: _Target | None = None
         self._conn: _Connection | None = None
-        self._lines: _Lines | None = None
+        self._lines: EventLines | None = None
         self._wait = client.first_event_s
         self.finished = False
 
-    async def _start(self) -> _Lines:
+    async def _start(self) -> EventLines:
         client, url, request = self._client, self.url, self._request
         if not client._started:
             raise RuntimeError("EngineClient.start() was not called")
@@ -389,7 +403,7 @@ class EngineCall:
                     f"{url} refused the router's engine token (401; --engine-token-file): {text}"
                 )
             raise EngineFailure(f"{url} answered {status}: {text}")
-        lines = self._lines = _Lines(conn)
+        lines = self._lines = EventLines(conn)
         return lines
 
     async def next(self) -> AnyEvent:
@@ -447,57 +461,3 @@ class EngineCall:
 
 
 _FINAL = frozenset(("done", "error", "requeue"))
-
-
-class _Lines:
-    """Newline-delimited lines of a response body, each within ``timeout_s`` of asking for it.
-
-    Lines already received are returned without arming a timer (engines often send several events
-    in one TCP segment); only waiting for more data is bounded by the timeout. A line (newline
-    included) may not exceed :data:`MAX_EVENT_BYTES`. At the end of the body a last line without
-    its newline is returned as it is, then ``b""``.
-    """
-
-    __slots__ = ("_buf", "_content", "_pos")
-
-    def __init__(self, content: _Content) -> None:
-        self._content = content
-        self._buf = b""
-        self._pos = 0
-
-    @property
-    def pending(self) -> bool:
-        """Whether received bytes are left unread."""
-        return len(self._buf) > self._pos
-
-    def next_nowait(self) -> bytes | None:
-        """A whole line already received, or None (then :meth:`next` waits for one)."""
-        buf, pos = self._buf, self._pos
-        end = buf.find(b"\n", pos)
-        if end < 0 or end + 1 - pos > MAX_EVENT_BYTES:
-            return None  # :meth:`next` raises for the line too long
-        self._pos = end + 1
-        return buf[pos : end + 1]
-
-    async def next(self, timeout_s: float) -> bytes:
-        deadline: float | None = None
-        while True:
-            buf, pos = self._buf, self._pos
-            end = buf.find(b"\n", pos)
-            if end >= 0:
-                if end + 1 - pos > MAX_EVENT_BYTES:
-                    raise ValueError(f"an event line is over {MAX_EVENT_BYTES} bytes")
-                self._pos = end + 1
-                return buf[pos : end + 1]
-            if len(buf) - pos > MAX_EVENT_BYTES:
-                raise ValueError(f"an event line is over {MAX_EVENT_BYTES} bytes")
-            data = self._content.read_nowait()
-            if not data:
-                if deadline is None:
-                    deadline = asyncio.get_running_loop().time() + timeout_s
-                async with asyncio.timeout_at(deadline):
-                    data = await self._content.readany()
-                if not data:  # end of the body
-                    self._buf, self._pos = b"", 0
-                    return buf[pos:]
-            self._buf, self._pos = buf[pos:] + data, 0

@@ -175,6 +175,43 @@ async def test_silence_times_out_and_a_closed_port_fails(client: EngineClient) -
         await types(client, url)  # the server is gone: connection refused
 
 
+async def answered_then_silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """The first request on the connection answered at once, the next never."""
+    await read_request(reader)
+    writer.write(chunked(EVENTS))
+    await writer.drain()
+    await read_request(reader)
+    await asyncio.sleep(10)
+
+
+async def test_a_reused_connection_times_out_at_its_own_deadline(client: EngineClient) -> None:
+    """One timer per connection: the one armed for the first request's wait fires during the second's
+    (0.3 s later) and must not fail it early; it times out 0.5 s after its own start."""
+    loop = asyncio.get_running_loop()
+    client.first_event_s = 0.5
+    async with server(answered_then_silent) as (url, accepted):
+        assert await types(client, url) == ["started", "token", "done"]
+        await asyncio.sleep(0.3)
+        t0 = loop.time()
+        with pytest.raises(EngineFailure, match="timed out"):
+            await types(client, url, 1)
+        assert loop.time() - t0 >= 0.45
+        assert accepted == [0]  # the same connection
+
+
+async def test_a_shorter_deadline_than_the_armed_timer_is_kept(client: EngineClient) -> None:
+    loop = asyncio.get_running_loop()
+    client.first_event_s = 5.0  # the first wait arms the connection's timer 5 s out
+    async with server(answered_then_silent) as (url, accepted):
+        assert await types(client, url) == ["started", "token", "done"]
+        client.first_event_s = 0.2
+        t0 = loop.time()
+        with pytest.raises(EngineFailure, match="timed out"):
+            await types(client, url, 1)
+        assert 0.15 <= loop.time() - t0 < 1.0
+        assert accepted == [0]
+
+
 async def test_the_engine_token_rides_on_every_request_and_a_401_says_so() -> None:
     heads: list[bytes] = []
 

@@ -12,7 +12,8 @@ import aiohttp
 import pytest
 
 from agentpool.router.__main__ import loop_factory
-from agentpool.router.engine_client import MAX_EVENT_BYTES, _Lines
+from agentpool.router.engine_lines import MAX_EVENT_BYTES
+from agentpool.router.engine_lines import EventLines as _Lines
 from agentpool.router.metrics import RouterMetrics
 
 

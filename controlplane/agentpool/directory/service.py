@@ -120,6 +120,11 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         self._encoder = ResolveEncoder(directory.page_size)
         self.ingest = EventIngest(directory, self.limits, self.metrics, wall_clock, monotonic)
         self.watchers = CountWatchers(directory, self.metrics)
+        # the core's sizes, read when scraped (not set after every write: three locked sets per Place);
+        # each a len() of the loop thread's tables, whole under the GIL
+        self.metrics.nodes.set_function(lambda: len(directory.phases()))
+        self.metrics.branches.set_function(lambda: len(directory.branches))
+        self.metrics.index_blocks.set_function(lambda: len(directory.index))
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
 
@@ -132,7 +137,6 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         self.ingest.expect(phases)
         self.store_ok = True
         self.metrics.store_up.set(1)
-        self._update_gauges()
         self._stopping = False
         self._tasks = [
             asyncio.create_task(self._store_monitor(), name="directory-store-monitor"),
@@ -174,7 +178,6 @@ class DirectoryService(pb_grpc.DirectoryServicer):
             self._reload_needed = False
         log.info("directory agent state reloaded from the store: %d branches", len(self.dir.branches))
         self.watchers.resnapshot()
-        self._update_gauges()
 
     async def _sweeper(self) -> None:
         while not self._stopping:
@@ -211,15 +214,17 @@ class DirectoryService(pb_grpc.DirectoryServicer):
         await self.written(pending, self.enqueue(pending), strict)
 
     async def written(self, pending: Pending, done: Written, strict: bool = True) -> None:
-        """Wait for a queued write; then publish its count changes. ``strict``: raise UNAVAILABLE when
-        the store failed."""
-        error = await done
+        """Wait for a queued write; then :meth:`settle` it."""
+        self.settle(pending, await done, strict)
+
+    def settle(self, pending: Pending, error: StoreUnavailableError | None, strict: bool = True) -> None:
+        """A write is done (``error``: how it failed): publish its count changes. ``strict``: raise
+        UNAVAILABLE when the store failed."""
         if error is not None:
             if strict:
                 raise StoreUnavailableError(f"store unavailable: {error}") from error
             return
         self.watchers.publish(pending.changes.counts)
-        self._update_gauges()
 
     def _store_failed(self, error: StoreUnavailableError) -> None:
         self.store_ok = False
@@ -229,11 +234,6 @@ class DirectoryService(pb_grpc.DirectoryServicer):
     def _require_store(self) -> None:
         if not self.store_ok:
             raise StoreUnavailableError("store (Redis) unavailable; retry later")
-
-    def _update_gauges(self) -> None:
-        self.metrics.nodes.set(len(self.dir.phases()))
-        self.metrics.branches.set(len(self.dir.branches))
-        self.metrics.index_blocks.set(len(self.dir.index))
 
     # -- RPC plumbing ------------------------------------------------------------------------
     async def _run(self, method: str, context: Ctx, work: Awaitable[T]) -> T:

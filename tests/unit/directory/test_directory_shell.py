@@ -351,3 +351,43 @@ async def test_writes_queued_together_share_one_save_in_order_and_survive_a_canc
         assert row.path == (1, 4) and row.version == svc.dir.branches.get("a").version  # the last
     finally:
         await svc.stop()
+
+
+async def test_route_places_answer_after_their_writes_and_quiet_ones_only_when_they_failed() -> None:
+    """The Route session settles each Place from its write's outcome (a callback, not a task): a
+    quiet Place is answered only when its write failed, a waited-for one always; the store's state
+    and the directory's gauges (read when scraped) follow."""
+    from agentpool.directory import framing
+    from agentpool.directory.route import RouteSession
+
+    store = FlakyStore()
+    svc = DirectoryService(Directory(page_size=1), store, timers=ServiceTimers(store_check_interval_s=60))
+    await svc.start()
+    session = RouteSession(svc)
+    try:
+        await svc._commit(svc.dir.register_node("p1", Role.PREFILL))
+        place = framing.place_request
+        session.apply(
+            pb.RouteBatch.FromString(
+                framing.route_op(1, place=place("a", "p1", [1, 2]), quiet=True)
+                + framing.route_op(2, place=place("b", "p1", [1, 3]))
+            ).ops
+        )
+        replies = pb.RouteReplies.FromString(await session.next_replies() or b"").replies
+        assert [(r.id, r.WhichOneof("result")) for r in replies] == [(2, "place")]  # the quiet one: silent
+        assert replies[0].place.is_new and set(store.rows) == {"a", "b"}
+        sample = svc.metrics.registry.get_sample_value
+        assert (sample("agentpool_directory_branches"), sample("agentpool_directory_nodes")) == (2.0, 1.0)
+        assert sample("agentpool_directory_index_blocks") == 0.0  # no engine stored a block
+
+        store.down = True
+        session.apply(
+            pb.RouteBatch.FromString(framing.route_op(3, place=place("c", "p1", [4]), quiet=True)).ops
+        )
+        replies = pb.RouteReplies.FromString(await session.next_replies() or b"").replies
+        assert [(r.id, r.WhichOneof("result")) for r in replies] == [(3, "error")]
+        assert replies[0].error.code == grpc.StatusCode.UNAVAILABLE.value[0] and "c" not in store.rows
+        assert not session._writes  # every write settled
+    finally:
+        await session.close()
+        await svc.stop()

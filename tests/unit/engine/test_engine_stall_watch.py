@@ -4,7 +4,7 @@ something other than a transfer error.
 - :class:`StallWatch` reports a stream silent for its threshold, again each time the silence doubles,
   and says when it streams again or ends;
 - the ``sim`` backend names what a request waits for (the KV hand-over from its prefill node, the
-  NIXL thread, the driver loop);
+  NIXL thread, the driver loop); the ``sglang`` backend what its agent knows (SGLang's rid and load);
 - a hand-over that raises an unexpected error ends the decode stream with an ``error`` event at once
   (the router fails the request with the cause instead of timing out after 120 s of silence), gives
   its KV reservation back and lets a drain complete (before: the stream stayed silent forever and
@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -26,6 +27,9 @@ from agentpool.engine.hostpool import HostPool
 from agentpool.engine.jobs import EventStream, JobState
 from agentpool.engine.kvstate import KvLedger, NoSink
 from agentpool.engine.metrics import EngineMetrics
+from agentpool.engine.sglang.control import SglangLoad
+from agentpool.engine.sglang.job import SglangJob
+from agentpool.engine.sglang.stalls import sglang_wait
 from agentpool.engine.simbackend import SimBackend
 from agentpool.engine.stall_watch import StallWatch, sim_wait
 from agentpool.node import GpuCache, Role
@@ -162,3 +166,26 @@ async def test_an_unexpected_hand_over_error_ends_the_stream_at_once_and_the_nod
         await b.wait_drained()
     await b.switch(Role.PREFILL)
     assert b.role is Role.PREFILL
+
+
+def test_the_sglang_stall_log_says_what_the_agent_knows_of_the_request() -> None:
+    """``sglang_wait``: SGLang's rid, no output yet / the last chunk / a hand-over being redone, and
+    SGLang's last load (a stand-in backend: only the fields it reads)."""
+    job = SglangJob(request_id="r1", phase="both", rid="n0-7-r1", prompt_tokens=9000, cached_tokens=8000)
+    b: Any = SimpleNamespace(
+        last_load=None, load_errors=2, process=SimpleNamespace(pid=4242), jobs={job.rid: job}
+    )
+    b.not_ready_reason = lambda: ""
+    assert sglang_wait(b, job, 100.0) == (
+        "SGLang rid n0-7-r1; no output from SGLang yet (9000 prompt tokens, ~1000 uncached); "
+        "no load read from SGLang yet (2 load reads failed); SGLang pid 4242, ready; 1 of our requests in it"
+    )
+    job.output, job.tokens_out, job.last_output_at = True, 37, 88.0
+    b.last_load = SglangLoad(
+        running=0, waiting=1, waiting_uncached_tokens=9000, used_tokens=5, capacity_tokens=9
+    )
+    line = sglang_wait(b, job, 100.0)
+    assert "37 tokens out, the last chunk 12.0 s ago" in line
+    assert "SGLang's last load: 0 running, 1 waiting, KV 5 of 9 tokens" in line
+    job.retrying = True
+    assert "its KV hand-over failed: the prefill is being redone at the source" in sglang_wait(b, job, 100.0)

@@ -21,7 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--file",
         type=Path,
         default=None,
-        help="an AgentServingPool manifest: simulate its pool (nodes, split, SLO, planner, policy); "
+        help="an AgentServingPool manifest: simulate its pool (nodes, split, SLO, planner, policy), its "
+        "settings over the flags that set the same (--nodes, --min-relative-gain, --no-refit, ...); "
         "--systems adds others to compare",
     )
 

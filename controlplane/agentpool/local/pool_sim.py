@@ -1,7 +1,8 @@
 """What a pool manifest means to the simulator: ``agentpool simulate -f POOL.yaml``.
 
-The manifest sets the pool (nodes, initial split, mode), the SLO, the planner's window, slices
-and cooldown, and which simulated system is the pool: the one with the manifest's routing policy
+The manifest sets the pool (nodes, initial split, mode), the SLO, the planner's window, slices,
+cooldown, minimum relative gain and refit settings (over ``--min-relative-gain`` and ``--no-refit``),
+and which simulated system is the pool: the one with the manifest's routing policy
 and planner (``evolving`` + planner: ``agentpool``; ``smetric`` + planner: ``agentpool-smetric``;
 a colocated pool: the colocated system of its policy). A manifest no simulated system matches is
 an error that says so. Everything else (trace, agents, duration, node preset) stays a flag.
@@ -55,6 +56,12 @@ def apply_pool(sc: Scenario, pool: AgentServingPool) -> Scenario:
         sim=sim,
         static_prefill_nodes=sim.prefill_nodes,
         planner=dataclasses.replace(
-            sc.planner, window_s=planner.window_s, slices=planner.slices, cooldown_s=planner.cooldown_s
+            sc.planner,
+            window_s=planner.window_s,
+            slices=planner.slices,
+            cooldown_s=planner.cooldown_s,
+            min_relative_gain=planner.min_relative_gain,
+            refit=planner.refit,
+            refit_policy=planner.refit_policy,
         ),
     )

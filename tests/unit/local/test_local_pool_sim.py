@@ -8,6 +8,8 @@ import pytest
 
 from agentpool.local.pool import read_manifest
 from agentpool.local.pool_sim import apply_pool, pool_system
+from agentpool.models.refit import RefitPolicy
+from agentpool.sim.planners import PlannerSettings
 from agentpool.sim.run import Scenario
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "pool-sim.yaml"
@@ -56,3 +58,28 @@ def test_a_pool_no_system_simulates_is_an_error(tmp_path: Path) -> None:
         ValueError, match="no simulated system runs a disaggregated pool with router policy 'dynamo'"
     ):
         pool_system(pool)
+
+
+REFIT_AND_GAIN = (
+    "    cooldown: 30s",
+    "    cooldown: 30s\n    minRelativeGain: 0.12\n    refit:\n      enabled: false\n      margin: 2.5\n"
+    "      minRecords: 33\n      minShare: 0.25\n      maxError: 0.2\n      maxRecords: 500",
+)
+
+
+def test_the_planner_gain_floor_and_refit_reach_the_simulated_planner(tmp_path: Path) -> None:
+    """Flag values (``--min-relative-gain 0 --no-refit``) give way to the manifest's."""
+    flags = Scenario(planner=PlannerSettings(min_relative_gain=0.0, refit=True))
+    sc = apply_pool(flags, read_manifest(manifest(tmp_path, REFIT_AND_GAIN)))
+    assert sc.planner.min_relative_gain == 0.12
+    assert sc.planner.refit is False
+    assert sc.planner.refit_policy == RefitPolicy(
+        margin=2.5, min_records=33, min_share=0.25, max_error=0.2, max_records=500
+    )
+
+
+def test_a_manifest_without_them_gives_the_spec_defaults() -> None:
+    flags = Scenario(planner=PlannerSettings(min_relative_gain=0.0, refit=False))
+    sc = apply_pool(flags, read_manifest(EXAMPLE))
+    assert (sc.planner.min_relative_gain, sc.planner.refit) == (0.03, True)
+    assert sc.planner.refit_policy == RefitPolicy()

@@ -4,10 +4,10 @@
   :func:`agentpool.engine.sglang.args.build_args`; the agent refuses to start (exit 2) when the
   ``sglang`` package (default launcher) or a GPU (``requireGpu``) is missing. ``/ready`` answers 503
   until SGLang's ``/health`` does; SGLang exiting stops the agent (exit 1); SIGTERM stops SGLang.
-- **Generate**: forwarded to ``/generate`` (:mod:`.generate`), SGLang's stream translated to our
-  events. P->D uses SGLang's own bootstrap transfer: the prefill node answers ``prefilled`` at once
-  with a transfer id naming its bootstrap room while its SGLang waits for the decode node to pull
-  the KV; the decode node asks its SGLang with that room.
+- **Generate**: forwarded to ``/generate`` (:mod:`.forwarding`, :mod:`.generate`), SGLang's stream
+  translated to our events. P->D uses SGLang's own bootstrap transfer: the prefill node answers
+  ``prefilled`` at once with a transfer id naming its bootstrap room while its SGLang waits for the
+  decode node to pull the KV; the decode node asks its SGLang with that room.
 - **KV events**: SGLang's ZMQ publisher -> :class:`SglangKvMirror` -> the directory link.
 - **Load**: ``/v1/loads`` every ``loadPollS``; the queue is this agent's requests with no output yet
   (cached tokens as the router estimated them).
@@ -38,22 +38,15 @@ import aiohttp
 
 from agentpool.engine.backend import BackendLoad, BackendParts
 from agentpool.engine.config import EngineConfig, SglangSettings
-from agentpool.engine.errors import BackendUnavailable, BadRequestError, FetchError, SwitchFailed
+from agentpool.engine.errors import BackendUnavailable, BadRequestError, SwitchFailed
 from agentpool.engine.jobs import EventStream, JobState
 from agentpool.engine.kvstate import KvEventSink, NoSink
 from agentpool.engine.metrics import EngineMetrics
 from agentpool.engine.sglang.args import DEFAULT_LAUNCHER, LaunchError, SglangLaunch, build_args
 from agentpool.engine.sglang.control import SglangControl, SglangError, SglangLoad, decode_waiting_tokens
 from agentpool.engine.sglang.events import SglangKvMirror
-from agentpool.engine.sglang.generate import (
-    Chunk,
-    parse_answer,
-    parse_sse_line,
-    parse_transfer_id,
-    sampling_params,
-    transfer_id,
-)
-from agentpool.engine.sglang.handover import prefill_again
+from agentpool.engine.sglang.forwarding import SglangForwarder
+from agentpool.engine.sglang.generate import parse_transfer_id, sampling_params, transfer_id
 from agentpool.engine.sglang.iterations import IterationRecorder
 from agentpool.engine.sglang.job import SglangJob
 from agentpool.engine.sglang.l3_index import L3Index
@@ -63,7 +56,7 @@ from agentpool.engine.sglang.stalls import sglang_wait
 from agentpool.engine.sglang.zmq_bridge import ZmqKvBridge
 from agentpool.engine.stall_watch import StallWatch
 from agentpool.kv import HeldBlock, Role, Tier
-from agentpool.wire.engine import KV_SOURCE_LOST, GenerateRequest, QueuedItem
+from agentpool.wire.engine import GenerateRequest, QueuedItem
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +127,6 @@ class SglangBackend:
         a failed hand-over (``handover.py``)."""
         self.cfg = cfg
         self.store = store  # the L3 store SGLang's storage backend uses (keepHostKv)
-        self._authorization = authorization
         self.s = s
         self.argv = argv
         self.metrics = metrics
@@ -142,7 +134,6 @@ class SglangBackend:
         self._role = cfg.role
         self._draining = False
         self._ready = False
-        self.jobs: dict[str, SglangJob] = {}  # by SGLang rid: in SGLang now
         self.mirror = SglangKvMirror(cfg.page_size, NoSink())
         self._request_resync: Callable[[], None] = lambda: None
         on_batch = None
@@ -156,11 +147,8 @@ class SglangBackend:
         self.last_load: SglangLoad | None = None
         self.records = IterationRecorder(s.chunked_prefill_tokens)
         self.load_errors = 0
-        self._http: aiohttp.ClientSession | None = None
-        self._forwards: set[asyncio.Task[None]] = set()  # our requests in SGLang, held until they end
+        self.requests = SglangForwarder(s, metrics, self.records, authorization)
         self._control: SglangControl | None = None
-        self._idle = asyncio.Event()
-        self._idle.set()
         self._seq = itertools.count()
         self._clear_grace: asyncio.TimerHandle | None = None
         self.stalls = StallWatch(  # a prefill answered at once waits for the decode side: not silent
@@ -173,7 +161,7 @@ class SglangBackend:
     # -- lifecycle ----------------------------------------------------------------------------
     async def run(self) -> None:
         async with aiohttp.ClientSession() as http:
-            self._http = http
+            self.requests.http = http
             self._control = SglangControl(self.url, http)
             bridge = asyncio.create_task(self.bridge.run())  # SUB connects before SGLang binds: fine
             try:
@@ -189,13 +177,7 @@ class SglangBackend:
                 bridge.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await bridge
-                for job in list(self.jobs.values()):
-                    job.finish({"type": "error", "message": "the engine is stopping"})
-                # our requests still open in SGLang would hold its HTTP server's shutdown (the stop
-                # then waits its whole timeout and kills it): end them first
-                for t in self._forwards:
-                    t.cancel()
-                await asyncio.gather(*self._forwards, return_exceptions=True)
+                await self.requests.close()  # before SGLang's stop, which they would hold
                 await self.process.stop(self.s.stop_timeout_s)
                 if self.store is not None:
                     await self.store.close()
@@ -217,6 +199,11 @@ class SglangBackend:
         self._request_resync()
 
     # -- state --------------------------------------------------------------------------------
+    @property
+    def jobs(self) -> dict[str, SglangJob]:
+        """Our requests in SGLang now, by SGLang rid."""
+        return self.requests.jobs
+
     @property
     def role(self) -> Role:
         return self._role
@@ -243,12 +230,9 @@ class SglangBackend:
         self.mirror.sink = sink
         self._request_resync = request_resync
 
-    def _queued(self) -> list[SglangJob]:
-        return [j for j in self.jobs.values() if not j.output]
-
     def load(self) -> BackendLoad:
         sl = self.last_load
-        queued = self._queued()
+        queued = self.requests.queued()
         return BackendLoad(
             role=self._role,
             remaining_batch_s=0.0,
@@ -279,8 +263,8 @@ class SglangBackend:
     def state(self) -> dict[str, Any]:
         sl = self.last_load
         return {
-            "queue": len(self._queued()),
-            "running": len(self.jobs) - len(self._queued()),
+            "queue": len(self.requests.queued()),
+            "running": len(self.jobs) - len(self.requests.queued()),
             "jobs": len(self.jobs),
             "gpu_blocks": self.gpu_blocks,
             "sglang": {
@@ -315,7 +299,7 @@ class SglangBackend:
             payload |= {"bootstrap_host": host, "bootstrap_port": port, "bootstrap_room": room}
         if not self._ready or self._draining or g.phase not in _ACCEPTS[self._role]:
             return None
-        if g.phase != "decode" and len(self._queued()) >= self.cfg.max_queue:
+        if g.phase != "decode" and len(self.requests.queued()) >= self.cfg.max_queue:
             return None
         rid = f"{self.cfg.node_id}-{next(self._seq)}-{g.request_id}"[:256]
         payload["rid"] = rid
@@ -323,7 +307,7 @@ class SglangBackend:
         job = SglangJob(
             request_id=g.request_id, phase=g.phase, rid=rid, prompt_tokens=len(ids), cached_tokens=cached
         )
-        job.on_cancel = lambda: self._abort(job, None)
+        job.on_cancel = lambda: self.requests.abort(job, None)
         if g.phase == "prefill":
             room = secrets.randbits(63)
             payload |= {
@@ -334,11 +318,9 @@ class SglangBackend:
             }
         if g.phase == "decode":
             job.handover = (g, payload)
-        self.jobs[rid] = job
         if g.phase != "prefill":  # streamed: its chunks time SGLang's passes
             self.records.submitted(rid, time.monotonic(), len(ids), prefills_here=g.phase == "both")
-        self._idle.clear()
-        self._start_forward(job, payload)
+        self.requests.start(job, payload)
         if g.phase == "prefill":
             # SGLang's prefill waits for the decode node to pull the KV: the router learns the room now
             job.output = True
@@ -353,177 +335,15 @@ class SglangBackend:
         host = urlsplit(url).hostname if url else None
         return host or self.cfg.host
 
-    def _start_forward(self, job: SglangJob, payload: dict[str, Any]) -> None:
-        task = asyncio.get_running_loop().create_task(self._forward(job, payload))
-        self._forwards.add(task)
-        task.add_done_callback(self._forwards.discard)
-
-    async def _forward(self, job: SglangJob, payload: dict[str, Any]) -> None:
-        assert self._http is not None
-        timeout = aiohttp.ClientTimeout(total=self.s.request_timeout_s, sock_connect=10)
-        try:
-            async with self._http.post(self.url + "/generate", json=payload, timeout=timeout) as r:
-                if r.status != 200:
-                    text = (await r.text())[:500]
-                    status = r.status if 400 <= r.status < 500 else 502
-                    self._fail(job, f"SGLang answered HTTP {r.status}: {text}", status)
-                    return
-                if not payload["stream"]:
-                    self._prefill_answer(job, parse_answer(await r.json(content_type=None)))
-                    return
-                last: Chunk | None = None
-                async for line in r.content:
-                    chunk = parse_sse_line(line)
-                    if chunk is None:
-                        continue
-                    last = chunk
-                    if chunk.error is not None:
-                        self._fail(job, f"SGLang: {chunk.error}", 502)
-                        return
-                    if chunk.finish_reason == "abort":  # no output: not "started"
-                        break
-                    self._chunk(job, chunk)
-                    if chunk.finish_reason is not None:
-                        break
-                if last is None or last.finish_reason is None:
-                    self._fail(job, "SGLang's stream ended without a finish reason", 502)
-                else:
-                    self._done(job, last)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as e:
-            self._fail(job, f"SGLang request failed: {type(e).__name__}: {e}", 502)
-        finally:
-            self._gone(job)
-
-    def _chunk(self, job: SglangJob, c: Chunk) -> None:
-        now = time.monotonic()
-        self.records.output(job.rid, now, c.completion_tokens, c.cached_tokens)
-        job.tokens_out = c.completion_tokens
-        job.last_output_at = now
-        if not job.output:
-            job.output = True
-            job.state = JobState.DECODE
-            job.emit({"type": "started", "cached_tokens": c.cached_tokens, "fetched_tokens": 0})
-        delta = c.text[len(job.text) :] if c.text.startswith(job.text) else c.text
-        job.text = c.text
-        if delta:
-            job.emit({"type": "token", "text": delta})
-
-    def _done(self, job: SglangJob, c: Chunk) -> None:
-        if c.finish_reason == "abort":
-            self._fail(job, "SGLang aborted the request", 502)
-            return
-        self.records.finished(job.rid, c.completion_tokens, c.spec_verify_ct)
-        usage = {
-            "prompt_tokens": c.prompt_tokens,
-            "completion_tokens": c.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": c.cached_tokens},
-        }
-        self.metrics.requests.labels(job.phase, "done").inc()
-        job.finish({"type": "done", "finish_reason": c.finish_reason, "usage": usage})
-
-    def _prefill_answer(self, job: SglangJob, c: Chunk) -> None:
-        """The prefill request ended (its KV went to the decode node, or SGLang gave up on it)."""
-        if c.error is not None or c.finish_reason == "abort":
-            self.metrics.fetch_failures.labels("handover").inc()
-            log.warning("SGLang prefill %s ended without a hand-over: %s", job.rid, c.error or "aborted")
-
-    def _fail(self, job: SglangJob, message: str, status: int) -> None:
-        if (
-            job.handover is not None
-            and not job.output
-            and status >= 500
-            and job.state is not JobState.FINISHED
-        ):
-            # the KV never came (SGLang's decode mode cannot prefill): the source prefills it again
-            self.metrics.fetch_failures.labels("handover").inc()
-            job.retrying = True
-            job.spawn(self._prefill_again(job, message))
-            return
-        self._fail_now(job, message, status)
-
-    async def _prefill_again(self, job: SglangJob, why: str) -> None:
-        assert job.handover is not None and self._http is not None
-        g, payload = job.handover
-        job.handover = None  # once
-        assert g.kv_source is not None
-        source = g.kv_source.url
-        log.warning("%s: KV hand-over failed (%s); prefilling it again at %s", g.request_id, why, source)
-        try:
-            transfer = await prefill_again(
-                self._http, source, g, self.s.request_timeout_s, self._authorization
-            )
-            port, room = parse_transfer_id(transfer)
-        except (FetchError, BadRequestError) as e:
-            # nothing went to the router yet: it places the request again from the start
-            job.retrying = False
-            message = f"KV hand-over failed ({why}); the prefill node could not redo it: {e}"
-            log.warning("%s: %s; handing it back (%s)", g.request_id, message, KV_SOURCE_LOST)
-            self.metrics.requeued.labels(KV_SOURCE_LOST).inc()
-            job.finish({"type": "requeue", "reason": KV_SOURCE_LOST, "message": message})
-            self._gone(job)
-            return
-        self.metrics.handover_recomputed.inc()
-        self.metrics.recomputed_tokens.inc(len(g.prompt_token_ids))
-        self.jobs.pop(job.rid, None)
-        self.records.gone(job.rid)
-        job.rid = f"{job.rid}-again"[:256]
-        job.retrying = False
-        self.jobs[job.rid] = job
-        self.records.submitted(job.rid, time.monotonic(), len(g.prompt_token_ids), prefills_here=False)
-        payload = payload | {"rid": job.rid, "bootstrap_port": port, "bootstrap_room": room}
-        self._start_forward(job, payload)
-
-    def _fail_now(self, job: SglangJob, message: str, status: int) -> None:
-        self.metrics.requests.labels(job.phase, "error").inc()
-        log.warning("%s (%s): %s", job.request_id, job.phase, message)
-        event: dict[str, Any] = {"type": "error", "message": message}
-        if status < 500:
-            event["status"] = status
-        job.finish(event)
-
-    def _gone(self, job: SglangJob) -> None:
-        if job.retrying:  # stays (a drain waits for it) until the new prefill's answer
-            return
-        self.jobs.pop(job.rid, None)
-        self.records.gone(job.rid)
-        job.finish()
-        if not self.jobs:
-            self._idle.set()
-
-    def _abort(self, job: SglangJob, requeue: str | None) -> None:
-        """Take ``job`` out of SGLang (the router hung up, or a drain hands it back)."""
-        if requeue is not None:
-            self.metrics.requeued.labels(requeue).inc()
-            job.finish({"type": "requeue", "reason": requeue})
-        else:
-            job.finish()  # cancels a new prefill under way
-        if job.retrying:
-            job.retrying = False
-            self._gone(job)
-            return
-        if self._control is not None and job.rid in self.jobs:
-            asyncio.get_running_loop().create_task(self._abort_in_sglang(job.rid))
-
-    async def _abort_in_sglang(self, rid: str) -> None:
-        assert self._http is not None
-        try:
-            async with self._http.post(
-                self.url + "/abort_request", json={"rid": rid}, timeout=aiohttp.ClientTimeout(total=10)
-            ) as r:
-                if r.status != 200:
-                    log.warning("SGLang /abort_request %s: HTTP %d", rid, r.status)
-        except (aiohttp.ClientError, TimeoutError) as e:
-            log.warning("SGLang /abort_request %s: %s", rid, e)
-
     # -- drain and switch ---------------------------------------------------------------------
     def begin_drain(self) -> None:
         self._draining = True
-        for job in self._queued():
+        for job in self.requests.queued():
             if job.phase == "both":  # not started in SGLang: another node serves it
-                self._abort(job, "draining")
+                self.requests.abort(job, "draining")
 
     async def wait_drained(self) -> None:
-        await self._idle.wait()
+        await self.requests.idle.wait()
 
     async def switch(self, role: Role) -> None:
         assert self._control is not None

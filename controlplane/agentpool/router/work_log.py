@@ -62,12 +62,10 @@ from agentpool.wire.work import (
     parse_cursor,
 )
 
-
-@dataclass(frozen=True, slots=True)
-class _Finished:
-    seq: int
-    at: float
-    work: Work
+# A finished request's work: (seq, at, t_uc, t_c, t_out, t_acc). A plain tuple of numbers, not an
+# object: no :class:`Work` is built per request, and the cyclic GC stops tracking such a tuple at its
+# first collection, so a full collection does not walk a full ring of them (65,536 by default).
+_Finished = tuple[int, float, float, float, float, float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +80,10 @@ class _Iteration:
     seq: int
     node: str
     iteration: WireIteration
+
+
+def _seq_of(e: _Finished | _Sample | _Iteration) -> int:
+    return e[0] if isinstance(e, tuple) else e.seq
 
 
 @dataclass(slots=True)
@@ -172,10 +174,10 @@ class WorkLog:
         entry = self._pending.pop(request_id, None)
         if entry is None or output_tokens < 1:
             return
-        w = entry.work
-        work = Work(t_uc=w.t_uc, t_c=w.t_c, t_out=float(max(1, output_tokens - 1)), t_acc=entry.t_acc)
+        w = entry.work  # validated when routed; t_acc > 0 (decoding() takes only positive ones)
         self._seq += 1
-        self._entries.append(_Finished(self._seq, self._clock(), work))
+        t_out = float(max(1, output_tokens - 1))
+        self._entries.append((self._seq, self._clock(), w.t_uc, w.t_c, t_out, entry.t_acc))
 
     @property
     def in_flight(self) -> int:
@@ -203,7 +205,7 @@ class WorkLog:
             epoch, seq = parse_cursor(since)
             if epoch == self.epoch and seq <= self._seq:
                 after, reset = seq, False
-        oldest = self._entries[0].seq if self._entries else self._seq + 1
+        oldest = _seq_of(self._entries[0]) if self._entries else self._seq + 1
         dropped = 0 if reset else max(0, oldest - after - 1)
         start = max(0, after - oldest + 1)
         stop = min(len(self._entries), start + limit)
@@ -212,14 +214,15 @@ class WorkLog:
         iterations: list[WireNodeIteration] = []
         last = max(after, oldest - 1)
         for e in itertools.islice(self._entries, start, stop):
+            if isinstance(e, tuple):
+                last, at, t_uc, t_c, t_out, t_acc = e
+                requests.append(
+                    WireRequestWork(seq=last, at=at, t_uc=t_uc, t_c=t_c, t_out=t_out, t_acc=t_acc)
+                )
+                continue
             last = e.seq
             if isinstance(e, _Iteration):
                 iterations.append(WireNodeIteration(seq=e.seq, node=e.node, iteration=e.iteration))
-            elif isinstance(e, _Finished):
-                w = e.work
-                requests.append(
-                    WireRequestWork(seq=e.seq, at=e.at, t_uc=w.t_uc, t_c=w.t_c, t_out=w.t_out, t_acc=w.t_acc)
-                )
             else:
                 occupancy.append(
                     WireOccupancy(seq=e.seq, at=e.at, requests=e.requests, counts=OccupancyCount.IN_FLIGHT)

@@ -105,3 +105,19 @@ def test_every_batch_carries_the_role_each_engine_last_said_it_serves() -> None:
     ]
     # not part of the log: a poll with the latest cursor still gets them
     assert log.batch(first.next).served == first.served
+
+
+def test_finished_records_leave_the_cyclic_gc_after_one_collection() -> None:
+    """A full ring (65,536 records by default) is not walked by every full collection: each finished
+    request's record holds numbers only, which the GC stops tracking (fails if a record is an object)."""
+    import gc
+
+    log = WorkLog("r0", capacity=1000, clock=Clock())
+    for i in range(1000):
+        log.routed(f"r{i}", Work(t_uc=10, t_c=5, t_out=3))
+        log.finished(f"r{i}", output_tokens=4)
+    gc.collect()
+    assert not any(gc.is_tracked(e) for e in log._entries)
+    batch = log.batch(None)
+    assert len(batch.requests) == 1000
+    assert (batch.requests[-1].seq, batch.requests[-1].t_uc, batch.requests[-1].t_out) == (1000, 10, 3)

@@ -10,12 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import chain, islice
 
 from agentpool.kv.branches import BranchState, BranchTable, Observation, PendingMove
 from agentpool.kv.counts import BranchCounts, CountChanges
-from agentpool.kv.eviction import EvictionCandidate, eviction_hashes_counted, eviction_order_counted
-from agentpool.kv.hashing import DEFAULT_PAGE_SIZE
+from agentpool.kv.eviction import (
+    EvictionCandidate,
+    eviction_hashes_counted,
+    eviction_order_counted,
+    eviction_pick,
+)
+from agentpool.kv.hashing import DEFAULT_PAGE_SIZE, ROOT_HASH
 from agentpool.kv.index import PrefixIndex
 from agentpool.kv.steps import drain
 from agentpool.kv.types import HeldBlock, PrefixMatch, Role, Tier, UnknownNodeError, split_blocks
@@ -156,7 +161,7 @@ class Directory:
         self.phase(node)
         self.index.apply_stored(node, parent, hashes, tier, now)
         changes = Changes()
-        self._settle_moves_to(node, changes)
+        self._settle_moves_to(node, changes, hashes if parent == ROOT_HASH else ())
         return changes
 
     def apply_removed(self, node: str, hashes: Iterable[int], tier: Tier) -> Changes:
@@ -167,6 +172,20 @@ class Directory:
         self.phase(node)
         host_lost, gone = self.index.remove(node, hashes, tier)
         return self._zero_counts(node, host_lost if gone is host_lost else dict.fromkeys([*host_lost, *gone]))
+
+    def evict_host(self, node: str, limit: int) -> tuple[list[int], Changes]:
+        """E.2 ``EvictHost`` where the index is the host tier (the simulator's nodes): remove the host
+        copies of the first ``limit`` blocks of :meth:`eviction_order`; returns their hashes, in that
+        order, and the changes (:meth:`apply_removed`'s). When the order took zero-count blocks only
+        there are no counts to clear, and none are looked up."""
+        self.phase(node)
+        hashes, uncounted = eviction_pick(self.index.host_access(node), self.counts.counts_view(node), limit)
+        host_lost, gone = self.index.remove(node, hashes, Tier.HOST)
+        if uncounted:
+            return hashes, Changes()
+        return hashes, self._zero_counts(
+            node, host_lost if gone is host_lost else dict.fromkeys([*host_lost, *gone])
+        )
 
     def resync_node(self, node: str, blocks: Iterable[HeldBlock], now: float) -> Changes:
         """Replace ``node``'s placement with its engine's full block list (atomic for the index). Blocks
@@ -240,11 +259,14 @@ class Directory:
             state.pending.pop(node, None)
         return changes
 
-    def _settle_moves_to(self, node: str, changes: Changes) -> None:
+    def _settle_moves_to(self, node: str, changes: Changes, stored: Sequence[int] = ()) -> None:
+        """``stored``: a chain from the root that ``node`` has just stored (it holds every block)."""
         for beta in sorted(self._branches_pending_on(node)):
-            self._settle_move(self.branches.get(beta), node, changes)
+            self._settle_move(self.branches.get(beta), node, changes, stored)
 
-    def _settle_move(self, state: BranchState, node: str, changes: Changes) -> None:
+    def _settle_move(
+        self, state: BranchState, node: str, changes: Changes, stored: Sequence[int] = ()
+    ) -> None:
         move = state.pending[node]
         if move.version != state.version:
             del state.pending[node]  # the branch was rewritten since: its next placement decides
@@ -253,12 +275,17 @@ class Directory:
         if not self.index.has_node(node):
             return
         n = move.blocks
-        # the path's last block is the one likeliest missing (a prefill stores the path whole): a
-        # store of another branch's blocks then costs one lookup per pending move, not a path's walk
-        if n and self.index.last_access(node, state.path[n - 1]) is None:
-            return
-        if not self.index.holds_all(node, state.path[:n]):
-            return
+        path = state.path
+        # a prefill stores the path whole: the chain just stored starts with it (one list compare,
+        # no lookup). Else the path's last block is the one likeliest missing: a store of another
+        # branch's blocks then costs one lookup per pending move, not a path's walk
+        if not (
+            n and len(stored) >= n and stored[n - 1] == path[n - 1] and tuple(islice(stored, n)) == path[:n]
+        ):
+            if n and self.index.last_access(node, path[n - 1]) is None:
+                return
+            if not self.index.holds_all(node, path[:n]):
+                return
         del state.pending[node]
         phase = self._phases[node]
         for m in sorted(state.counted):

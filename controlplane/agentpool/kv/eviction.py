@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from itertools import chain, repeat
@@ -61,7 +62,7 @@ def eviction_order_counted(
     ordered = _ordered_hashes(access, counted, limit)
     if ordered is None:
         return _general_order(access, counted, limit)
-    picked, times = ordered
+    picked, times, _ = ordered
     return list(map(EvictionCandidate, picked, map(counted.get, picked, repeat(0)), times))
 
 
@@ -70,10 +71,19 @@ def eviction_hashes_counted(
 ) -> list[int]:
     """The hashes of :func:`eviction_order_counted` (same order), without a candidate per block: what a
     caller that only removes the blocks needs."""
+    return eviction_pick(access, counted, limit)[0]
+
+
+def eviction_pick(
+    access: Mapping[int, float], counted: Mapping[int, int], limit: int | None = None
+) -> tuple[list[int], bool]:
+    """:func:`eviction_hashes_counted`, and whether none of the hashes is in ``counted`` (known from
+    the order itself: then a caller that removes them has no counts to clear)."""
     ordered = _ordered_hashes(access, counted, limit)
     if ordered is None:
-        return [c.block_hash for c in _general_order(access, counted, limit)]
-    return ordered[0]
+        order = _general_order(access, counted, limit)
+        return [c.block_hash for c in order], not any(c.count for c in order)
+    return ordered[0], ordered[2]
 
 
 def _general_order(
@@ -86,42 +96,90 @@ def _general_order(
 
 def _ordered_hashes(
     access: Mapping[int, float], counted: Mapping[int, int], limit: int | None
-) -> tuple[list[int], list[float]] | None:
-    """The first ``limit`` (all if ``None``) hashes of ``access`` by ``(R > 0, last access, hash)`` and
-    their access times, or ``None`` when a hash that may be among them is outside ``[0, 2**64)`` or
-    ``limit`` is negative.
+) -> tuple[list[int], list[float], bool] | None:
+    """The first ``limit`` (all if ``None``) hashes of ``access`` by ``(R > 0, last access, hash)``,
+    their access times and whether none of them is counted, or ``None`` when a hash that may be
+    among them is outside ``[0, 2**64)`` or ``limit`` is negative.
 
     With a limit, only the blocks that can be among the first ``limit`` are sorted: the zero-count
     group alone when it has enough blocks, and in the group, the blocks accessed no later than the
     ``limit``-th smallest access time (a linear ``partition``). The result equals slicing the full
     ``lexsort`` (ties at the cut time are all kept and sorted by hash). Only those blocks' hashes are
-    converted to numbers, and the hashes returned are the table's own key objects (with counts, the
-    count lookups have read every key just before, so this saves little: ``sim_speed.md``)."""
+    converted to numbers, and the hashes returned are the table's own key objects. With counts and a
+    limit, the counts are looked up oldest block first, only as far as the order needs
+    (:func:`_first_counted`)."""
     if limit is not None and limit < 0:
         return None
     n = len(access)
     parts = access_parts(access)  # a sharded table is read shard by shard, at C level
     keys = list(chain.from_iterable(parts))
     times = np.fromiter(chain.from_iterable(p.values() for p in parts), np.float64, n)
-    positive = np.fromiter(map(counted.__contains__, keys), np.bool_, n) if counted else None
     try:
-        if limit is not None and limit < n:
-            order = _first(keys, times, positive, limit)
+        uncounted = True
+        if limit is not None and limit < n and counted:
+            order, uncounted = _first_counted(keys, times, counted, limit)
+        elif limit is not None and limit < n:
+            order = _first(keys, times, None, limit)
         else:
+            positive = np.fromiter(map(counted.__contains__, keys), np.bool_, n) if counted else None
             hashes = np.fromiter(keys, np.uint64, n)
             if positive is not None:
                 order = np.lexsort((hashes, times, positive))  # the last key sorts first
+                uncounted = not positive.any()
             else:
                 order = np.lexsort((hashes, times))
     except OverflowError:
         return None
     picked = order.tolist()
-    return list(map(keys.__getitem__, picked)), times[order].tolist()
+    return list(map(keys.__getitem__, picked)), times[order].tolist(), uncounted
 
 
 def _hashes_at(keys: list[int], at: _Indices) -> _Hashes:
     """The hashes ``keys[i]`` for ``i`` in ``at`` as numbers (``OverflowError`` outside ``[0, 2**64)``)."""
     return np.fromiter(map(keys.__getitem__, at.tolist()), np.uint64, len(at))
+
+
+def _first_counted(
+    keys: list[int], times: _Times, counted: Mapping[int, int], limit: int
+) -> tuple[_Indices, bool]:
+    """:func:`_first` with the counts looked up only where they can matter (``0 < limit < len``).
+
+    The blocks are taken oldest first and only theirs are looked up in ``counted`` (a dict lookup
+    per block is the costly step: ``sim_speed.md``), until ``limit`` zero-count blocks are found and
+    every block as old as the ``limit``-th of them is looked up: the zero-count blocks after those
+    are all younger, so they cannot be among the first ``limit``. When the node has fewer than
+    ``limit`` zero-count blocks every block is looked up and :func:`_first` decides. Also says
+    whether the blocks picked are all zero-count ones."""
+    n = len(times)
+    by_time = np.argsort(times, kind="stable")
+    if limit <= 0:
+        return by_time[:0], True
+    sorted_times = times[by_time]
+    zero_parts: list[_Indices] = []  # the zero-count blocks looked up, oldest first
+    zeros = done = 0
+    step = limit + (limit >> 2)
+    cut = math.inf  # once known: the access time of the limit-th oldest zero-count block
+    while done < n:
+        if zeros < limit:
+            end = min(n, done + step)
+            step *= 2
+        else:  # the blocks as old as the cut that are left (ties with it)
+            end = int(np.searchsorted(sorted_times, cut, side="right"))
+            if end <= done:
+                break
+        at = by_time[done:end]
+        flags = np.fromiter(map(counted.__contains__, map(keys.__getitem__, at.tolist())), np.bool_, len(at))
+        zero_parts.append(at[~flags])
+        zeros += len(zero_parts[-1])
+        done = end
+        if zeros >= limit and cut == math.inf:
+            cut = float(times[np.concatenate(zero_parts)[limit - 1]])
+    if zeros < limit:  # every block looked up
+        positive = np.ones(n, np.bool_)
+        positive[np.concatenate(zero_parts)] = False
+        return _first(keys, times, positive, limit), False
+    zero = np.concatenate(zero_parts)
+    return _first_by_time(keys, zero, times[zero], limit), True
 
 
 def _first(keys: list[int], times: _Times, positive: _Flags | None, limit: int) -> _Indices:

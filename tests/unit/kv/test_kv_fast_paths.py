@@ -16,7 +16,12 @@ from hypothesis import strategies as st
 from kv_reference import HeldTiers, model_remove, model_store
 
 from agentpool.kv import Directory, HeldBlock, PrefixIndex, Role, Tier
-from agentpool.kv.eviction import eviction_hashes_counted, eviction_order, eviction_order_counted
+from agentpool.kv.eviction import (
+    eviction_hashes_counted,
+    eviction_order,
+    eviction_order_counted,
+    eviction_pick,
+)
 from agentpool.kv.hashing import ROOT_HASH
 from agentpool.kv.shards import SHARDS
 from agentpool.kv.types import InvalidEventError
@@ -41,6 +46,10 @@ def test_counted_order_matches_general(
     assert eviction_order_counted(host, counted, limit) == want
     assert eviction_order_counted(iter(list(host.items())), counted, limit) == want
     assert eviction_hashes_counted(host, counted, limit) == [c.block_hash for c in want]
+    assert eviction_pick(host, counted, limit) == (
+        [c.block_hash for c in want],
+        not any(c.count for c in want),
+    )
 
 
 @settings(max_examples=400, deadline=None)
@@ -55,6 +64,44 @@ def test_partial_order_matches_general_when_most_blocks_are_counted(data: st.Dat
     want = eviction_order(list(host.items()), lambda h: counted.get(h, 0), limit)
     assert eviction_order_counted(host, counted, limit) == want
     assert eviction_hashes_counted(host, counted, limit) == [c.block_hash for c in want]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_partial_order_looking_counts_up_oldest_first_matches_general(data: st.DataObject) -> None:
+    """Hundreds of blocks on few access times: the counts are looked up oldest first in growing
+    chunks, with ties at the cut beyond a chunk, and the order must still be the general one."""
+    n = data.draw(st.integers(min_value=1, max_value=300))
+    stamps = data.draw(st.lists(times, min_size=1, max_size=4))
+    host = {h: stamps[data.draw(st.integers(min_value=0, max_value=len(stamps) - 1))] for h in range(n)}
+    share = data.draw(st.floats(min_value=0.0, max_value=1.0))
+    counted = {h: 1 for h in range(n) if (h * 7919 % 1000) / 1000 < share}
+    limit = data.draw(st.integers(min_value=0, max_value=n + 1))
+    want = eviction_order(list(host.items()), lambda h: counted.get(h, 0), limit)
+    assert eviction_hashes_counted(host, counted, limit) == [c.block_hash for c in want]
+    assert eviction_pick(host, counted, limit) == (
+        [c.block_hash for c in want],
+        not any(c.count for c in want),
+    )
+
+
+class _CountingLookups(dict[int, int]):
+    def __init__(self, counts: dict[int, int]) -> None:
+        super().__init__(counts)
+        self.lookups = 0
+
+    def __contains__(self, h: object) -> bool:
+        self.lookups += 1
+        return super().__contains__(h)
+
+
+def test_partial_order_looks_up_the_counts_of_the_oldest_blocks_only() -> None:
+    """With enough old zero-count blocks, the young (counted) blocks' counts are never read."""
+    host = {h: float(h) for h in range(10_000)}  # block h accessed at time h
+    counted = _CountingLookups(dict.fromkeys(range(9_000, 10_000), 1))
+    got = eviction_hashes_counted(host, counted, limit=2_000)
+    assert got == list(range(2_000))
+    assert counted.lookups <= 2_500  # the first chunk (1.25 x the limit), not 10,000
 
 
 ops = st.lists(
@@ -118,6 +165,42 @@ def test_directory_eviction_order_uses_live_host_view() -> None:
     assert d.eviction_hashes("p") == [5, 1, 2, 3, 4]
     assert d.eviction_hashes("p", limit=2) == [5, 1]
     assert [c.count for c in want] == [0, 1, 1, 1, 1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(min_value=1, max_value=12), min_size=1, max_size=12),
+    st.lists(
+        st.tuples(st.integers(min_value=0, max_value=3), st.integers(min_value=1, max_value=12)), max_size=6
+    ),
+    st.integers(min_value=0, max_value=14),
+)
+def test_directory_evict_host_is_the_order_then_the_removal(
+    stores: list[int], places: list[tuple[int, int]], limit: int
+) -> None:
+    """``evict_host`` leaves the directory as ``eviction_hashes`` then ``apply_removed`` does (counts
+    cleared where a counted block goes), whether or not the blocks it picks are counted."""
+
+    def build() -> Directory:
+        d = Directory(page_size=1)
+        d.register_node("p", Role.PREFILL)
+        for t, n in enumerate(stores):  # chains of n blocks under one root, at times 0, 1, ...
+            d.apply_stored("p", ROOT_HASH, list(range(1, n + 1)), Tier.HOST, float(t))
+        for b, n in places:  # branch b counts the chain's first n blocks
+            d.resolve(list(range(1, n + 1)), f"b{b}", 100.0)
+            d.place(f"b{b}", "p", 100.0)
+        return d
+
+    a, b = build(), build()
+    want = a.eviction_hashes("p", limit=limit)
+    want_changes = a.apply_removed("p", want, Tier.HOST)
+    got, changes = b.evict_host("p", limit)
+    assert got == want
+    assert changes == want_changes
+    assert b.counts.counts("p") == a.counts.counts("p")
+    assert list(b.index.host_blocks("p")) == list(a.index.host_blocks("p"))
+    for beta in {f"b{x}" for x, _ in places}:
+        assert b.branches.get(beta).counted == a.branches.get(beta).counted
 
 
 @settings(max_examples=300, deadline=None)

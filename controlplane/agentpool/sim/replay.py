@@ -60,6 +60,7 @@ class _Instance:
     remaining: int
     started: bool = False
     prev_tokens: dict[int, int] = field(default_factory=dict)  # agent -> input + output of its last turn
+    keys: dict[int, int] = field(default_factory=dict)  # its block keys, one int object per value
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +89,7 @@ class Replay:
         self.max_pause_s = max_pause_s
         self._next_instance = 1
         self._next_rid = 0
+        self._shared_keys: dict[int, int] = {}  # block keys of the instances that share a key space
         self.active: dict[str, int] = dict.fromkeys(self.sources, 0)
         self.target: dict[str, int] = dict.fromkeys(self.sources, 0)
         self.closed = True
@@ -195,6 +197,11 @@ class Replay:
         instance = 1 if inst.conv.kind == "mooncake" else inst.instance
         shared = 0 if inst.conv.kind == "mooncake" else self.shared_prefix_blocks
         blocks, produced = inst.conv.block_keys(i, instance, shared, self.group)
+        # Every request of an instance names a block by the same int object (not an equal new
+        # one): the KV tables then find it by identity, without reading a stored key object
+        keys = self._shared_keys if inst.conv.kind == "mooncake" else inst.keys
+        blocks = list(map(keys.setdefault, blocks, blocks))
+        produced = list(map(keys.setdefault, produced, produced))
         self._next_rid += 1
         req = Request(
             rid=self._next_rid,

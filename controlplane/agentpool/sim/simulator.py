@@ -335,10 +335,10 @@ class Simulator:
 
     def _evict_host(self, node: Node, n: int) -> None:
         if self.system.eviction is Eviction.BRANCH_COUNT:
-            hashes = self.directory.eviction_hashes(node.name, limit=n)
+            hashes, _ = self.directory.evict_host(node.name, n)
         else:
             hashes = eviction_hashes_counted(self.directory.index.host_access(node.name), {}, limit=n)
-        self.directory.apply_removed(node.name, hashes, Tier.HOST)
+            self.directory.apply_removed(node.name, hashes, Tier.HOST)
         node.gpu.discard(hashes)
         self.metrics.evicted_blocks += len(hashes)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import itertools
 import json
 from collections.abc import Sequence
 from functools import cache
@@ -149,6 +150,31 @@ def test_switch_modes(system_name: str, keeps_kv: bool, downtime: float) -> None
     at_drain = switched(float(sw["drained_at"]) + 1e-6)
     assert at_drain.nodes[0].status is NodeStatus.DOWN
     assert (at_drain.directory.index.node_block_count("n0") > 0) is keeps_kv
+
+
+def test_requests_of_one_agent_name_a_block_by_one_int_object() -> None:
+    """The replay hands every request of an instance the same int object for a block (the KV
+    tables then match it by identity): a later turn's prompt starts with the very objects of the
+    earlier turn's prompt and output."""
+    metrics = Metrics(TtftSlo(2.0, 1e-4), 0.1, 0.0, 10_000.0)
+    sim = Simulator(system("agentpool"), GLM, SimConfig(nodes=3, prefill_nodes=1), metrics)
+    issued: list[Issue] = []
+    issue_at = sim.issue_at
+    sim.issue_at = lambda at, issue: (issued.append(issue), issue_at(at, issue))[1]  # type: ignore[method-assign]
+    replay = Replay(sim, {"cc": cycle(list(_conversations())[:3])}, group=8)
+    replay.closed_loop([WorkloadPeriod(0.0, {"cc": 2})])
+    sim.run(600.0)
+    by_branch: dict[str, list[Request]] = {}
+    for issue in issued:
+        by_branch.setdefault(issue.req.branch, []).append(issue.req)
+    shared = 0
+    for reqs in by_branch.values():
+        for a, b in itertools.pairwise(reqs):
+            n = min(len(a.blocks), len(b.blocks))
+            if n and a.blocks[:n] == b.blocks[:n]:
+                assert all(x is y for x, y in zip(a.blocks[:n], b.blocks[:n], strict=True))
+                shared += n
+    assert shared > 0  # the sample's agents do continue their prompts
 
 
 def test_closed_loop_keeps_the_concurrency_and_open_loop_admits_at_most_max_agents() -> None:

@@ -1,11 +1,12 @@
 """What a pool manifest means to the simulator: ``agentpool simulate -f POOL.yaml``.
 
 The manifest sets the pool (nodes, initial split, mode), the SLO, the planner's window, slices,
-cooldown, minimum relative gain and refit settings (over ``--min-relative-gain`` and ``--no-refit``),
-and which simulated system is the pool: the one with the manifest's routing policy
-and planner (``evolving`` + planner: ``agentpool``; ``smetric`` + planner: ``agentpool-smetric``;
-a colocated pool: the colocated system of its policy). A manifest no simulated system matches is
-an error that says so. Everything else (trace, agents, duration, node preset) stays a flag.
+cooldown, minimum nodes per phase, minimum relative gain and refit settings (over
+``--min-relative-gain`` and ``--no-refit``), and which simulated system is the pool: the one with
+the manifest's routing policy and planner (``evolving`` + planner: ``agentpool``; ``smetric`` +
+planner: ``agentpool-smetric``; a colocated pool: the colocated system of its policy). A manifest
+no simulated system matches is an error that says so. Everything else (trace, agents, duration,
+node preset) stays a flag.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ def apply_pool(sc: Scenario, pool: AgentServingPool) -> Scenario:
             window_s=planner.window_s,
             slices=planner.slices,
             cooldown_s=planner.cooldown_s,
+            min_prefill=planner.min_prefill,
+            min_decode=planner.min_decode,
             min_relative_gain=planner.min_relative_gain,
             refit=planner.refit,
             refit_policy=planner.refit_policy,

@@ -108,6 +108,8 @@ class PlannerSettings:
     slices: int = 10
     cooldown_s: float = 120.0
     min_relative_gain: float = 0.03  # PlannerPolicy.min_relative_gain (0: the paper's test alone)
+    min_prefill: int = 1  # the fewest nodes the evolving planner leaves in each phase (PlannerPolicy)
+    min_decode: int = 1
     # Dynamo's load planner defaults (agentpool.sim.dynamo)
     dynamo: DynamoSettings = field(default_factory=DynamoSettings)
     arrow_interval_s: float = 30.0
@@ -378,7 +380,12 @@ def _pct_range(xs: list[float]) -> str:
 
 
 def _evolving(sim: Simulator, s: PlannerSettings) -> Tick:
-    policy = PlannerPolicy(cooldown_s=s.cooldown_s, min_relative_gain=s.min_relative_gain)
+    policy = PlannerPolicy(
+        cooldown_s=s.cooldown_s,
+        min_prefill=s.min_prefill,
+        min_decode=s.min_decode,
+        min_relative_gain=s.min_relative_gain,
+    )
     refit = s.refit_policy if s.refit else None
     fit = OnlineFit(sim, s.fit_noise, s.fit_seed, refit) if s.fit is ModelSource.ONLINE else None
 

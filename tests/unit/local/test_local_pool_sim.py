@@ -60,17 +60,19 @@ def test_a_pool_no_system_simulates_is_an_error(tmp_path: Path) -> None:
         pool_system(pool)
 
 
-REFIT_AND_GAIN = (
+PLANNER_KNOBS = (
     "    cooldown: 30s",
-    "    cooldown: 30s\n    minRelativeGain: 0.12\n    refit:\n      enabled: false\n      margin: 2.5\n"
-    "      minRecords: 33\n      minShare: 0.25\n      maxError: 0.2\n      maxRecords: 500",
+    "    cooldown: 30s\n    minNodes:\n      prefill: 2\n      decode: 3\n    minRelativeGain: 0.12\n"
+    "    refit:\n      enabled: false\n      margin: 2.5\n      minRecords: 33\n      minShare: 0.25\n"
+    "      maxError: 0.2\n      maxRecords: 500",
 )
 
 
-def test_the_planner_gain_floor_and_refit_reach_the_simulated_planner(tmp_path: Path) -> None:
+def test_the_planner_min_nodes_gain_floor_and_refit_reach_the_simulated_planner(tmp_path: Path) -> None:
     """Flag values (``--min-relative-gain 0 --no-refit``) give way to the manifest's."""
     flags = Scenario(planner=PlannerSettings(min_relative_gain=0.0, refit=True))
-    sc = apply_pool(flags, read_manifest(manifest(tmp_path, REFIT_AND_GAIN)))
+    sc = apply_pool(flags, read_manifest(manifest(tmp_path, PLANNER_KNOBS)))
+    assert (sc.planner.min_prefill, sc.planner.min_decode) == (2, 3)
     assert sc.planner.min_relative_gain == 0.12
     assert sc.planner.refit is False
     assert sc.planner.refit_policy == RefitPolicy(
@@ -82,4 +84,5 @@ def test_a_manifest_without_them_gives_the_spec_defaults() -> None:
     flags = Scenario(planner=PlannerSettings(min_relative_gain=0.0, refit=False))
     sc = apply_pool(flags, read_manifest(EXAMPLE))
     assert (sc.planner.min_relative_gain, sc.planner.refit) == (0.03, True)
+    assert (sc.planner.min_prefill, sc.planner.min_decode) == (1, 1)
     assert sc.planner.refit_policy == RefitPolicy()

@@ -80,6 +80,22 @@ def test_evolving_planner_switches_on_a_sustained_imbalance() -> None:
     assert all(sim.nodes[int(name[1:])].role is Role.DECODE for name in moving)
 
 
+def test_evolving_planner_keeps_the_fewest_decode_nodes_it_is_given() -> None:
+    """``PlannerSettings.min_decode`` (``spec.planner.minNodes.decode``) bounds the move above."""
+    sim = sim_of("agentpool", prefill=1, nodes=4)
+    sim.now = 600.0
+    for i in range(600):
+        sim.window.works.append(
+            RequestWorkRecord(float(i), Work(t_uc=30_000.0, t_c=1000.0, t_out=50.0, t_acc=1.7))
+        )
+    sim.window.occupancy += [OccupancySample(float(t), 40.0) for t in range(0, 600, 5)]
+    planned = tick_for(PlannerKind.EVOLVING, sim, PlannerSettings(fit=ModelSource.PRESET, min_decode=3))
+    assert planned is not None
+    planned[1](sim.now)
+    assert sim.metrics.planner_log[-1]["outcome"] != "switch"
+    assert switching_to(sim) == {}
+
+
 def test_no_planner_for_static_systems() -> None:
     assert tick_for(PlannerKind.NONE, sim_of("static-cache-aware"), PlannerSettings()) is None
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Coroutine
 from typing import Any
 
 import aiohttp
@@ -53,9 +54,15 @@ class SglangForwarder:
         self._authorization = authorization
         self.http: aiohttp.ClientSession | None = None
         self.jobs: dict[str, SglangJob] = {}  # by SGLang rid: in SGLang now
-        self._forwards: set[asyncio.Task[None]] = set()  # our requests in SGLang, held until they end
+        self._calls: set[asyncio.Task[None]] = set()  # our calls to SGLang (requests, aborts) until they end
         self.idle = asyncio.Event()
         self.idle.set()
+
+    def _hold(self, call: Coroutine[Any, Any, None]) -> None:
+        """Run ``call`` as a task held until it ends (the loop keeps only weak references to tasks)."""
+        task = asyncio.get_running_loop().create_task(call)
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
 
     def start(self, job: SglangJob, payload: dict[str, Any]) -> None:
         """Forward ``job`` (``payload``: SGLang's ``/generate`` body, ``rid`` included)."""
@@ -72,14 +79,12 @@ class SglangForwarder:
         HTTP server's shutdown: the stop then waits its whole timeout and kills it)."""
         for job in list(self.jobs.values()):
             job.finish({"type": "error", "message": "the engine is stopping"})
-        for t in self._forwards:
+        for t in self._calls:
             t.cancel()
-        await asyncio.gather(*self._forwards, return_exceptions=True)
+        await asyncio.gather(*self._calls, return_exceptions=True)
 
     def _start_forward(self, job: SglangJob, payload: dict[str, Any]) -> None:
-        task = asyncio.get_running_loop().create_task(self._forward(job, payload))
-        self._forwards.add(task)
-        task.add_done_callback(self._forwards.discard)
+        self._hold(self._forward(job, payload))
 
     async def _forward(self, job: SglangJob, payload: dict[str, Any]) -> None:
         assert self.http is not None
@@ -225,7 +230,7 @@ class SglangForwarder:
             self._gone(job)
             return
         if self.http is not None and job.rid in self.jobs:
-            asyncio.get_running_loop().create_task(self._abort_in_sglang(job.rid))
+            self._hold(self._abort_in_sglang(job.rid))
 
     async def _abort_in_sglang(self, rid: str) -> None:
         assert self.http is not None

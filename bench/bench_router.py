@@ -15,7 +15,8 @@
    Prints requests/s and latency at concurrency 1 and 32, the latency each router adds over the
    direct baseline, and the agentpool/sglang ratios. Engines, routers and the load generator are
    separate processes.
-CPU per request against sglang-router, and router replicas: :mod:`bench.bench_router_cpu`.
+CPU per request against sglang-router, and router replicas: :mod:`bench.bench_router_cpu`; the router's
+request path in one process, for instruction counts: :mod:`bench.bench_router_inprocess`.
 """
 
 from __future__ import annotations

@@ -171,7 +171,14 @@ class SglangBackend:
                 await self.process.wait_healthy(http, self.url, self.s.ready_timeout_s)
                 self._ready = True
                 await self._poll_load_once()
-                await asyncio.gather(self.process.watch(), self._poll_loads(), self.stalls.run())
+                watches = (self.process.watch(), self._poll_loads(), self.stalls.run())
+                loops = [asyncio.create_task(c) for c in watches]
+                try:
+                    await asyncio.gather(*loops)
+                finally:  # SGLang exited (watch raised) or the engine stops: end the other loops too
+                    for t in loops:
+                        t.cancel()
+                    await asyncio.gather(*loops, return_exceptions=True)
             finally:
                 self._ready = False
                 bridge.cancel()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from itertools import chain, repeat
@@ -105,27 +104,27 @@ def _ordered_hashes(
     group alone when it has enough blocks, and in the group, the blocks accessed no later than the
     ``limit``-th smallest access time (a linear ``partition``). The result equals slicing the full
     ``lexsort`` (ties at the cut time are all kept and sorted by hash). Only those blocks' hashes are
-    converted to numbers, and the hashes returned are the table's own key objects. With counts and a
-    limit, the counts are looked up oldest block first, only as far as the order needs
-    (:func:`_first_counted`)."""
+    converted to numbers, and the hashes returned are the table's own key objects (with counts, the
+    count lookups have read every key just before, so this saves little: ``sim_speed.md``). Looking
+    the counts up oldest block first, only as far as the order needs, saved nothing at D.2: in the
+    steady state 95% of a node's blocks had to be looked up (``sim_speed.md``, eighth session)."""
     if limit is not None and limit < 0:
         return None
     n = len(access)
     parts = access_parts(access)  # a sharded table is read shard by shard, at C level
     keys = list(chain.from_iterable(parts))
     times = np.fromiter(chain.from_iterable(p.values() for p in parts), np.float64, n)
+    positive = np.fromiter(map(counted.__contains__, keys), np.bool_, n) if counted else None
+    picks = n if limit is None else min(n, limit)
+    # the blocks picked are all uncounted when the zero-count group alone has enough of them
+    uncounted = positive is None or n - int(np.count_nonzero(positive)) >= picks
     try:
-        uncounted = True
-        if limit is not None and limit < n and counted:
-            order, uncounted = _first_counted(keys, times, counted, limit)
-        elif limit is not None and limit < n:
-            order = _first(keys, times, None, limit)
+        if limit is not None and limit < n:
+            order = _first(keys, times, positive, limit)
         else:
-            positive = np.fromiter(map(counted.__contains__, keys), np.bool_, n) if counted else None
             hashes = np.fromiter(keys, np.uint64, n)
             if positive is not None:
                 order = np.lexsort((hashes, times, positive))  # the last key sorts first
-                uncounted = not positive.any()
             else:
                 order = np.lexsort((hashes, times))
     except OverflowError:
@@ -137,49 +136,6 @@ def _ordered_hashes(
 def _hashes_at(keys: list[int], at: _Indices) -> _Hashes:
     """The hashes ``keys[i]`` for ``i`` in ``at`` as numbers (``OverflowError`` outside ``[0, 2**64)``)."""
     return np.fromiter(map(keys.__getitem__, at.tolist()), np.uint64, len(at))
-
-
-def _first_counted(
-    keys: list[int], times: _Times, counted: Mapping[int, int], limit: int
-) -> tuple[_Indices, bool]:
-    """:func:`_first` with the counts looked up only where they can matter (``0 < limit < len``).
-
-    The blocks are taken oldest first and only theirs are looked up in ``counted`` (a dict lookup
-    per block is the costly step: ``sim_speed.md``), until ``limit`` zero-count blocks are found and
-    every block as old as the ``limit``-th of them is looked up: the zero-count blocks after those
-    are all younger, so they cannot be among the first ``limit``. When the node has fewer than
-    ``limit`` zero-count blocks every block is looked up and :func:`_first` decides. Also says
-    whether the blocks picked are all zero-count ones."""
-    n = len(times)
-    by_time = np.argsort(times, kind="stable")
-    if limit <= 0:
-        return by_time[:0], True
-    sorted_times = times[by_time]
-    zero_parts: list[_Indices] = []  # the zero-count blocks looked up, oldest first
-    zeros = done = 0
-    step = limit + (limit >> 2)
-    cut = math.inf  # once known: the access time of the limit-th oldest zero-count block
-    while done < n:
-        if zeros < limit:
-            end = min(n, done + step)
-            step *= 2
-        else:  # the blocks as old as the cut that are left (ties with it)
-            end = int(np.searchsorted(sorted_times, cut, side="right"))
-            if end <= done:
-                break
-        at = by_time[done:end]
-        flags = np.fromiter(map(counted.__contains__, map(keys.__getitem__, at.tolist())), np.bool_, len(at))
-        zero_parts.append(at[~flags])
-        zeros += len(zero_parts[-1])
-        done = end
-        if zeros >= limit and cut == math.inf:
-            cut = float(times[np.concatenate(zero_parts)[limit - 1]])
-    if zeros < limit:  # every block looked up
-        positive = np.ones(n, np.bool_)
-        positive[np.concatenate(zero_parts)] = False
-        return _first(keys, times, positive, limit), False
-    zero = np.concatenate(zero_parts)
-    return _first_by_time(keys, zero, times[zero], limit), True
 
 
 def _first(keys: list[int], times: _Times, positive: _Flags | None, limit: int) -> _Indices:

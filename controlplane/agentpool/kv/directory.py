@@ -180,12 +180,10 @@ class Directory:
         there are no counts to clear, and none are looked up."""
         self.phase(node)
         hashes, uncounted = eviction_pick(self.index.host_access(node), self.counts.counts_view(node), limit)
-        host_lost, gone = self.index.remove(node, hashes, Tier.HOST)
         if uncounted:
+            self.index.remove(node, hashes, Tier.HOST)
             return hashes, Changes()
-        return hashes, self._zero_counts(
-            node, host_lost if gone is host_lost else dict.fromkeys([*host_lost, *gone])
-        )
+        return hashes, self.apply_removed(node, hashes, Tier.HOST)
 
     def resync_node(self, node: str, blocks: Iterable[HeldBlock], now: float) -> Changes:
         """Replace ``node``'s placement with its engine's full block list (atomic for the index). Blocks

@@ -68,7 +68,7 @@ class SglangForwarder:
         """Forward ``job`` (``payload``: SGLang's ``/generate`` body, ``rid`` included)."""
         self.jobs[job.rid] = job
         self.idle.clear()
-        self._start_forward(job, payload)
+        self._hold(self._forward(job, payload))
 
     def queued(self) -> list[SglangJob]:
         """Our requests with no output yet."""
@@ -82,9 +82,6 @@ class SglangForwarder:
         for t in self._calls:
             t.cancel()
         await asyncio.gather(*self._calls, return_exceptions=True)
-
-    def _start_forward(self, job: SglangJob, payload: dict[str, Any]) -> None:
-        self._hold(self._forward(job, payload))
 
     async def _forward(self, job: SglangJob, payload: dict[str, Any]) -> None:
         assert self.http is not None
@@ -199,7 +196,7 @@ class SglangForwarder:
         self.jobs[job.rid] = job
         self.records.submitted(job.rid, time.monotonic(), len(g.prompt_token_ids), prefills_here=False)
         payload = payload | {"rid": job.rid, "bootstrap_port": port, "bootstrap_room": room}
-        self._start_forward(job, payload)
+        self._hold(self._forward(job, payload))
 
     def _fail_now(self, job: SglangJob, message: str, status: int) -> None:
         self.metrics.requests.labels(job.phase, "error").inc()

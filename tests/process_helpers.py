@@ -11,7 +11,6 @@ import json
 import re
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -21,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis.asyncio as aioredis
+
+import agentpool.local.pool as local_pool
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 ENGINE_TOKEN = "engine-token-for-the-tests-0123456789"
@@ -76,6 +77,20 @@ class Proc:
             if self.proc.returncode is not None or time.monotonic() > deadline:
                 raise AssertionError(f"{self.name} never printed {pattern!r}; its output:\n{self.text()}")
             await asyncio.sleep(0.05)
+
+    def assert_alive(self, context: str = "") -> None:
+        """Fail with the output when the process has exited."""
+        if self.proc.returncode is not None:
+            raise AssertionError(
+                f"{self.name} exited with {self.proc.returncode} {context}; its output:\n{self.text()}"
+            )
+
+    async def assert_exited_not(self, within_s: float, context: str = "") -> None:
+        """Fail with the output when the process exits within ``within_s`` (a refused connection may
+        come a moment before the exit status)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.proc.wait(), timeout=within_s)
+        self.assert_alive(context)
 
     def kill(self) -> None:
         if self.proc.returncode is None:
@@ -158,10 +173,15 @@ async def delete_namespace(namespace: str) -> None:
         await r.aclose()
 
 
+_HANDED_OUT: set[int] = set()
+"""Ports this test process has handed out: a test reserves some before its services bind them."""
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port for a service a test starts: free now, outside the kernel's ephemeral range (which every
+    outgoing connection and ``bind(0)`` of the suite draws from, so a port picked there can be taken
+    before the service binds it), and never handed out twice by this process."""
+    return local_pool.free_port("127.0.0.1", _HANDED_OUT)
 
 
 def kubeconfig(path: Path, url: str) -> Path:

@@ -95,14 +95,18 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+def free_port(host: str = "127.0.0.1", taken: set[int] | None = None) -> int:
     """A port free now and outside the kernel's ephemeral range, so that no connection or ``bind(0)``
     of another program takes it between now and when the service binds it (a pool starts in
-    seconds, and NIXL's UCX alone binds several ephemeral ports per engine)."""
+    seconds, and NIXL's UCX alone binds several ephemeral ports per engine). ``taken``: ports already
+    handed out and perhaps not bound yet; the one returned is added to it."""
     low, high = _ephemeral_range()
-    candidates = [p for p in range(20000, 32768) if not low <= p <= high] or list(range(high + 1, 65536))
+    skip = taken if taken is not None else set()
+    outside = [p for p in range(20000, 32768) if not low <= p <= high] or list(range(high + 1, 65536))
+    candidates = [p for p in outside if p not in skip]
     for port in secrets.SystemRandom().sample(candidates, min(200, len(candidates))):
         if port_free(host, port):
+            skip.add(port)
             return port
     with socket.socket() as s:  # every sampled port is taken: fall back to one the kernel picks
         s.bind((host, 0))
@@ -173,6 +177,7 @@ def plan(pool: AgentServingPool, options: LocalOptions, workdir: Path) -> PoolPl
     spec = pool.spec
     name = str(pool.metadata.get("name") or "pool")
     host = options.host
+    ports: set[int] = {options.router_port}  # handed out below, bound only when each service starts
     py = sys.executable
     logs = workdir / "logs"
     out = PoolPlan(name=name, workdir=workdir, roles_dir=workdir / "roles", model=spec.model.client_name)
@@ -182,7 +187,7 @@ def plan(pool: AgentServingPool, options: LocalOptions, workdir: Path) -> PoolPl
     redis_url = options.redis_url
     password_file = options.redis_password_file
     if redis_url is None:
-        redis_port = free_port(host)
+        redis_port = free_port(host, ports)
         password = secrets.token_urlsafe(24)
         password_file = write_secret(workdir / "redis-password", password)
         conf = (
@@ -198,7 +203,7 @@ def plan(pool: AgentServingPool, options: LocalOptions, workdir: Path) -> PoolPl
     out.endpoints["redis"] = redis_url
 
     # directory
-    dir_port = free_port(host)
+    dir_port = free_port(host, ports)
     dir_token = write_secret(workdir / "directory-token", secrets.token_urlsafe(32))
     dir_argv = [
         py,
@@ -231,7 +236,8 @@ def plan(pool: AgentServingPool, options: LocalOptions, workdir: Path) -> PoolPl
     router_url = f"http://{host}:{options.router_port}"
     roles = initial_roles(pool)
     nodes: list[NodeConfig] = []
-    engine_ports = {f"engine-{i}": free_port(host) for i in range(spec.nodes)} if options.engines else {}
+    node_names = [f"engine-{i}" for i in range(spec.nodes)] if options.engines else []
+    engine_ports = {node: free_port(host, ports) for node in node_names}
     out.engine_urls = {n: f"http://{host}:{p}" for n, p in engine_ports.items()}
     for i, (node, port) in enumerate(engine_ports.items()):
         role_file = out.roles_dir / node

@@ -8,7 +8,7 @@ import json
 import re
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -99,9 +99,24 @@ async def state(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
         return out
 
 
-async def wait_until(check: Callable[[], Awaitable[bool]], within_s: float, what: str) -> None:
+async def wait_until(
+    check: Callable[[], Awaitable[bool]], within_s: float, what: str, alive: Sequence[Proc] = ()
+) -> None:
+    """Poll ``check`` until it holds; fails at the deadline, or at once with its output when a process
+    in ``alive`` has exited (a connection refused by a dead service then says why it died)."""
     deadline = time.monotonic() + within_s
-    while not await check():
+    while True:
+        for p in alive:
+            p.assert_alive(f"while waiting for {what}")
+        try:
+            if await check():
+                return
+        except aiohttp.ClientConnectionError:
+            if not alive:
+                raise
+            for p in alive:  # refused because one died: say so, with its output
+                await p.assert_exited_not(within_s=1.0, context=f"while waiting for {what}")
+            raise
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.05)

@@ -81,7 +81,7 @@ async def test_router_directory_and_two_engines_serve_a_streamed_chat_completion
                 async with http.get(url + "/ready") as r:
                     return r.status == 200
 
-            await wait_until(ready, 30, "the router to take both engines' reports")
+            await wait_until(ready, 30, "the router to take both engines' reports", alive=[p0, d0, router])
             text = "please summarise the following long context for an agent " * 6
             body = {
                 "model": "test-model",

@@ -114,7 +114,7 @@ class Pool:
                 async with http.get(self.url + "/ready") as r:
                     return r.status == 200
 
-            await wait_until(reported, 60, "the router to take every engine's reports")
+            await wait_until(reported, 60, "the router to take every engine's reports", alive=self.procs)
         return router
 
     async def stop(self) -> None:

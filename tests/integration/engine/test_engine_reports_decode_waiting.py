@@ -107,7 +107,7 @@ async def test_sglang_retracted_decodes_reach_the_routers_node_state(tmp_path: P
                 async with http.get(engine.url + "/ready") as r:
                     return r.status == 200 and waiting() == 0
 
-            await wait_until(registered, 30, "the agent ready and registered with the router")
+            await wait_until(registered, 30, "the agent ready and registered with the router", alive=[engine])
 
             async def running() -> int:
                 async with http.get(standin + "/v1/loads") as r:

@@ -47,7 +47,7 @@ async def test_a_failed_transfer_is_prefilled_again_at_the_source(tmp_path: Path
                             return False
                 return True
 
-            await wait_until(ready, 30, "both agents ready")
+            await wait_until(ready, 30, "both agents ready", alive=[p, d])
 
             async def pd(rid: str) -> list[dict[str, Any]]:
                 events = await generate(http, p.url, gen_body(rid, prompt, phase="prefill", max_tokens=3))

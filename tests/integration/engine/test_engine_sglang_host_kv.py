@@ -70,7 +70,7 @@ async def test_pages_written_before_a_switch_are_read_back_byte_exact_after_it(
                 async with http.get(engine.url + "/ready") as r:
                     return r.status == 200
 
-            await wait_until(ready, 30, "the agent to be ready")
+            await wait_until(ready, 30, "the agent to be ready", alive=[engine])
             argv = json.loads((tmp_path / "argv.json").read_text())
             assert ("--hicache-storage-backend" in argv) is keep
             prompt = list(range(500, 500 + 6 * PAGE))

@@ -95,7 +95,7 @@ async def test_the_agent_runs_sglang_and_keeps_the_host_blocks_across_a_switch(
                 async with http.get(engine.url + "/ready") as r:
                     return r.status == 200
 
-            await wait_until(ready, 30, "the agent to be ready once SGLang is healthy")
+            await wait_until(ready, 30, "the agent to be ready once SGLang is healthy", alive=[engine])
             argv = json.loads((tmp_path / "argv.json").read_text())
             assert argv[argv.index("--disaggregation-mode") + 1] == "prefill"
             assert "--enable-pd-role-switch" in argv and "--enable-hierarchical-cache" in argv
@@ -291,7 +291,7 @@ async def test_the_agent_stops_promptly_with_requests_in_sglang(tmp_path: Path) 
                 async with http.get(engine.url + "/ready") as r:
                     return r.status == 200
 
-            await wait_until(ready, 30, "the agent to be ready once SGLang is healthy")
+            await wait_until(ready, 30, "the agent to be ready once SGLang is healthy", alive=[engine])
             streams: list[asyncio.Task[list[dict[str, Any]]]] = []
             first_tokens = 0
 
@@ -341,7 +341,7 @@ async def test_a_request_silent_in_sglang_is_logged_with_what_the_agent_knows(tm
                 async with http.get(engine.url + "/ready") as r:
                     return r.status == 200
 
-            await wait_until(ready, 30, "the agent to be ready once SGLang is healthy")
+            await wait_until(ready, 30, "the agent to be ready once SGLang is healthy", alive=[engine])
             events: list[dict[str, Any]] = []
 
             async def stream() -> None:

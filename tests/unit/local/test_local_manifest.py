@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
 
-from agentpool.local.pool import LocalOptions, ManifestError, initial_roles, load_manifest, plan
+from agentpool.local.pool import (
+    LocalOptions,
+    ManifestError,
+    free_port,
+    initial_roles,
+    load_manifest,
+    plan,
+    port_free,
+)
 from agentpool.local.supervisor import HttpReady
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "pool-sim.yaml"
@@ -67,3 +76,19 @@ def test_plan_of_the_example(tmp_path: Path) -> None:
     router = p.specs[-2]
     assert isinstance(router.ready, HttpReady) and ":18000/" in router.ready.url
     assert len({port for _, port in p.ports()}) == len(p.specs) - 1  # all but the planner listen
+
+
+def test_free_port_is_outside_the_ephemeral_range_free_and_never_handed_out_twice() -> None:
+    low, high = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    taken: set[int] = set()
+    ports = [free_port("127.0.0.1", taken) for _ in range(300)]
+    assert len(set(ports)) == 300 and taken == set(ports)
+    assert not any(low <= p <= high for p in ports)
+    # all but two ports taken, one of the two listened on: the other one is the answer
+    outside = [p for p in range(20000, 32768) if not low <= p <= high]
+    busy, spare = [p for p in outside if port_free("127.0.0.1", p)][:2]
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", busy))
+        held.listen()
+        taken = set(outside) - {busy, spare}
+        assert free_port("127.0.0.1", taken) == spare and spare in taken

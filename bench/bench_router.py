@@ -28,7 +28,6 @@ import json
 import os
 import random
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import agentpool.local.pool as local_pool
 from agentpool.models import DecodeModel, NodeModel, PrefillModel, Work
 from agentpool.router.policy import (
     CachedPrefix,
@@ -184,10 +184,12 @@ asyncio.run(main([int(p) for p in sys.argv[1:]]))
 """
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port outside the ephemeral range, never handed out twice by this run."""
+    return local_pool.free_port("127.0.0.1", _HANDED_OUT)
 
 
 @dataclass

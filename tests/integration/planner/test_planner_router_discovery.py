@@ -5,7 +5,6 @@ on 127.0.0.1 and 127.0.0.2 with the same port, as two pods' IPs."""
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,7 +12,9 @@ import aiohttp
 import pytest
 from kubernetes import client as k8s
 from planner_link_harness import Router, router_config, start_router
+from process_helpers import free_port
 
+from agentpool.local.pool import port_free
 from agentpool.models import DecodeModel, NodeModel, PrefillModel
 from agentpool.planner.inbox import PlannerInbox
 from agentpool.planner.kube import RouterPods
@@ -47,15 +48,9 @@ def router_pod(name: str, ip: str | None, phase: str = "Running") -> dict[str, A
 
 def port_free_on_both() -> int:
     for _ in range(50):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = int(a.getsockname()[1])
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.2", port))
-                except OSError:
-                    continue
-                return port
+        port = free_port()  # outside the ephemeral range: nothing else takes it meanwhile
+        if port_free("127.0.0.2", port):
+            return port
     raise AssertionError("no port free on both loopback addresses")
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from agentpool.sim.cli import compare
+from agentpool.sim.planners import PlannerSettings
 from agentpool.sim.report import markdown_table
 from agentpool.sim.run import (
     Scenario,
@@ -372,6 +373,25 @@ def _run_command(payload: dict[str, Any], systems: Sequence[str]) -> str:
         if set(systems) <= set(part["systems"]):
             command = str(part["command"])
     return command.strip().removeprefix("Command: ").strip("`")
+
+
+def planner_settings(args: argparse.Namespace, **kw: Any) -> PlannerSettings:
+    """The planner's settings, with ``--min-relative-gain`` where given (the default otherwise)."""
+    if args.min_relative_gain is not None:
+        kw["min_relative_gain"] = args.min_relative_gain
+    return PlannerSettings(**kw)
+
+
+def label_gain(args: argparse.Namespace, by_seed: BySeed) -> None:
+    """Name agentpool's rows after a ``--min-relative-gain`` other than the default, so a table run
+    with it merges beside the default's (``python -m bench.sim_tables merge``)."""
+    r = args.min_relative_gain
+    if r is None or r == PlannerSettings().min_relative_gain:
+        return
+    for runs in by_seed.values():
+        for run in runs:
+            if run["system"] == "agentpool":
+                run["system"] = f"agentpool (min gain {r:g})"
 
 
 def main(argv: list[str] | None = None) -> int:

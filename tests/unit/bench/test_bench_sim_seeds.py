@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from agentpool.sim.planners import PlannerSettings
 from bench import bench_sim
 
 
@@ -31,4 +32,4 @@ def test_open_loop_scenario_takes_the_gain_floor() -> None:
     sc = bench_sim._open_loop_scenario(args, 2.0, seed=1)
     assert sc.planner.min_relative_gain == 0.07 and sc.seed == 1
     args.min_relative_gain = None
-    assert bench_sim._open_loop_scenario(args, 2.0, seed=1).planner == bench_sim.PlannerSettings()
+    assert bench_sim._open_loop_scenario(args, 2.0, seed=1).planner == PlannerSettings()

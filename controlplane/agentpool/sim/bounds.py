@@ -17,7 +17,8 @@ bound.
 That bounds the long-run average. A measurement window shorter than a few conversation lengths is
 not the long run (right after a common start, short conversations are over-represented), so the
 bound reported for a window is the larger of the Little bound and the *ideal replay*: the same
-agents running the same conversations in the same seeded order with every request taking ``R_min``
+agents, started when the replay starts them (at once, or evenly over its ramp), running the same
+conversations in the same seeded order with every request taking ``R_min``
 and no queueing, counted over the same window, plus one request per agent for the requests that
 finish inside the window in a real run but before its start in the ideal one. Every request of
 a real run ends no earlier than in the ideal replay, so only that edge can put a real run above
@@ -114,9 +115,11 @@ def closed_loop_bound(
     max_pause_s: float | None,
     order: Iterator[Conversation] | None = None,
     window: tuple[float, float] | None = None,
+    ramp_s: float = 0.0,
 ) -> ClosedLoopBound:
     """The bound for ``agents`` agents; with ``order`` (the replay's conversation order) and
-    ``window`` (its measured ``[start, end)``) also the ideal replay's count over the window."""
+    ``window`` (its measured ``[start, end)``) also the ideal replay's count over the window, its
+    agents started over ``ramp_s`` as the replay starts them."""
     if not conversations or agents <= 0:
         raise ValueError("a bound needs conversations and agents")
     scale = max(0.1, 1.0 - 4.0 * noise)
@@ -136,7 +139,7 @@ def closed_loop_bound(
     ideal = None
     if order is not None and window is not None:
         start, end = window
-        count = ideal_replay_count(order, responses, agents, max_pause_s, start, end)
+        count = ideal_replay_count(order, responses, agents, max_pause_s, start, end, ramp_s)
         ideal = (count + agents) / (end - start)
     best = little if ideal is None else max(little, ideal)
     return ClosedLoopBound(best, little, ideal, agents, mean_n, mean_d, r_total / max(1, n_total))
@@ -149,10 +152,12 @@ def ideal_replay_count(
     max_pause_s: float | None,
     start_s: float,
     end_s: float,
+    ramp_s: float = 0.0,
 ) -> int:
     """Requests the ideal replay completes in ``[start_s, end_s)``: ``agents`` agents take
-    conversations from ``order`` (the replay's seeded cycle) back to back from time 0, each request
-    taking ``responses[id(conversation)][i]``, without queueing."""
+    conversations from ``order`` (the replay's seeded cycle) back to back, agent ``k`` from
+    ``k * ramp_s / agents`` (all at 0 without a ramp), each request taking
+    ``responses[id(conversation)][i]``, without queueing."""
 
     def pause(conv: Conversation, i: int) -> float:
         d = conv.requests[i].delay_s
@@ -171,10 +176,18 @@ def ideal_replay_count(
             t = at + (pause(conv, i) if i else 0.0) + responses[id(conv)][i]
             heapq.heappush(events, (t, seq, agent, i, conv))
 
-    for a in range(agents):
-        begin(a, 0.0)
     counted = 0
-    while events and events[0][0] < end_s:
+    started = 0  # agent k starts at k * ramp_s / agents, as the replay's ramp starts them
+    while True:
+        start_at = started * ramp_s / agents if started < agents else math.inf
+        if start_at <= (events[0][0] if events else math.inf):
+            if start_at >= end_s:
+                break
+            begin(started, start_at)
+            started += 1
+            continue
+        if events[0][0] >= end_s:
+            break
         t, _, agent, i, conv = heapq.heappop(events)
         counted += t >= start_s
         for j in conv.children[i]:

@@ -207,8 +207,9 @@ def scenario_bound(sc: Scenario, conversations: Sequence[Conversation] | None) -
         group=sc.sim.block_size // sc.trace_block_tokens,
         block=sc.sim.block_size,
         max_pause_s=sc.max_pause_s,
-        order=None if sc.ramp_s else _conversation_order(sc, conversations),
+        order=_conversation_order(sc, conversations),
         window=(sc.warmup_s, sc.warmup_s + sc.duration_s),
+        ramp_s=sc.ramp_s,
     )
 
 

@@ -44,9 +44,9 @@ def _scenario(**kw: object) -> Scenario:
     return Scenario(**base)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_no_system_exceeds_the_bound(seed: int) -> None:
-    sc = _scenario(seed=seed)
+@pytest.mark.parametrize(("seed", "ramp_s"), [(0, 0.0), (1, 0.0), (0, 120.0)])
+def test_no_system_exceeds_the_bound(seed: int, ramp_s: float) -> None:
+    sc = _scenario(seed=seed, ramp_s=ramp_s)
     bound = scenario_bound(sc, _convs())
     assert bound is not None and bound.ideal_window_rps is not None
     names = reference_runs(["agentpool", "static-cache-aware", "dynamo-like", "static-reference"], 4)
@@ -83,3 +83,20 @@ def test_non_bounds_are_called_references() -> None:
         if "reference" in name:
             assert "reference" in cfg.description
     assert scenario_bound(_scenario(arrival_per_min=5.0), _convs()) is None
+
+
+def test_a_ramp_starts_the_ideal_replays_agents_later() -> None:
+    conv = _convs()[0]
+    rs = [0.5] * len(conv.requests)
+    d = min_duration(conv, rs, max_pause_s=10.0)
+
+    def count(agents: int, end_s: float, ramp_s: float) -> int:
+        return ideal_replay_count(
+            iter([conv] * 10 * agents), {id(conv): rs}, agents, 10.0, 0.0, end_s, ramp_s
+        )
+
+    assert count(4, d + 1e-6, 0.0) == 4 * len(conv.requests)  # all four start at 0
+    # over a ramp of 4d agent k starts at k*d: by d + eps only agent 0 has finished its conversation
+    assert count(4, d + 1e-6, 4 * d) == len(conv.requests)
+    # by 4d: agent k (started at k*d) has run 4 - k conversations back to back, 10 in all
+    assert count(4, 4 * d + 1e-6, 4 * d) == 10 * len(conv.requests)

@@ -82,7 +82,7 @@ def seed_table(by_seed: dict[int, list[dict[str, Any]]], bounds: dict[int, float
 
     for name in names:
         x = vals(name, lambda m: m["throughput_rps"])
-        share = [v / b for v, b in zip(x, (bounds[s] for s in seeds), strict=True) if b]
+        share = [v / b for v, b in zip(x, (bounds.get(s) for s in seeds), strict=True) if b]
         p95 = vals(name, lambda m: m["ttft_s"]["p95"])
         e2e = vals(name, lambda m: m["e2e_s"]["mean"])
         lost = vals(name, lambda m: m["lost_kv_reuse"])
@@ -312,7 +312,10 @@ def merged_markdown(
         by_seed = {int(s): rs for s, rs in section["results_by_seed"].items()}
         bounds = {int(s): b for s, b in section["bounds"].items()}
         agents = section["scenario"]["agents"] if "scenario" in section else section.get("agents")
-        heading = section.get("heading") or (f"{agents:,} concurrent agents" if agents else "results")
+        rate = section.get("rate_per_min")
+        heading = section.get("heading") or (
+            f"{agents:,} concurrent agents" if agents else f"{rate} agents per minute" if rate else "results"
+        )
         if len(by_seed) == 1:  # one seed: every column of the report
             ((seed, rows),) = by_seed.items()
             md.append(f"## {heading}, seed {seed}\n\n{markdown_table(rows)}")

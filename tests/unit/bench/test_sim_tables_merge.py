@@ -78,3 +78,10 @@ def test_one_run_sections_merge_under_their_seed() -> None:
     merged = merge_payloads([(Part.parse("a@1=agentpool"), a), (Part.parse("b@2=static"), b)])
     rows = merged["sections"][0]["results_by_seed"]["0"]
     assert [(r["system"], r["commit"]) for r in rows] == [("agentpool", "1"), ("static", "2")]
+
+
+def test_a_seed_table_without_bounds_says_so() -> None:
+    """An open loop's sections carry no bounds (merged payloads keep an empty map)."""
+    by_seed = {s: [_run("agentpool", 1.0 + s)] for s in (0, 1)}
+    table = seed_table(by_seed, {})
+    assert "| agentpool | 1.500 (1.000-2.000) | - |" in table and "no bound" in table

@@ -234,7 +234,7 @@ class LiveReplay:
                 body,
                 branch,
                 stream_timeout_s=s.request_timeout_s,
-                on_first=functools.partial(self.metrics.first_token, req),  # its prompt's KV exists now
+                on_first=functools.partial(self._prompt_computed, req, cap),
             )
         finally:
             self.in_flight -= 1
@@ -252,7 +252,14 @@ class LiveReplay:
             inst.open_branches.discard(branch.branch)
         self.records.append(
             RequestRecord(
-                conv.name, inst.instance, tr.agent, tr.turn, tr.input_tokens, max_tokens, ideal, outcome
+                conv.name,
+                inst.instance,
+                tr.agent,
+                tr.turn,
+                tr.input_tokens,
+                max_tokens,
+                req.ideal_cached_tokens,
+                outcome,
             )
         )
         for j in conv.children[i]:
@@ -260,6 +267,16 @@ class LiveReplay:
         inst.remaining -= 1
         if inst.remaining == 0:
             inst.done.set()
+
+    def _prompt_computed(self, req: SimRequest, cap: int) -> None:
+        """``req``'s first token came: its prompt's KV exists now. Its ideal prefix is taken again
+        here, before its own blocks join the ideal set: an engine schedules a prefill after the
+        request was sent, so the KV it reuses may come from requests whose prompts were computed
+        meanwhile (parallel sub-agents on one prefix), which the ideal set at send time did not hold;
+        everything computed before this request's first token is an upper bound on what it could
+        reuse (the simulator decides both at routing, so it needs no such step)."""
+        req.ideal_cached_tokens = self.metrics.ideal_prefix(req.blocks, cap) * self.block_size
+        self.metrics.first_token(req)
 
     def _branch_headers(self, inst: _Instance, i: int) -> BranchHeaders:
         """The agent's branch; its first request names the agent that spawned it, if still open."""

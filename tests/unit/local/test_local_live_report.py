@@ -13,6 +13,7 @@ from agentpool.local.live_report import PrefixTokens, Progress, SplitTimeline, p
 from agentpool.local.replay import LiveReplay, ReplaySettings, RequestRecord
 from agentpool.models import TtftSlo
 from agentpool.sim.metrics import Metrics
+from agentpool.sim.node import SimRequest
 from agentpool.sim.trace import Conversation, TraceRequest
 
 METRICS_TEXT = """# HELP agentpool_router_prefix_tokens_total Prompt tokens
@@ -65,3 +66,21 @@ def test_progress_line_only_on_a_terminal() -> None:
     shown = io.StringIO()
     Progress(shown, enabled=True).show(text)
     assert shown.getvalue().startswith("\r[")
+
+
+def test_the_ideal_prefix_is_taken_when_the_prompt_is_computed() -> None:
+    """A request sent while a sibling on the same prefix is still prefilling may reuse the sibling's
+    KV by the time its own prefill runs: its ideal counts what was computed before its first token."""
+    req = TraceRequest(0, 1, 640, 10, np.arange(10), np.zeros(0, dtype=np.int64), -1, 0.0)
+    conv = Conversation.build("c", [req], 64)
+    settings = ReplaySettings(url="http://x", model="m", agents=1, duration_s=60)
+    metrics = Metrics(TtftSlo(2, 1e-4), 0.1, 0, 60)
+    replay = LiveReplay(settings, [conv], metrics)
+    sibling = SimRequest(1, 384, 1, [11, 12, 13, 14, 15, 16], [], "c1.1", 0.0)
+    mine = SimRequest(2, 640, 1, [11, 12, 13, 14, 21, 22, 23, 24, 25, 26], [], "c1.2", 0.0)
+    assert metrics.ideal_prefix(mine.blocks, 9) == 0  # when both were sent
+    replay._prompt_computed(sibling, 5)
+    replay._prompt_computed(mine, 9)
+    assert mine.ideal_cached_tokens == 4 * 64  # the sibling's prompt, computed before mine
+    assert sibling.ideal_cached_tokens == 0
+    assert metrics.ideal_prefix([11, 12, 13, 14, 21, 22, 99], 7) == 6  # both prompts joined the set

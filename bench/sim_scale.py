@@ -45,6 +45,10 @@ def _scale_scenario(args: argparse.Namespace, seed: int = 0) -> Scenario:
     )
 
 
+def _systems(args: argparse.Namespace) -> list[str]:
+    return [s.strip() for s in args.scale_systems.split(",") if s.strip()]
+
+
 def _minute_progress(label: str, sc: Scenario) -> Callable[[float], None]:
     """A progress line every simulated minute: how far ``label`` got, in wall and CPU time."""
     t = time.perf_counter()
@@ -76,7 +80,7 @@ def scale(args: argparse.Namespace) -> None:
     gpus = preset(sc.preset).truth.hardware.gpus
     prefill = sc.sim.prefill_nodes
     agents = sc.agents
-    systems = [s.strip() for s in args.scale_systems.split(",") if s.strip()]
+    systems = _systems(args)
     t = time.perf_counter()
     cpu = time.process_time()
     if len(systems) == 1 and args.jobs == 1:
@@ -116,7 +120,7 @@ def scale(args: argparse.Namespace) -> None:
 def scale_seeds(args: argparse.Namespace) -> None:
     """App. D.2 over ``--seeds``: each system on each seed's scenario (the seed draws the agents'
     conversations and order and the iteration noise), the closed-loop bound of each, mean and spread."""
-    systems = [s.strip() for s in args.scale_systems.split(",") if s.strip()]
+    systems = _systems(args)
     by_seed: BySeed = {}
     bounds: Bounds = {}
     t = time.perf_counter()

@@ -275,8 +275,9 @@ class LiveReplay:
         meanwhile (parallel sub-agents on one prefix), which the ideal set at send time did not hold;
         everything computed before this request's first token is an upper bound on what it could
         reuse (the simulator decides both at routing, so it needs no such step)."""
-        req.ideal_cached_tokens = self.metrics.ideal_prefix(req.blocks, cap) * self.block_size
-        self.metrics.first_token(req)
+        known = self.metrics.ideal_prefix(req.blocks, cap)
+        req.ideal_cached_tokens = known * self.block_size
+        self.metrics.first_token(req, known)  # the known prefix is in the set already
 
     def _branch_headers(self, inst: _Instance, i: int) -> BranchHeaders:
         """The agent's branch; its first request names the agent that spawned it, if still open."""

@@ -8,6 +8,7 @@ import atexit
 import contextlib
 import functools
 import json
+import os
 import re
 import shutil
 import signal
@@ -111,10 +112,12 @@ class Proc:
         return self.proc.returncode
 
 
-async def launch(name: str, module: str, *args: str) -> Proc:
+async def launch(name: str, module: str, *args: str, env: dict[str, str] | None = None) -> Proc:
+    """``python -m module args``; ``env``: variables set over this process's environment."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", module, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
-    )
+        sys.executable, "-m", module, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        env=None if env is None else {**os.environ, **env},
+    )  # fmt: skip
     p = Proc(name, proc)
     p._reader = asyncio.create_task(p._read())
     return p

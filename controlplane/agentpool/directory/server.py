@@ -45,6 +45,7 @@ from agentpool.directory.service import DEFAULT_NODE_TIMEOUT_S, DirectoryService
 from agentpool.directory.store import BranchStore, MemoryBranchStore, StoreUnavailableError
 from agentpool.kv import DEFAULT_PAGE_SIZE, Directory
 from agentpool.secret_file import SecretFileError, read_secret_file
+from agentpool.secret_file.local_tokens import LocalToken, token_file_or_local
 
 REDIS_PASSWORD_ENV = "AGENTPOOL_REDIS_PASSWORD"
 MIN_SERVER_TOKEN_CHARS = 16
@@ -222,7 +223,8 @@ def parse_args(argv: list[str] | None = None) -> DirectoryConfig:
         "--auth-token-file",
         type=Path,
         default=None,
-        help=f"bearer token clients must send (a mounted Secret; at least {MIN_SERVER_TOKEN_CHARS} chars)",
+        help=f"bearer token clients must send (a mounted Secret; at least {MIN_SERVER_TOKEN_CHARS} chars); "
+        "default: the per-user token file (agentpool.secret_file.local_tokens), made if absent",
     )
     p.add_argument("--insecure", action="store_true", help="serve without a token (never in a cluster)")
     p.add_argument("--tls-cert-file", type=Path, default=None)
@@ -250,12 +252,15 @@ def parse_args(argv: list[str] | None = None) -> DirectoryConfig:
             "--redis-url must not carry a password (it would show in the process list): "
             f"use --redis-password-file or {REDIS_PASSWORD_ENV}"
         )
-    if a.auth_token_file is None and not a.insecure:
-        p.error("--auth-token-file is required (the path of a mounted Secret); --insecure serves without one")
     if a.auth_token_file is not None and a.insecure:
         p.error("--insecure and --auth-token-file exclude each other")
     try:
-        token = read_token_file(a.auth_token_file, MIN_SERVER_TOKEN_CHARS) if a.auth_token_file else None
+        token_file = (
+            None
+            if a.insecure
+            else token_file_or_local(a.auth_token_file, LocalToken.DIRECTORY, "--auth-token-file")
+        )
+        token = read_token_file(token_file, MIN_SERVER_TOKEN_CHARS) if token_file else None
         password = (
             read_secret_file(a.redis_password_file, "Redis password", min_chars=1)
             if a.redis_password_file is not None

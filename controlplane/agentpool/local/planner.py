@@ -32,7 +32,7 @@ from agentpool.planner.roles import ObjectRef, ServedRoles
 from agentpool.planner.router_models import ModelBroadcast
 from agentpool.planner.router_source import RouterWorkSource
 from agentpool.planner.settings_file import PlannerSettings
-from agentpool.secret_file import read_optional_secret
+from agentpool.secret_file.local_tokens import LocalToken, local_or_given_secret
 
 log = logging.getLogger("agentpool.local.planner")
 
@@ -43,7 +43,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--roles-dir", type=Path, required=True, help="a desired-role file per engine")
     p.add_argument("--engine", action="append", required=True, help="NAME=URL of an engine (repeatable)")
     p.add_argument("--router", action="append", required=True, help="a router's base URL (repeatable)")
-    p.add_argument("--router-token-file", type=Path, default=None, help="the routers' report token")
+    p.add_argument(
+        "--router-token-file",
+        type=Path,
+        default=None,
+        help="the routers' report token (default: the per-user file)",
+    )
     p.add_argument("--directory", default=None, help="the directory's HOST:PORT (told of phase switches)")
     p.add_argument("--directory-token-file", type=Path, default=None)
     p.add_argument("--settings", type=Path, required=True, help="planner settings (YAML/JSON), reloaded")
@@ -69,9 +74,15 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> int:
         engines = engines_of(args.engine)
         settings = PlannerSettings({}, args.settings)
         shape = MoeShape(args.experts_active, args.experts_total)
-        router_token = await asyncio.to_thread(read_optional_secret, args.router_token_file, "router token")
-        directory_token = await asyncio.to_thread(
-            read_optional_secret, args.directory_token_file, "directory token"
+        router_token = await asyncio.to_thread(
+            local_or_given_secret, args.router_token_file, LocalToken.REPORT, "router token"
+        )
+        directory_token = (
+            await asyncio.to_thread(
+                local_or_given_secret, args.directory_token_file, LocalToken.DIRECTORY, "directory token"
+            )
+            if args.directory
+            else None
         )
     except (ValueError, OSError) as e:
         log.error("planner not started: %s", e)

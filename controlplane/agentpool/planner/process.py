@@ -16,7 +16,8 @@
   fits nothing and is repeated (logged), and the pool stays colocated.
 - Models out: every router gets each node's fitted model after the fit and after every
   window (:mod:`agentpool.planner.router_models`), with the bearer token of
-  ``--router-token-file`` (the routers' ``reportToken``).
+  ``--router-token-file`` (the routers' ``reportToken``; unset: the per-user ``report`` token file of
+  ``agentpool.secret_file.local_tokens``, as for the directory's token).
 - Directory: with ``--directory HOST:PORT`` (token: ``--directory-token-file``; TLS:
   ``--directory-ca-file``, mutual TLS: ``--directory-client-cert-file``/``--directory-client-key-file``)
   the planner tells the KV directory when an engine serves its new phase (``SwitchPhase``; D->P
@@ -62,7 +63,7 @@ from agentpool.planner.router_models import ModelBroadcast
 from agentpool.planner.router_source import RouterWorkSource
 from agentpool.planner.settings_file import PlannerSettings
 from agentpool.planner.state import ConfigMapStateStore, LoadedGenerations
-from agentpool.secret_file import read_optional_secret
+from agentpool.secret_file.local_tokens import LocalToken, local_or_given_secret
 
 log = logging.getLogger("agentpool.planner")
 
@@ -99,12 +100,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--router-port", type=int, default=8000, help="the router pods' HTTP port")
     p.add_argument("--poll-interval-s", type=float, default=5.0)
     p.add_argument(
-        "--router-token-file", type=Path, default=None, help="bearer token for pushing models to routers"
+        "--router-token-file",
+        type=Path,
+        default=None,
+        help="bearer token for pushing models to routers (default: the per-user report token file)",
     )
     p.add_argument(
         "--directory", default=None, help="KV directory HOST:PORT, told when an engine switches phase"
     )
-    p.add_argument("--directory-token-file", type=Path, default=None, help="the directory's token")
+    p.add_argument(
+        "--directory-token-file",
+        type=Path,
+        default=None,
+        help="the directory's token (default: the per-user file)",
+    )
     p.add_argument("--directory-ca-file", type=Path, default=None, help="CA (PEM): TLS to the directory")
     p.add_argument(
         "--directory-client-cert-file", type=Path, default=None, help="client certificate (PEM): mutual TLS"
@@ -176,9 +185,15 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> int:
             raise ValueError("no router: give --router URL (repeatable) and/or --router-selector")
         settings = PlannerSettings(setting_flags(args), args.settings)
         shape = MoeShape(args.experts_active, args.experts_total)
-        router_token = await asyncio.to_thread(read_optional_secret, args.router_token_file, "router token")
-        directory_token = await asyncio.to_thread(
-            read_optional_secret, args.directory_token_file, "directory token"
+        router_token = await asyncio.to_thread(
+            local_or_given_secret, args.router_token_file, LocalToken.REPORT, "router token"
+        )
+        directory_token = (
+            await asyncio.to_thread(
+                local_or_given_secret, args.directory_token_file, LocalToken.DIRECTORY, "directory token"
+            )
+            if args.directory
+            else None
         )
         directory_tls = await asyncio.to_thread(
             read_client_tls,

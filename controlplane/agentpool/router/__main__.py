@@ -1,4 +1,4 @@
-"""Run the router: ``python -m agentpool.router --config router.yaml --report-token-file F [...]``.
+"""Run the router: ``python -m agentpool.router --config router.yaml [--directory HOST:PORT] [...]``.
 
 ``--directory inprocess`` keeps a KV directory in this process (single-router deployments, demos);
 ``--directory HOST:PORT`` uses the directory service over gRPC (its bearer token from
@@ -9,16 +9,18 @@ request at concurrency 1 by about a fifth, bench/results/router_cpu.md); ``--loo
 on the standard event loop.
 
 Engine load reports (``POST /agentpool/v1/report``) need ``Authorization: Bearer <token>`` with the
-token in ``--report-token-file`` (or the file named by ``$AGENTPOOL_REPORT_TOKEN_FILE``); the router
-refuses to start without one unless ``--insecure-allow-unauthenticated-reports`` is given.
+token in ``--report-token-file`` (or the file named by ``$AGENTPOOL_REPORT_TOKEN_FILE``; without
+either, the per-user ``report`` token file of ``agentpool.secret_file.local_tokens``, made if absent);
+``--insecure-allow-unauthenticated-reports`` accepts reports from anyone.
 
 Requests to the engines carry the pool's engine token from ``--engine-token-file`` (or the file named
-by ``$AGENTPOOL_ENGINE_TOKEN_FILE``); the router refuses to start without one unless
-``--insecure-engines-without-token`` is given (it then sends none and warns; engines refuse it unless
-they were started with ``insecureAllowUnauthenticated``).
+by ``$AGENTPOOL_ENGINE_TOKEN_FILE``; without either, the per-user ``engine`` token file);
+``--insecure-engines-without-token`` sends none and warns (engines refuse it unless they were started
+with ``insecureAllowUnauthenticated``). The directory's token likewise defaults to the per-user
+``directory`` file: services started by hand by one user agree on all three without flags.
 
-A start-up refusal (no token, an unreadable or short one, a bad config or TLS file) exits with code 2
-and the reason on stderr.
+A start-up refusal (an unreadable or short token, a token file others can read, a bad config or TLS
+file) exits with code 2 and the reason on stderr.
 
 Everything (the gRPC channel included) is built inside the event loop that serves: a gRPC aio
 channel made before the loop runs is bound to another loop and fails every call. ``--port 0``
@@ -53,7 +55,8 @@ from agentpool.router.config import ConfigError, ConfigFile
 from agentpool.router.directory_view import DirectoryView, InProcessDirectoryView
 from agentpool.router.server import serve as serve_http
 from agentpool.router.service import RouterService
-from agentpool.secret_file import SecretFileError, read_optional_secret
+from agentpool.secret_file import SecretFileError, read_secret_file
+from agentpool.secret_file.local_tokens import LocalToken, token_file_or_local
 
 log = logging.getLogger("agentpool.router")
 
@@ -78,7 +81,8 @@ def directory_view(
         return InProcessDirectoryView(Directory(page_size), time.monotonic)
     from agentpool.router.grpc_directory import GrpcDirectoryView
 
-    token = read_optional_secret(token_file, "directory token")
+    token_file = token_file_or_local(token_file, LocalToken.DIRECTORY, "--directory-token-file")
+    token = read_secret_file(token_file, "directory token")
     if spec.startswith(LINK_SCHEME):
         from agentpool.directory.link_client import LinkClient, client_ssl_context
 
@@ -162,15 +166,12 @@ def report_auth(args: argparse.Namespace, env: dict[str, str]) -> ReportAuth:
         return ReportAuth.token_file(path)
     if args.insecure_allow_unauthenticated_reports:
         return ReportAuth.unauthenticated()
-    raise AuthConfigError(
-        f"engine load reports need a token: give --report-token-file (or ${TOKEN_FILE_ENV}), "
-        "or --insecure-allow-unauthenticated-reports"
-    )
+    return ReportAuth.token_file(token_file_or_local(None, LocalToken.REPORT, "--report-token-file", env))
 
 
 def engine_token(args: argparse.Namespace, env: dict[str, str]) -> EngineToken:
-    """The engine token from ``--engine-token-file`` or ``$AGENTPOOL_ENGINE_TOKEN_FILE``; none only with
-    ``--insecure-engines-without-token``."""
+    """The engine token from ``--engine-token-file``, ``$AGENTPOOL_ENGINE_TOKEN_FILE`` or the per-user
+    file; none only with ``--insecure-engines-without-token``."""
     path = args.engine_token_file
     if path is None and env.get(ENGINE_TOKEN_FILE_ENV):
         path = Path(env[ENGINE_TOKEN_FILE_ENV])
@@ -180,10 +181,7 @@ def engine_token(args: argparse.Namespace, env: dict[str, str]) -> EngineToken:
         return EngineToken.token_file(path)
     if args.insecure_engines_without_token:
         return EngineToken.unauthenticated()
-    raise AuthConfigError(
-        f"the engines need the pool's engine token: give --engine-token-file (or ${ENGINE_TOKEN_FILE_ENV}), "
-        "or --insecure-engines-without-token"
-    )
+    return EngineToken.token_file(token_file_or_local(None, LocalToken.ENGINE, "--engine-token-file", env))
 
 
 async def serve(args: argparse.Namespace, auth: ReportAuth, engine_token: EngineToken) -> None:

@@ -28,7 +28,8 @@ from agentpool.engine.roles import KubeRoleWatch, RoleFileWatch, Switcher
 from agentpool.engine.server import build_app
 from agentpool.engine.sglang.l3_store import SHM_NAME, prepare_run_dir
 from agentpool.kv import Role, Tier
-from agentpool.secret_file import read_optional_secret
+from agentpool.secret_file import read_secret_file
+from agentpool.secret_file.local_tokens import LocalToken, token_file_or_local
 from agentpool.wire.engine import LoadReport
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,10 @@ class EngineApp:
             tls = read_client_tls(d.ca_file, d.client_cert_file, d.client_key_file)
             self.directory = DirectoryClient(
                 d.target,
-                token=read_optional_secret(d.token_file, "directory token"),
+                token=read_secret_file(
+                    token_file_or_local(d.token_file, LocalToken.DIRECTORY, "directory.tokenFile"),
+                    "directory token",
+                ),
                 root_certificates=tls.root_certificates,
                 client_cert=tls.client_cert,
                 client_key=tls.client_key,
@@ -116,7 +120,14 @@ class EngineApp:
             )
             self.backend.attach_sink(self.link, self.link.request_resync)
         targets = [
-            ReportTarget(r.url, read_optional_secret(r.token_file, "report token")) for r in cfg.routers
+            ReportTarget(
+                r.url,
+                read_secret_file(
+                    token_file_or_local(r.token_file, LocalToken.REPORT, "routers[].tokenFile"),
+                    "report token",
+                ),
+            )
+            for r in cfg.routers
         ]
         self.reporter = Reporter(
             targets, self._session, self.build_report, self.metrics, self.dispatch_seqs, cfg.report_interval_s

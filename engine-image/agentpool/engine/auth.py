@@ -25,6 +25,7 @@ from aiohttp.typedefs import Middleware
 from agentpool.engine.config import ConfigError, EngineConfig
 from agentpool.engine.errors import Unauthenticated
 from agentpool.secret_file import BearerAuth
+from agentpool.secret_file.local_tokens import LocalToken, token_file_or_local
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +44,11 @@ class EngineAuth(BearerAuth):
 
 
 def engine_auth(cfg: EngineConfig) -> EngineAuth:
-    """The config's choice (its validator makes it choose one): the token in ``tokenFile``, or open
-    with a warning. Reads a file: call before serving or in a thread."""
-    if cfg.token_file is not None:
-        return EngineAuth.token_file(cfg.token_file)
+    """The config's choice: the token in ``tokenFile`` (unset: the per-user ``engine`` token file), or
+    open with a warning (``insecureAllowUnauthenticated``). Reads a file: call before serving or in a
+    thread."""
+    if not cfg.insecure_allow_unauthenticated:
+        return EngineAuth.token_file(token_file_or_local(cfg.token_file, LocalToken.ENGINE, "tokenFile"))
     log.warning(
         "this engine's API and lease channel are NOT authenticated (insecureAllowUnauthenticated): "
         "anyone who reaches it can run generations and pin its host KV pool"

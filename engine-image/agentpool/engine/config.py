@@ -9,6 +9,7 @@ advertiseUrl: "http://10.0.0.7:8080"  # sent with load reports so routers can re
 tokenFile: /var/run/agentpool/engine/token  # the pool's engine token (a mounted Secret): routers and
                                # peers send it, this engine sends it to its peers (auth.py)
 insecureAllowUnauthenticated: false  # true instead of tokenFile: an open API (tests and demos only)
+                               # neither: the per-user token files (local_tokens.py) for all three tokens
 backend: sim                   # sim | sglang
 role: both                     # the role served at start: prefill | decode | both
 roleFile: /etc/agentpool/role  # desired role as a file (downward-API volume or a plain file)
@@ -69,12 +70,14 @@ class _Model(BaseModel):
 class RouterTarget(_Model):
     url: str = Field(pattern=r"^https?://[^\s]+$")
     token_file: Path | None = None
-    """File holding the bearer token the router wants on load reports (a mounted Secret)."""
+    """File holding the bearer token the router wants on load reports (a mounted Secret); unset: the
+    per-user ``report`` token file."""
 
 
 class DirectoryTarget(_Model):
     target: str = Field(min_length=3, pattern=r"^[^\s]+:\d+$")
     token_file: Path | None = None
+    """The directory's bearer token (a mounted Secret); unset: the per-user ``directory`` token file."""
     ca_file: Path | None = None
     """TLS to the directory, trusting this CA (PEM)."""
     client_cert_file: Path | None = None
@@ -196,7 +199,8 @@ class EngineConfig(_Model):
     ``GET /agentpool/v1/kv/channel``)."""
     token_file: Path | None = None
     """The engine token (a mounted Secret): required on the API (but probes, metrics and state) and
-    the lease channel, and sent to peers. One of it and ``insecureAllowUnauthenticated`` is required."""
+    the lease channel, and sent to peers. Unset (and not ``insecureAllowUnauthenticated``): the per-user
+    ``engine`` token file (``agentpool.secret_file.local_tokens``), made if absent."""
     insecure_allow_unauthenticated: bool = False
     """Serve the API and the lease channel to anyone (tests and demos only; logged as a warning)."""
     backend: Literal["sim", "sglang"] = "sim"
@@ -235,11 +239,6 @@ class EngineConfig(_Model):
             raise ValueError("backend sglang needs the sglang section (at least sglang.model)")
         if self.backend == "sglang" and self.sglang is not None and self.sglang.port == self.port:
             raise ValueError("sglang.port must differ from the agent's port")
-        if self.token_file is None and not self.insecure_allow_unauthenticated:
-            raise ValueError(
-                "the engine's API needs a token: set tokenFile (a file with the pool's engine token, "
-                "e.g. a mounted Secret), or insecureAllowUnauthenticated: true (tests and demos only)"
-            )
         if self.token_file is not None and self.insecure_allow_unauthenticated:
             raise ValueError("set tokenFile or insecureAllowUnauthenticated, not both")
         return self

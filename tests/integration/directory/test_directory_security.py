@@ -23,6 +23,7 @@ from agentpool.directory.client import DirectoryClient, DirectoryRpcError, NodeP
 from agentpool.directory.ingest import resync_block_limit
 from agentpool.directory.server import DirectoryConfig, DirectoryServer
 from agentpool.kv import ROOT_HASH, HeldBlock, Role, Tier
+from agentpool.secret_file.local_tokens import TOKEN_DIR_ENV
 from agentpool.v1 import directory_pb2 as pb
 
 pytestmark = pytest.mark.integration
@@ -260,10 +261,15 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
 
 
 def test_command_line_refuses_unsafe_starts(tmp_path: Path) -> None:
-    """Run as users run it: no token file, a short token, a password in the URL are refused with a
-    clear message (exit status 2) before anything listens."""
-    r = _cli("--port", "0")
-    assert r.returncode == 2 and "--auth-token-file is required" in r.stderr
+    """Run as users run it: a short or missing token file, a per-user token folder others can read, a
+    password in the URL are refused with a clear message (exit status 2) before anything listens."""
+    open_folder = tmp_path / "open-tokens"
+    open_folder.mkdir()
+    open_folder.chmod(0o755)
+    r = _cli("--port", "0", env={**os.environ, TOKEN_DIR_ENV: str(open_folder)})
+    assert r.returncode == 2 and "is open to other users" in r.stderr and "chmod 700" in r.stderr, r.stderr
+    r = _cli("--insecure", "--auth-token-file", str(tmp_path / "t"), "--port", "0")
+    assert r.returncode == 2 and "exclude each other" in r.stderr
     r = _cli("--insecure", "--port", "0", "--redis-url", "redis://:hunter2@127.0.0.1:6379/0")
     assert r.returncode == 2 and "--redis-url must not carry a password" in r.stderr
     assert "hunter2" not in r.stderr.replace("redis://:hunter2@", "")  # not echoed beyond the usage

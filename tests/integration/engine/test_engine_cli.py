@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,8 @@ from process_helpers import ENGINE_AUTH, ENGINE_TOKEN, launch
 from agentpool.engine.errors import FetchError
 from agentpool.engine.kv_peers import CHANNEL_PATH, LEASE_PATH
 from agentpool.engine.lease_channel import LeaseChannel, frame, read_frame
+from agentpool.secret_file import read_secret_file
+from agentpool.secret_file.local_tokens import LocalToken, local_token_file
 
 pytestmark = pytest.mark.integration
 
@@ -95,15 +96,23 @@ async def test_generate_streams_events_and_bad_input_gets_4xx(tmp_path: Path) ->
         await eng.stop()
 
 
-async def test_an_engine_without_a_token_or_the_insecure_opt_out_does_not_start(tmp_path: Path) -> None:
-    path = tmp_path / "open.json"
-    cfg = engine_config("open")
+async def test_an_engine_without_a_token_file_wants_the_per_user_token_and_the_opt_out_serves_anyone(
+    tmp_path: Path,
+) -> None:
+    cfg = engine_config("bare")
     del cfg["tokenFile"]
-    path.write_text(json.dumps(cfg))
-    p = await launch("engine", "agentpool.engine", "--config", str(path))
-    assert await p.proc.wait() == 2
-    await p.stop()
-    assert "needs a token" in p.text() and "Traceback" not in p.text(), p.text()
+    bare = await start_engine(tmp_path, cfg)
+    token = read_secret_file(local_token_file(LocalToken.ENGINE), "engine token")
+    try:
+        url, body = bare.url + "/agentpool/v1/generate", gen_body("r", [1, 2, 3])
+        async with aiohttp.ClientSession() as http:
+            async with http.post(url, json=body) as r:
+                assert r.status == 401
+            async with http.post(url, json=body, headers={"Authorization": f"Bearer {token}"}) as r:
+                assert r.status == 200, await r.text()
+        assert "tokenFile not given: using the per-user engine token" in bare.text(), bare.text()
+    finally:
+        await bare.stop()
     # the explicit opt-out serves anyone, and says so
     eng = await start_engine(tmp_path, {**cfg, "insecureAllowUnauthenticated": True})
     try:

@@ -29,6 +29,7 @@ from router_engine_standin import StandIn
 from router_harness import chat_body, read_sse, streamed_text, wait_until
 
 from agentpool.directory.client import DirectoryClient
+from agentpool.secret_file.local_tokens import TOKEN_DIR_ENV
 
 pytestmark = pytest.mark.integration
 NS = "agents"
@@ -174,27 +175,33 @@ async def test_a_streamed_completion_through_directory_router_and_planner_starte
             await e.kill()
 
 
-async def test_the_router_refuses_to_start_without_its_tokens(tmp_path: Path) -> None:
+async def test_the_router_refuses_bad_tokens_and_clashing_options(tmp_path: Path) -> None:
     config = tmp_path / "router.yaml"
     config.write_text("model: m\nnodes: [{id: a, url: 'http://127.0.0.1:9'}]\n")
     engine = ("--engine-token-file", str(engine_token_file()))
 
-    async def refused(*args: str) -> str:
-        router = await launch("router", "agentpool.router", "--config", str(config), "--port", "0", *args)
+    async def refused(*args: str, env: dict[str, str] | None = None) -> str:
+        router = await launch(
+            "router", "agentpool.router", "--config", str(config), "--port", "0", *args, env=env
+        )
         assert await router.proc.wait() == 2, router.text()
         await router.stop()
         assert "Traceback" not in router.text(), router.text()
         return router.text()
 
-    assert "--insecure-allow-unauthenticated-reports" in await refused(*engine)
     short = secret(tmp_path / "short", "abc")
     assert "at least 16 characters" in await refused("--report-token-file", str(short), *engine)
-    # the engine token: a file, or the explicit opt-out, never silently none
     report = ("--report-token-file", str(secret(tmp_path / "report-token", "r" * 40)))
-    text = await refused(*report)
-    assert "--engine-token-file" in text and "--insecure-engines-without-token" in text, text
     text = await refused(*report, *engine, "--insecure-engines-without-token")
     assert "not both" in text, text
+    text = await refused(*engine, *report, "--insecure-allow-unauthenticated-reports")
+    assert "not both" in text, text
+    # without a token file: the per-user one, which must be private
+    open_folder = tmp_path / "open-tokens"
+    open_folder.mkdir(mode=0o755)
+    open_folder.chmod(0o755)
+    text = await refused(*report, env={TOKEN_DIR_ENV: str(open_folder)})
+    assert "open to other users" in text and "chmod 700" in text, text
     assert "at least 16 characters" in await refused(*report, "--engine-token-file", str(short))
 
 

@@ -39,6 +39,15 @@ from agentpool.sim.node import SimRequest
 from agentpool.sim.trace import Conversation
 
 
+def trace_cached_tokens(outcome: Outcome, input_tokens: int) -> int:
+    """The request's cache hits in the trace's tokens: the engines count the router's templated prompt
+    (``usage.prompt_tokens``, a few tokens more than the trace's ``input_tokens``), so the hit
+    fraction they report is carried over (0 when the usage had no count)."""
+    if not outcome.cached_tokens or not outcome.prompt_tokens:
+        return 0
+    return min(input_tokens, round(outcome.cached_tokens * input_tokens / outcome.prompt_tokens))
+
+
 @dataclass(frozen=True, slots=True)
 class ReplaySettings:
     url: str
@@ -240,7 +249,7 @@ class LiveReplay:
             self.in_flight -= 1
         req.issued_at = outcome.sent_at - self._t0
         req.output_tokens = max(1, outcome.tokens)
-        req.cached_tokens = outcome.cached_tokens or 0
+        req.cached_tokens = trace_cached_tokens(outcome, tr.input_tokens)
         if outcome.first_at is not None:
             req.first_token_at = outcome.first_at - self._t0
         if outcome.ok and outcome.done_at is not None:

@@ -65,7 +65,15 @@ from agentpool.router.policy import (
 )
 from agentpool.router.policy.contract import serves_prefill
 from agentpool.router.work_log import WorkLog
-from agentpool.wire.engine import KV_SOURCE_LOST, AnyEvent, KvSource, Phase, Usage, generate_body
+from agentpool.wire.engine import (
+    KV_SOURCE_LOST,
+    AnyEvent,
+    KvSource,
+    Phase,
+    Usage,
+    generate_body,
+    with_cached_tokens,
+)
 
 Endpoint = Literal["chat", "completion"]
 log = logging.getLogger(__name__)
@@ -408,13 +416,16 @@ class Dispatcher:
         decode_node: str | None = None
         decode_seq = 0
         transfer: str | None = None
+        prefill_cached: int | None = None
         request = self._generate_request(prep, decision, seq, "prefill")
         first = ""
         try:
             async with contextlib.aclosing(self._events(prefill_node, request, prep)) as events:
                 async for ev in events:
-                    if ev.type == "started" and decode_node is None:
-                        decode_node, decode_seq = await self._bind(prep)
+                    if ev.type == "started":
+                        prefill_cached = ev.cached_tokens
+                        if decode_node is None:
+                            decode_node, decode_seq = await self._bind(prep)
                     elif ev.type == "prefilled":
                         transfer = ev.transfer_id
                         first = ev.text
@@ -445,7 +456,10 @@ class Dispatcher:
                                 out.sent = True
                                 await out.chunk(ev.text)
                             elif ev.type == "done":
-                                return Finish(ev.finish_reason or "stop", ev.usage or Usage())
+                                usage = ev.usage or Usage()
+                                if prefill_cached is not None:
+                                    usage = with_cached_tokens(usage, prefill_cached)
+                                return Finish(ev.finish_reason or "stop", usage)
                     raise EngineFailure(f"{decode_node}: decode stream ended without done")
                 except EngineFailure as e:
                     raise _DecodeFailed(decode_node, e) from e

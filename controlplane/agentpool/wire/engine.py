@@ -3,7 +3,9 @@
 Dispatch: ``POST {engine}/agentpool/v1/generate`` with a :class:`GenerateRequest`; the engine answers
 ``200`` with a stream of newline-delimited JSON :class:`EngineEvent` objects:
 
-- ``started``: the prefill of the request began (the router binds the decode node now);
+- ``started``: the prefill of the request began (the router binds the decode node now); with
+  ``cached_tokens`` when the node knows them: the prompt tokens it did not compute (its cache or a
+  fetch), which the router puts in a disaggregated request's ``usage.prompt_tokens_details``;
 - ``token``: output text (colocated and decode phases; ``prefilled`` carries the first token);
 - ``prefilled``: prefill done on a prefill node; the KV waits under ``transfer_id`` for the decode
   node, which the router then asks with ``phase=decode`` and ``kv_source``/``transfer_id``;
@@ -87,6 +89,14 @@ class Usage(BaseModel):
     completion_tokens: int = 0
 
 
+def with_cached_tokens(usage: Usage, cached_tokens: int) -> Usage:
+    """``usage`` with ``prompt_tokens_details.cached_tokens`` set (the rest of the details kept): a
+    disaggregated request's cache hits are the prefill node's, its usage the decode node's."""
+    details = getattr(usage, "prompt_tokens_details", None)
+    merged = {**(details if isinstance(details, dict) else {}), "cached_tokens": cached_tokens}
+    return Usage.model_validate({**usage.model_dump(), "prompt_tokens_details": merged})
+
+
 def encode_generate(r: GenerateRequest) -> bytes:
     """``r`` as JSON (orjson: the request body and token ids are the bulk; the fields were validated
     where they came from, so the model's own serializer is not needed)."""
@@ -168,6 +178,8 @@ class EngineEvent(BaseModel):
     transfer_id: str | None = None
     finish_reason: str | None = None
     usage: Usage | None = None
+    cached_tokens: int | None = Field(None, ge=0)
+    """With ``started``: the prompt tokens the node took from a cache or a fetch (absent: unknown)."""
     reason: str = ""
     message: str = ""
     # with ``error``: 4xx when the request's content is at fault (the engine is fine), else absent/5xx
@@ -186,6 +198,7 @@ class Event:
     transfer_id: str | None = None
     finish_reason: str | None = None
     usage: Usage | None = None
+    cached_tokens: int | None = None
     reason: str = ""
     message: str = ""
     status: int | None = None

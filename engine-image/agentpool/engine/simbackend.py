@@ -435,7 +435,12 @@ class SimBackend:
     def _finish_job(self, job: Job) -> None:
         for i in range(job.tokens_sent, job.output_tokens):
             job.emit({"type": "token", "text": token_text(i)})
-        usage = {"prompt_tokens": job.req.input_tokens, "completion_tokens": job.output_tokens}
+        usage: dict[str, object] = {
+            "prompt_tokens": job.req.input_tokens,
+            "completion_tokens": job.output_tokens,
+        }
+        if job.phase == "both":  # a decode's prompt came with its KV: the prefill node's hits count
+            usage["prompt_tokens_details"] = {"cached_tokens": job.req.cached_tokens}
         self.metrics.requests.labels(job.phase, "done").inc()
         job.finish({"type": "done", "finish_reason": "length", "usage": usage})
 

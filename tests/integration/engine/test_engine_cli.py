@@ -45,10 +45,16 @@ async def test_generate_streams_events_and_bad_input_gets_4xx(tmp_path: Path) ->
             events = await generate(http, eng.url, gen_body("r1", list(range(10)), max_tokens=5))
             assert [e["type"] for e in events] == ["started"] + ["token"] * 5 + ["done"]
             assert "".join(e["text"] for e in events if e["type"] == "token") == "t0 t1 t2 t3 t4 "
-            assert events[-1]["usage"] == {"prompt_tokens": 10, "completion_tokens": 5}
+            usage = {
+                "prompt_tokens": 10,
+                "completion_tokens": 5,
+                "prompt_tokens_details": {"cached_tokens": 0},
+            }
+            assert events[-1]["usage"] == usage
             # the same prompt again: its two full blocks are cached now
             events = await generate(http, eng.url, gen_body("r2", list(range(10)), max_tokens=1))
             assert events[0] == {"type": "started", "cached_tokens": 8, "fetched_tokens": 0}
+            assert events[-1]["usage"]["prompt_tokens_details"] == {"cached_tokens": 8}
             st = await state(http, eng.url)
             assert st["host_blocks"] == 2 and st["gpu_blocks"] == 2 and st["jobs"] == 0
 

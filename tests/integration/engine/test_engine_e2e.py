@@ -101,12 +101,22 @@ async def test_router_directory_and_two_engines_serve_a_streamed_chat_completion
             )
             assert content == "t0 t1 t2 t3 t4 ", events
             assert events[-1] == "[DONE]"
-            assert events[-2]["usage"]["completion_tokens"] == 5
+            usage = events[-2]["usage"]
+            assert usage["completion_tokens"] == 5
+            assert usage["prompt_tokens_details"] == {"cached_tokens": 0}  # the prefill node's, a new prompt
             sp, sd = await state(http, p0.url), await state(http, d0.url)
             assert sp["host_blocks"] > 0 and sd["host_blocks"] == sp["host_blocks"]  # the KV moved over
             assert sp["directory_connected"] and sd["directory_connected"]
             assert sp["report_error"] is None and sd["report_error"] is None
             assert sp["reports_sent"] > 0
+
+            # the same prompt again: the prefill node's cache hits reach the client's usage
+            async with http.post(url + "/v1/chat/completions", json=body, headers=headers) as resp:
+                assert resp.status == 200, await resp.text()
+                again = (await read_sse(resp))[-2]["usage"]
+            cached = again["prompt_tokens_details"]["cached_tokens"]
+            assert again["prompt_tokens"] == usage["prompt_tokens"], again  # at least one token computed:
+            assert usage["prompt_tokens"] - PAGE <= cached < usage["prompt_tokens"], again
 
             # the router's work log holds the engines' iteration records for the planner
             async def iterations_logged() -> bool:

@@ -7,10 +7,11 @@ import io
 import time
 
 import numpy as np
+import pytest
 
 from agentpool.local.client import Outcome
 from agentpool.local.live_report import PrefixTokens, Progress, SplitTimeline, parse_prefix_tokens
-from agentpool.local.replay import LiveReplay, ReplaySettings, RequestRecord
+from agentpool.local.replay import LiveReplay, ReplaySettings, RequestRecord, trace_cached_tokens
 from agentpool.models import TtftSlo
 from agentpool.sim.metrics import Metrics
 from agentpool.sim.node import SimRequest
@@ -84,3 +85,21 @@ def test_the_ideal_prefix_is_taken_when_the_prompt_is_computed() -> None:
     assert mine.ideal_cached_tokens == 4 * 64  # the sibling's prompt, computed before mine
     assert sibling.ideal_cached_tokens == 0
     assert metrics.ideal_prefix([11, 12, 13, 14, 21, 22, 99], 7) == 6  # both prompts joined the set
+
+
+@pytest.mark.parametrize(
+    ("cached", "prompt", "trace_input", "want"),
+    [
+        (None, 110, 100, 0),  # no count in the usage
+        (0, 110, 100, 0),
+        (55, 110, 100, 50),  # half the templated prompt: half the trace's tokens
+        (109, 110, 100, 99),
+        (120, 110, 100, 100),  # never more than the trace's prompt
+        (64, None, 100, 0),
+    ],
+)
+def test_cache_hits_are_carried_to_the_traces_tokens(
+    cached: int | None, prompt: int | None, trace_input: int, want: int
+) -> None:
+    outcome = Outcome(sent_at=0.0, prompt_tokens=prompt, cached_tokens=cached)
+    assert trace_cached_tokens(outcome, trace_input) == want

@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from agentpool.wire.engine import EngineEvent, Event, parse_event
+from agentpool.wire.engine import EngineEvent, Event, Usage, parse_event, with_cached_tokens
 
-FIELDS = ("type", "text", "transfer_id", "finish_reason", "usage", "reason", "message", "status")
+FIELDS = (
+    "type",
+    "text",
+    "transfer_id",
+    "finish_reason",
+    "usage",
+    "cached_tokens",
+    "reason",
+    "message",
+    "status",
+)
 
 LINES = [
     b'{"type":"token","text":"ok"}\n',
@@ -32,6 +42,8 @@ LINES = [
     b'{"type":"done","finish_reason":"stop","usage":{"prompt_tokens":3,"completion_tokens":2,'
     b'"prompt_tokens_details":{"cached_tokens":1}}}',
     b'{"type":"prefilled","text":"a","transfer_id":"t1"}',
+    b'{"type":"started","cached_tokens":64,"fetched_tokens":0}',
+    b'{"type":"started","cached_tokens":-1}',  # refused
     b'{"type":"requeue","reason":"draining"}',
     b'{"type":"error","message":"bad","status":400}',
 ]
@@ -57,3 +69,25 @@ def test_token_lines_take_the_lean_path_and_others_pydantic() -> None:
     done = parse_event(b'{"type":"done","usage":{"prompt_tokens":1,"x":{"y":2}}}')
     assert type(done) is EngineEvent and done.usage is not None
     assert done.usage.model_dump() == {"prompt_tokens": 1, "completion_tokens": 0, "x": {"y": 2}}
+
+
+@pytest.mark.parametrize(
+    ("usage", "want_details"),
+    [
+        (Usage(prompt_tokens=9, completion_tokens=2), {"cached_tokens": 8}),
+        (  # the decode node's other details are kept, its cached count replaced
+            Usage.model_validate(
+                {
+                    "prompt_tokens": 9,
+                    "completion_tokens": 2,
+                    "prompt_tokens_details": {"cached_tokens": 9, "audio_tokens": 0},
+                }
+            ),
+            {"cached_tokens": 8, "audio_tokens": 0},
+        ),
+    ],
+)
+def test_with_cached_tokens_sets_the_prefill_nodes_count(usage: Usage, want_details: dict[str, int]) -> None:
+    out = with_cached_tokens(usage, 8).model_dump()
+    assert out == {"prompt_tokens": 9, "completion_tokens": 2, "prompt_tokens_details": want_details}
+    assert parse_event(b'{"type":"started","cached_tokens":8}').cached_tokens == 8

@@ -331,7 +331,7 @@ class SglangBackend:
         if g.phase == "prefill":
             # SGLang's prefill waits for the decode node to pull the KV: the router learns the room now
             job.output = True
-            job.emit({"type": "started", "cached_tokens": 0, "fetched_tokens": 0})
+            job.emit({"type": "started"})  # SGLang's cache hits are not known at admission
             self.metrics.requests.labels("prefill", "prefilled").inc()
             handover = transfer_id(room, self.s.bootstrap_port)
             job.finish({"type": "prefilled", "text": "", "transfer_id": handover})

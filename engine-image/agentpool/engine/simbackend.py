@@ -439,7 +439,7 @@ class SimBackend:
             "prompt_tokens": job.req.input_tokens,
             "completion_tokens": job.output_tokens,
         }
-        if job.phase == "both":  # a decode's prompt came with its KV: the prefill node's hits count
+        if job.phase != "decode":  # a decode's prompt came with its KV: the prefill node's hits count
             usage["prompt_tokens_details"] = {"cached_tokens": job.req.cached_tokens}
         self.metrics.requests.labels(job.phase, "done").inc()
         job.finish({"type": "done", "finish_reason": "length", "usage": usage})

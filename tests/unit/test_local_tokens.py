@@ -14,6 +14,7 @@ from agentpool.secret_file.local_tokens import (
     LocalToken,
     local_or_given_secret,
     local_token_file,
+    router_and_directory_tokens,
     token_dir,
     token_file_or_local,
 )
@@ -93,3 +94,15 @@ def test_a_folder_that_cannot_be_made_says_how_to_name_another(tmp_path: Path) -
     env = {TOKEN_DIR_ENV: str(tmp_path / "a-file" / "tokens")}  # no folder under a file, even for root
     with pytest.raises(SecretFileError, match=rf"cannot use the per-user engine token .*\${TOKEN_DIR_ENV}"):
         local_token_file(LocalToken.ENGINE, env)
+
+
+def test_a_planner_sends_the_report_token_and_the_directory_token_only_with_a_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(TOKEN_DIR_ENV, str(tmp_path / "tokens"))
+    report, directory = router_and_directory_tokens(None, None, uses_directory=False)
+    assert directory is None and report == read_secret_file(tmp_path / "tokens" / "report", "report")
+    assert not (tmp_path / "tokens" / "directory").exists()
+    given = tmp_path / "dir-token"
+    given.write_text("d" * 20)
+    assert router_and_directory_tokens(None, given, uses_directory=True) == (report, "d" * 20)

@@ -32,7 +32,7 @@ from agentpool.planner.roles import ObjectRef, ServedRoles
 from agentpool.planner.router_models import ModelBroadcast
 from agentpool.planner.router_source import RouterWorkSource
 from agentpool.planner.settings_file import PlannerSettings
-from agentpool.secret_file.local_tokens import LocalToken, local_or_given_secret
+from agentpool.secret_file.local_tokens import router_and_directory_tokens
 
 log = logging.getLogger("agentpool.local.planner")
 
@@ -74,15 +74,11 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> int:
         engines = engines_of(args.engine)
         settings = PlannerSettings({}, args.settings)
         shape = MoeShape(args.experts_active, args.experts_total)
-        router_token = await asyncio.to_thread(
-            local_or_given_secret, args.router_token_file, LocalToken.REPORT, "router token"
-        )
-        directory_token = (
-            await asyncio.to_thread(
-                local_or_given_secret, args.directory_token_file, LocalToken.DIRECTORY, "directory token"
-            )
-            if args.directory
-            else None
+        router_token, directory_token = await asyncio.to_thread(
+            router_and_directory_tokens,
+            args.router_token_file,
+            args.directory_token_file,
+            bool(args.directory),
         )
     except (ValueError, OSError) as e:
         log.error("planner not started: %s", e)

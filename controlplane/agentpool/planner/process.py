@@ -63,7 +63,7 @@ from agentpool.planner.router_models import ModelBroadcast
 from agentpool.planner.router_source import RouterWorkSource
 from agentpool.planner.settings_file import PlannerSettings
 from agentpool.planner.state import ConfigMapStateStore, LoadedGenerations
-from agentpool.secret_file.local_tokens import LocalToken, local_or_given_secret
+from agentpool.secret_file.local_tokens import router_and_directory_tokens
 
 log = logging.getLogger("agentpool.planner")
 
@@ -185,15 +185,11 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> int:
             raise ValueError("no router: give --router URL (repeatable) and/or --router-selector")
         settings = PlannerSettings(setting_flags(args), args.settings)
         shape = MoeShape(args.experts_active, args.experts_total)
-        router_token = await asyncio.to_thread(
-            local_or_given_secret, args.router_token_file, LocalToken.REPORT, "router token"
-        )
-        directory_token = (
-            await asyncio.to_thread(
-                local_or_given_secret, args.directory_token_file, LocalToken.DIRECTORY, "directory token"
-            )
-            if args.directory
-            else None
+        router_token, directory_token = await asyncio.to_thread(
+            router_and_directory_tokens,
+            args.router_token_file,
+            args.directory_token_file,
+            bool(args.directory),
         )
         directory_tls = await asyncio.to_thread(
             read_client_tls,

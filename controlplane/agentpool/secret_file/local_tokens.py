@@ -91,6 +91,17 @@ def local_or_given_secret(
     return read_secret_file(token_file_or_local(given, token, f"the {what} file", env), what)
 
 
+def router_and_directory_tokens(
+    report_file: Path | None, directory_file: Path | None, uses_directory: bool
+) -> tuple[str, str | None]:
+    """What a client of the routers and the directory (a planner) sends: the routers' report token, and
+    the directory's token when it uses one (each from its file or the per-user one). Blocking reads."""
+    report = local_or_given_secret(report_file, LocalToken.REPORT, "router token")
+    if not uses_directory:
+        return report, None
+    return report, local_or_given_secret(directory_file, LocalToken.DIRECTORY, "directory token")
+
+
 def _create(path: Path) -> None:
     aside = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
     fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

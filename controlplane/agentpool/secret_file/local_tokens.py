@@ -116,8 +116,12 @@ def _create(path: Path) -> None:
 
 def _check_private(path: Path, kind: str) -> None:
     mode = path.stat().st_mode
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise SecretFileError(
-            f"the token {kind} {path} is open to other users (mode {stat.filemode(mode)}): "
-            f"chmod {'700' if kind == 'folder' else '600'} {path}"
-        )
+    if not mode & (stat.S_IRWXG | stat.S_IRWXO):
+        return
+    if kind == "folder":
+        fix = f"set ${TOKEN_DIR_ENV} to a folder of your own, or chmod 700 {path} if only you use it"
+    else:
+        fix = f"chmod 600 {path}"
+    raise SecretFileError(
+        f"the token {kind} {path} is open to other users (mode {stat.filemode(mode)}): {fix}"
+    )

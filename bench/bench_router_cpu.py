@@ -1,7 +1,7 @@
 """Router CPU per request against sglang-router, and router replicas (issue 16, section 5).
 
-``python -m bench.bench_router_cpu [--seconds S] [--repeats N] [--engines N] [--skip-replicas] [--history H]
-[--pace R]``
+``python -m bench.bench_router_cpu [--seconds S] [--repeats N] [--engines N]
+[--skip-replicas | --only-replicas] [--router-cpu-limit CORES] [--history H] [--pace R]``
 
 1. CPU per request of each router process (user + system from /proc, the process and its
    descendants) for the agentpool router (on its default loop, uvloop, and with ``--loop asyncio``;
@@ -18,7 +18,10 @@
 2. Replicas: one agentpool router against two sharing the same engines (the load generator spreads
    requests over the replicas), interleaved, ``--repeats`` times at concurrency 64: requests per second
    and CPU per request summed over the replicas. (The instant engines send no load reports, so this
-   measures the shell's scaling, not report fan-out.)
+   measures the shell's scaling, not report fan-out.) With ``--router-cpu-limit CORES`` each router
+   runs in a cgroup of its own limited to that many cores, as a pod's CPU limit would limit it
+   (:mod:`bench.cpu_limit`; root): the routers are then the bottleneck, and the share of periods
+   their quota cut short says so.
 
 3. ``--front-door``: only a bare front door answering a fixed JSON body, aiohttp's server against the
    router's lean one (:mod:`agentpool.router.http_server`), both on uvloop, interleaved; CPU per
@@ -50,6 +53,7 @@ from bench.bench_router import (
     stop_all,
     wait_http,
 )
+from bench.cpu_limit import CpuLimitError, CpuLimits
 
 
 def start_directory(
@@ -172,32 +176,68 @@ def router_cpu(
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def replicas(seconds: float, engines: int, repeats: int, concurrency: int = 64) -> None:
-    """One router against two on the same engines, interleaved; req/s and summed CPU per request."""
-    print(f"\n## Router replicas: 1 vs 2 ({engines} instant engines, c={concurrency}, {repeats} repeats)")
+def replicas(
+    seconds: float,
+    engines: int,
+    repeats: int,
+    concurrency: int = 64,
+    cpu_limit: float | None = None,
+    directory: bool = False,
+) -> None:
+    """One router against two on the same engines, interleaved; req/s and summed CPU per request.
+    ``cpu_limit``: each router in a cgroup of its own with that many cores (a pod's CPU limit), and
+    the share of CFS periods its quota cut short (the limit binds: the routers are the bottleneck).
+    ``directory``: the routers share one directory (its Route link, not limited) and every load
+    worker sends a branch header, as replicas of one pool do."""
+    limit = "" if cpu_limit is None else f", each router limited to {cpu_limit:g} core"
+    limit += ", one shared directory (Route link) and branch headers" if directory else ""
+    print(
+        f"\n## Router replicas: 1 vs 2 ({engines} instant engines, c={concurrency}, {repeats} repeats{limit})"
+    )
     procs: list[subprocess.Popen[bytes]] = []
     tmp = Path(tempfile.mkdtemp(prefix="bench-router-replicas-"))
+    limits = None if cpu_limit is None else CpuLimits(cpu_limit)
     try:
         engine_urls = start_engines(engines, procs)
+        extra: list[str] = []
+        directory_pid: int | None = None
+        if directory:
+            proc, _, link = start_directory(procs, tmp)
+            directory_pid = proc.pid
+            extra = ["--directory", f"link://{link}", "--directory-token-file", str(tmp / "directory-token")]
         routers: list[tuple[str, int]] = []
-        for _ in range(2):
-            port = start_agentpool("evolving", engine_urls, procs, tmp)
+        for i in range(2):
+            port = start_agentpool("evolving", engine_urls, procs, tmp, extra=extra, name=f"-replica{i}")
             routers.append((f"http://127.0.0.1:{port}/v1/chat/completions", procs[-1].pid))
+            if limits is not None:
+                limits.limit(procs[-1].pid)
         setups = {"1 router": routers[:1], "2 routers": routers}
         rps: dict[str, list[float]] = {}
         cpu: dict[str, list[float]] = {}
         for rep in range(repeats):
             for name, group in setups.items():
                 urls = [u for u, _ in group]
-                asyncio.run(load(urls, concurrency, 0.5, name))  # warm-up
+                asyncio.run(load(urls, concurrency, 0.5, name, directory))  # warm-up
                 before = sum(cpu_seconds(pid) for _, pid in group)
-                r = asyncio.run(load(urls, concurrency, seconds, name))
+                dir_before = cpu_seconds(directory_pid) if directory_pid else 0.0
+                throttled_before = [limits.throttling(pid) for _, pid in group] if limits else []
+                r = asyncio.run(load(urls, concurrency, seconds, name, directory))
                 used = sum(cpu_seconds(pid) for _, pid in group) - before
+                if directory_pid:
+                    dir_us = (cpu_seconds(directory_pid) - dir_before) / max(1, r.requests) * 1e6
+                    print(f"    (directory {dir_us:.0f} us CPU/request, not in the routers' figure)")
                 rps.setdefault(name, []).append(r.rps)
                 cpu.setdefault(name, []).append(used / max(1, r.requests) * 1e6)
+                throttled = ""
+                if limits is not None:
+                    shares = [
+                        limits.throttling(pid).since(b).share
+                        for (_, pid), b in zip(group, throttled_before, strict=True)
+                    ]
+                    throttled = ", throttled in " + " / ".join(f"{x:.0%}" for x in shares) + " of periods"
                 print(
                     f"  repeat {rep + 1} {name:<10} {r.rps:8.0f} req/s  {cpu[name][-1]:6.0f} us CPU/request "
-                    f"(errors {r.errors})",
+                    f"(errors {r.errors}{throttled})",
                     flush=True,
                 )
         ratios = [b / a for a, b in zip(rps["1 router"], rps["2 routers"], strict=True)]
@@ -208,6 +248,8 @@ def replicas(seconds: float, engines: int, repeats: int, concurrency: int = 64) 
         )
     finally:
         stop_all(procs)
+        if limits is not None:
+            limits.close()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -285,6 +327,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--engines", type=int, default=4)
     parser.add_argument("--skip-replicas", action="store_true")
+    parser.add_argument("--only-replicas", action="store_true", help="only the replicas comparison")
+    parser.add_argument(
+        "--replicas-directory",
+        action="store_true",
+        help="replicas: the routers share one directory (Route link) and the load sends branch headers",
+    )
+    parser.add_argument(
+        "--router-cpu-limit",
+        type=float,
+        default=None,
+        help="replicas: limit each router to this many cores (a pod's CPU limit, via a cgroup; root)",
+    )
     parser.add_argument(
         "--history",
         type=int,
@@ -304,9 +358,19 @@ def main(argv: list[str] | None = None) -> None:
     if args.front_door:
         front_door(args.seconds, args.repeats)
         return
-    router_cpu(args.seconds, args.engines, args.repeats, (1, 64), args.history, args.pace)
+    if not args.only_replicas:
+        router_cpu(args.seconds, args.engines, args.repeats, (1, 64), args.history, args.pace)
     if not args.skip_replicas:
-        replicas(args.seconds, args.engines, args.repeats)
+        try:
+            replicas(
+                args.seconds,
+                args.engines,
+                args.repeats,
+                cpu_limit=args.router_cpu_limit,
+                directory=args.replicas_directory,
+            )
+        except CpuLimitError as e:
+            parser.exit(2, f"python -m bench.bench_router_cpu: {e}\n")
 
 
 if __name__ == "__main__":

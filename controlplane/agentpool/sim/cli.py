@@ -259,7 +259,7 @@ def run(args: argparse.Namespace, adjust: Callable[[Scenario], Scenario] | None 
     results = best_reference(compare(sc, runs, quiet=quiet, jobs=jobs, conversations=conversations))
     say(f"done in {time.perf_counter() - say.start:.0f} s")
     bound = scenario_bound(sc, conversations)
-    command = "agentpool simulate " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+    command = shlex.join(["agentpool", "simulate", *sys.argv[2:]])
     scen = scenario_dict(sc)
     md = markdown_report("agentpool simulate", command, scen, results, bound)
     (out / "report.md").write_text(md, encoding="utf-8")

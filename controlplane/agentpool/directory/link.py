@@ -42,6 +42,7 @@ from agentpool.directory.auth import ConfigurationError
 from agentpool.directory.convert import InvalidRequestError
 from agentpool.directory.route import RouteSession
 from agentpool.directory.service import DirectoryService, grpc_status
+from agentpool.secret_file.tls import TlsFilesError, server_context
 from agentpool.v1 import directory_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -81,15 +82,10 @@ async def read_frame(reader: asyncio.StreamReader, max_bytes: int) -> tuple[int,
 def server_ssl_context(cert: Path, key: Path, client_ca: Path | None) -> ssl.SSLContext:
     """TLS for the link from the gRPC service's files (client certificates required with a CA);
     ConfigurationError when they cannot be loaded."""
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     try:
-        context.load_cert_chain(cert, key)
-        if client_ca is not None:
-            context.load_verify_locations(cafile=client_ca)
-            context.verify_mode = ssl.CERT_REQUIRED
-    except (OSError, ssl.SSLError) as e:
-        raise ConfigurationError(f"cannot load the TLS files for the Route link: {e}") from None
-    return context
+        return server_context(cert, key, client_ca, "required", "the Route link")
+    except TlsFilesError as e:
+        raise ConfigurationError(str(e)) from None
 
 
 class RouteLinkServer:

@@ -33,6 +33,7 @@ from agentpool.directory.link import (
     frame,
     read_frame,
 )
+from agentpool.secret_file.tls import TlsFilesError, client_context
 from agentpool.v1 import directory_pb2 as pb
 
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
@@ -46,15 +47,10 @@ def client_ssl_context(
     """TLS to the link, trusting ``ca_file`` (the system's CAs without one); with a certificate and
     its key, mutual TLS. Reads the files (blocking: call it before serving); ConfigurationError when
     they cannot be loaded."""
-    if (client_cert_file is None) != (client_key_file is None):
-        raise ConfigurationError("a client certificate file needs its key file, and a key file its cert")
     try:
-        context = ssl.create_default_context(cafile=None if ca_file is None else str(ca_file))
-        if client_cert_file is not None and client_key_file is not None:
-            context.load_cert_chain(client_cert_file, client_key_file)
-    except (OSError, ssl.SSLError) as e:
-        raise ConfigurationError(f"cannot load the TLS files for the directory link: {e}") from None
-    return context
+        return client_context(ca_file, client_cert_file, client_key_file, "the directory link")
+    except TlsFilesError as e:
+        raise ConfigurationError(str(e)) from None
 
 
 class LinkClient:

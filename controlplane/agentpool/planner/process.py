@@ -17,7 +17,10 @@
 - Models out: every router gets each node's fitted model after the fit and after every
   window (:mod:`agentpool.planner.router_models`), with the bearer token of
   ``--router-token-file`` (the routers' ``reportToken``; unset: the per-user ``report`` token file of
-  ``agentpool.secret_file.local_tokens``, as for the directory's token).
+  ``agentpool.secret_file.local_tokens``, as for the directory's token). ``https://`` routers:
+  ``--router-ca-file``, and for mutual TLS ``--router-client-cert-file``/``--router-client-key-file``
+  (a router with a client CA takes a verified certificate for the token; routers found by
+  ``--router-selector`` are reached over ``http://`` at their pod IPs).
 - Directory: with ``--directory HOST:PORT`` (token: ``--directory-token-file``; TLS:
   ``--directory-ca-file``, mutual TLS: ``--directory-client-cert-file``/``--directory-client-key-file``)
   the planner tells the KV directory when an engine serves its new phase (``SwitchPhase``; D->P
@@ -64,6 +67,7 @@ from agentpool.planner.router_source import RouterWorkSource
 from agentpool.planner.settings_file import PlannerSettings
 from agentpool.planner.state import ConfigMapStateStore, LoadedGenerations
 from agentpool.secret_file.local_tokens import router_and_directory_tokens
+from agentpool.secret_file.tls import client_context
 
 log = logging.getLogger("agentpool.planner")
 
@@ -105,6 +109,14 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="bearer token for pushing models to routers (default: the per-user report token file)",
     )
+    p.add_argument("--router-ca-file", type=Path, default=None, help="CA (PEM) of https:// routers")
+    p.add_argument(
+        "--router-client-cert-file",
+        type=Path,
+        default=None,
+        help="client certificate (PEM) for the routers: mutual TLS (it stands for the report token there)",
+    )
+    p.add_argument("--router-client-key-file", type=Path, default=None, help="its private key (PEM)")
     p.add_argument(
         "--directory", default=None, help="KV directory HOST:PORT, told when an engine switches phase"
     )
@@ -197,6 +209,12 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> int:
             args.directory_client_cert_file,
             args.directory_client_key_file,
         )
+        router_files = (args.router_ca_file, args.router_client_cert_file, args.router_client_key_file)
+        router_tls = (
+            await asyncio.to_thread(client_context, *router_files, "the routers")
+            if any(f is not None for f in router_files)
+            else None
+        )
         api = await asyncio.to_thread(api_client, args)
     except (ValueError, ConfigException, OSError) as e:
         log.error("planner not started: %s", e)
@@ -221,7 +239,8 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> int:
             kv_capacity=served,  # decode capacity is bounded by each engine's reported KV room
         )
         async with contextlib.AsyncExitStack() as stack:
-            session = await stack.enter_async_context(aiohttp.ClientSession())
+            connector = aiohttp.TCPConnector(ssl=True if router_tls is None else router_tls)
+            session = await stack.enter_async_context(aiohttp.ClientSession(connector=connector))
             broadcast = ModelBroadcast(args.router, session, token=router_token)
             controller.models_out = broadcast
             if args.directory:

@@ -36,12 +36,13 @@ import gc
 import logging
 import os
 import signal
+import ssl
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from agentpool.directory.auth import ConfigurationError as TlsFilesError
+from agentpool.directory.auth import ConfigurationError as DirectoryTlsError
 from agentpool.directory.auth import read_client_tls
 from agentpool.kv import Directory
 from agentpool.router.auth import (
@@ -57,6 +58,7 @@ from agentpool.router.server import serve as serve_http
 from agentpool.router.service import RouterService
 from agentpool.secret_file import SecretFileError, read_secret_file
 from agentpool.secret_file.local_tokens import LocalToken, token_file_or_local
+from agentpool.secret_file.tls import TlsFilesError, server_context
 
 log = logging.getLogger("agentpool.router")
 
@@ -151,7 +153,31 @@ def parser() -> argparse.ArgumentParser:
         default="uvloop",
         help="event loop: uvloop (the default), or the standard asyncio one",
     )
+    p.add_argument("--tls-cert-file", type=Path, default=None, help="serve HTTPS with this certificate (PEM)")
+    p.add_argument("--tls-key-file", type=Path, default=None, help="its private key (PEM)")
+    p.add_argument(
+        "--tls-client-ca-file",
+        type=Path,
+        default=None,
+        help="verify client certificates signed by this CA (PEM); a verified one authenticates load "
+        "reports and fitted models without the report token (mutual TLS: a CA of the pool's engines "
+        "and planners only)",
+    )
     return p
+
+
+def server_tls(args: argparse.Namespace) -> ssl.SSLContext | None:
+    """HTTPS from ``--tls-cert-file``/``--tls-key-file`` (None without them); with
+    ``--tls-client-ca-file`` client certificates are asked for, optional, verified when presented."""
+    if args.tls_cert_file is None and args.tls_key_file is None:
+        if args.tls_client_ca_file is not None:
+            raise TlsFilesError("--tls-client-ca-file needs --tls-cert-file and --tls-key-file")
+        return None
+    if args.tls_cert_file is None or args.tls_key_file is None:
+        raise TlsFilesError("--tls-cert-file and --tls-key-file go together")
+    return server_context(
+        args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file, "optional", "the router"
+    )
 
 
 def report_auth(args: argparse.Namespace, env: dict[str, str]) -> ReportAuth:
@@ -184,7 +210,9 @@ def engine_token(args: argparse.Namespace, env: dict[str, str]) -> EngineToken:
     return EngineToken.token_file(token_file_or_local(None, LocalToken.ENGINE, "--engine-token-file", env))
 
 
-async def serve(args: argparse.Namespace, auth: ReportAuth, engine_token: EngineToken) -> None:
+async def serve(
+    args: argparse.Namespace, auth: ReportAuth, engine_token: EngineToken, tls: ssl.SSLContext | None
+) -> None:
     config_file = ConfigFile(args.config)
     config = await asyncio.to_thread(config_file.load)
     view = directory_view(
@@ -201,9 +229,11 @@ async def serve(args: argparse.Namespace, auth: ReportAuth, engine_token: Engine
     # after, bench/results/router_cpu.md); done before the server listens
     gc.collect()
     gc.freeze()
-    server = await serve_http(service, args.host, args.port)
+    client_ca = args.tls_client_ca_file is not None
+    server = await serve_http(service, args.host, args.port, ssl_context=tls, client_ca=client_ca)
     try:
-        print(f"router listening on http://{args.host}:{server.port}", flush=True)
+        scheme = "http" if tls is None else "https"
+        print(f"router listening on {scheme}://{args.host}:{server.port}", flush=True)
         if auth.open:
             log.warning("engine load reports are NOT authenticated (--insecure-allow-unauthenticated-*)")
         if engine_token.open:
@@ -237,9 +267,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         auth = report_auth(args, dict(os.environ))
         token = engine_token(args, dict(os.environ))
+        tls = server_tls(args)
         with asyncio.Runner(loop_factory=factory) as runner:
-            runner.run(serve(args, auth, token))
-    except (AuthConfigError, ConfigError, SecretFileError, TlsFilesError) as e:
+            runner.run(serve(args, auth, token, tls))
+    except (AuthConfigError, ConfigError, SecretFileError, DirectoryTlsError, TlsFilesError) as e:
         print(f"agentpool.router: {e}", file=sys.stderr)
         raise SystemExit(2) from e
 

@@ -41,7 +41,9 @@ def mount(routes: Routes, service: RouterService) -> None:
         return _status(service)
 
     async def put_models(request: Request) -> Response:
-        if not service.report_auth.allows(request.headers.get("authorization")):
+        if not request.client_certified and not service.report_auth.allows(
+            request.headers.get("authorization")
+        ):
             status = http_status(UnauthenticatedError)
             return error_response(status, "missing or wrong token", "authentication_error", "invalid_token")
         try:

@@ -17,12 +17,15 @@ httptools' (the maintained llhttp binding); this module frames, limits and route
   chunked, with backpressure; a write after the client left raises :class:`ConnectionResetError`).
 - A handler that raises gets its client a 500 JSON error and the connection closed; the exception
   is logged with its traceback (:func:`_log_failure`).
+- HTTPS with an ``ssl.SSLContext``; when that context verifies client certificates (a client CA),
+  :attr:`Request.client_certified` says whether this connection's client presented a valid one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -83,6 +86,11 @@ class Request:
         self.method, self.path, self.query = method, path, query
         self.headers, self.body, self.keep_alive = headers, body, keep_alive
         self.params = ""
+
+    @property
+    def client_certified(self) -> bool:
+        """Whether the client presented a certificate the server verified (TLS with a client CA)."""
+        return self._conn is not None and self._conn.client_certified
 
     def stream(self, content_type: bytes, headers: dict[str, str] | None = None) -> Stream:
         """Start a streamed 200 answer (chunked); write to it, the server ends it if the handler does not."""
@@ -183,13 +191,20 @@ class HttpServer:
         self.body_timeout_s = body_timeout_s
         self.keepalive_s = keepalive_s
         self.connections: set[_Connection] = set()
+        self.client_ca = False
         self._server: asyncio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
 
-    async def start(self, host: str, port: int) -> int:
-        """Listen on ``host:port`` (0: a free port); returns the port."""
+    async def start(
+        self, host: str, port: int, ssl_context: ssl.SSLContext | None = None, client_ca: bool = False
+    ) -> int:
+        """Listen on ``host:port`` (0: a free port); returns the port. ``ssl_context``: HTTPS;
+        ``client_ca``: it verifies client certificates (:attr:`Request.client_certified`)."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _Connection(self), host, port, backlog=1024)
+        self.client_ca = ssl_context is not None and client_ca
+        self._server = await loop.create_server(
+            lambda: _Connection(self), host, port, backlog=1024, ssl=ssl_context
+        )
         self._sweeper = loop.create_task(self._sweep_idle(), name="http-idle-sweep")
         return int(self._server.sockets[0].getsockname()[1])
 
@@ -249,6 +264,7 @@ class _Connection(asyncio.Protocol):
         self.lost = False
         self.stopping = False
         self.read_paused = False
+        self.client_certified = False
         self.write_paused = False
         self.http11 = True
         self._drain: asyncio.Future[None] | None = None
@@ -258,6 +274,8 @@ class _Connection(asyncio.Protocol):
         # a stream transport (uvloop's does not subclass asyncio.Transport, so no isinstance check)
         self.transport = cast(asyncio.Transport, transport)
         self.server.connections.add(self)
+        # with a client CA the handshake verified any certificate presented (a bad one fails it)
+        self.client_certified = self.server.client_ca and bool(transport.get_extra_info("peercert"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -419,6 +420,11 @@ async def metrics(service: RouterService, request: Request) -> Response:
 
 
 def check_report_auth(service: RouterService, request: Request) -> None:
+    """Reports need the report token, or a client certificate the router verified (mutual TLS with
+    ``--tls-client-ca-file``, whose CA signs only the pool's engines and planners; fitted models
+    likewise, ``fitted_models.py``)."""
+    if request.client_certified:
+        return
     if not service.report_auth.allows(request.headers.get("authorization")):
         service.metrics.rejected_reports.inc()
         raise Unauthorized(
@@ -496,13 +502,15 @@ class RouterServer:
         self._stack = contextlib.AsyncExitStack()
         self.port = 0
 
-    async def start(self, host: str, port: int) -> int:
-        """Serve on ``host:port`` (0: a free one); returns the port."""
+    async def start(
+        self, host: str, port: int, ssl_context: ssl.SSLContext | None = None, client_ca: bool = False
+    ) -> int:
+        """Serve on ``host:port`` (0: a free one), over HTTPS with ``ssl_context``; returns the port."""
         await self.service.start()
         self._stack.push_async_callback(self.service.close)
         log_ = self.service.dispatcher.work_log
         await self._stack.enter_async_context(work_log.sampling(log_, self.sample_interval_s))
-        self.port = await self.http.start(host, port)
+        self.port = await self.http.start(host, port, ssl_context, client_ca)
         self._stack.push_async_callback(self.http.stop, self.shutdown_timeout)
         return self.port
 
@@ -510,11 +518,18 @@ class RouterServer:
         await self._stack.aclose()
 
 
-async def serve(service: RouterService, host: str, port: int, shutdown_timeout: float = 5.0) -> RouterServer:
+async def serve(
+    service: RouterService,
+    host: str,
+    port: int,
+    shutdown_timeout: float = 5.0,
+    ssl_context: ssl.SSLContext | None = None,
+    client_ca: bool = False,
+) -> RouterServer:
     """A started :class:`RouterServer` (stop it with :meth:`RouterServer.stop`)."""
     server = RouterServer(service, shutdown_timeout)
     try:
-        await server.start(host, port)
+        await server.start(host, port, ssl_context, client_ca)
     except BaseException:
         await server.stop()
         raise

@@ -10,10 +10,11 @@ import signal
 import sys
 from pathlib import Path
 
-from agentpool.directory.auth import ConfigurationError as TlsFilesError
+from agentpool.directory.auth import ConfigurationError as DirectoryTlsError
 from agentpool.engine.config import ConfigError, load_config
 from agentpool.engine.errors import BackendUnavailable
 from agentpool.secret_file import SecretFileError
+from agentpool.secret_file.tls import TlsFilesError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("nixl").setLevel(logging.WARNING)
     try:
         return asyncio.run(_serve(args))
-    except (ConfigError, SecretFileError, BackendUnavailable, TlsFilesError) as e:
+    except (ConfigError, SecretFileError, BackendUnavailable, DirectoryTlsError, TlsFilesError) as e:
         print(f"engine: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -30,6 +30,7 @@ from agentpool.engine.sglang.l3_store import SHM_NAME, prepare_run_dir
 from agentpool.kv import Role, Tier
 from agentpool.secret_file import read_secret_file
 from agentpool.secret_file.local_tokens import LocalToken, token_file_or_local
+from agentpool.secret_file.tls import client_context
 from agentpool.wire.engine import LoadReport
 
 log = logging.getLogger(__name__)
@@ -126,6 +127,9 @@ class EngineApp:
                     token_file_or_local(r.token_file, LocalToken.REPORT, "routers[].tokenFile"),
                     "report token",
                 ),
+                tls=client_context(r.ca_file, r.client_cert_file, r.client_key_file, f"the router {r.url}")
+                if r.tls_files
+                else None,
             )
             for r in cfg.routers
         ]

@@ -14,7 +14,8 @@ backend: sim                   # sim | sglang
 role: both                     # the role served at start: prefill | decode | both
 roleFile: /etc/agentpool/role  # desired role as a file (downward-API volume or a plain file)
 kube: {namespace: ns, pod: node-0}  # desired role from the pod's agentpool.io/role annotation
-routers: [{url: "http://router:8000", tokenFile: /secrets/report-token}]
+routers: [{url: "http://router:8000", tokenFile: /secrets/report-token}]  # + caFile, clientCertFile,
+                               # clientKeyFile: an https:// router (mutual TLS with a certificate)
 directory: {target: "directory:50061", tokenFile: /secrets/directory-token}  # + caFile, clientCertFile,
                                # clientKeyFile: TLS (mutual with a client certificate)
 peers: {node-1: "http://node-1:8080"}         # node id -> engine URL, for fetches from host pools
@@ -72,6 +73,22 @@ class RouterTarget(_Model):
     token_file: Path | None = None
     """File holding the bearer token the router wants on load reports (a mounted Secret); unset: the
     per-user ``report`` token file."""
+    ca_file: Path | None = None
+    """An ``https://`` router: trust this CA (PEM; the system's CAs without it)."""
+    client_cert_file: Path | None = None
+    """Mutual TLS: the engine's client certificate (PEM), with ``clientKeyFile``; a router with a
+    client CA takes it for the report token."""
+    client_key_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _pair(self) -> RouterTarget:
+        if (self.client_cert_file is None) != (self.client_key_file is None):
+            raise ValueError("clientCertFile and clientKeyFile go together")
+        return self
+
+    @property
+    def tls_files(self) -> bool:
+        return any(f is not None for f in (self.ca_file, self.client_cert_file, self.client_key_file))
 
 
 class DirectoryTarget(_Model):

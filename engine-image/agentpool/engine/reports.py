@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -36,6 +37,8 @@ class ReportTarget:
     token: str | None
     router_id: str | None = None
     """The router behind ``url`` (from its answer to a report): whose dispatch numbers it gets."""
+    tls: ssl.SSLContext | None = None
+    """An ``https://`` router's TLS (its CA, the engine's client certificate); None: the defaults."""
 
 
 class DispatchSeqs:
@@ -105,6 +108,7 @@ class Reporter:
                 data=body,
                 headers=headers,
                 timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                ssl=True if target.tls is None else target.tls,
             ) as r:
                 if r.status == 200:
                     self.metrics.reports.labels("ok").inc()

@@ -14,7 +14,7 @@ import pytest
 from conftest import config_for
 from directory_processes import TOKEN as TOKEN_FILE_TOKEN
 from directory_processes import start_directory_process
-from test_directory_security import _ca_and_certs
+from tls_certs import ca_and_certs
 
 from agentpool.directory import framing
 from agentpool.directory.client import DirectoryClient, DirectoryRpcError, NodePublisher
@@ -150,7 +150,7 @@ async def test_a_restarted_directory_is_reached_again(namespace: str) -> None:
 
 
 async def test_tls_and_mutual_tls_on_the_link(namespace: str, tmp_path: Path) -> None:
-    f = _ca_and_certs(tmp_path)
+    f = ca_and_certs(tmp_path)
     srv = DirectoryServer(
         config_for(
             namespace,

@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 from conftest import config_for
 from process_helpers import free_port
 from pydantic import SecretStr
+from tls_certs import ca_and_certs
 
 import agentpool.directory.auth as auth_module
 from agentpool.directory.client import DirectoryClient, DirectoryRpcError, NodePublisher
@@ -149,66 +150,8 @@ async def test_resync_limit_follows_the_max_message_size(namespace: str) -> None
         await srv.stop()
 
 
-def _ca_and_certs(tmp: Path) -> dict[str, Path]:
-    """A CA, a server certificate for 127.0.0.1 and a client certificate, both signed by the CA."""
-
-    def run(*args: str) -> None:
-        subprocess.run(["openssl", *args], check=True, capture_output=True)
-
-    out = {name: tmp / name for name in ("ca.crt", "ca.key", "srv.crt", "srv.key", "cli.crt", "cli.key")}
-    run(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        str(out["ca.key"]),
-        "-out",
-        str(out["ca.crt"]),
-        "-days",
-        "1",
-        "-subj",
-        "/CN=agentpool-test-ca",
-    )
-    for who, cn, ext in (("srv", "localhost", "subjectAltName=IP:127.0.0.1"), ("cli", "engine-1", "")):
-        csr = tmp / f"{who}.csr"
-        run(
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            str(out[f"{who}.key"]),
-            "-out",
-            str(csr),
-            "-subj",
-            f"/CN={cn}",
-        )
-        extfile = tmp / f"{who}.ext"
-        extfile.write_text(ext + "\n")
-        run(
-            "x509",
-            "-req",
-            "-in",
-            str(csr),
-            "-CA",
-            str(out["ca.crt"]),
-            "-CAkey",
-            str(out["ca.key"]),
-            "-CAcreateserial",
-            "-out",
-            str(out[f"{who}.crt"]),
-            "-days",
-            "1",
-            "-extfile",
-            str(extfile),
-        )
-    return out
-
-
 async def test_mutual_tls_requires_a_client_certificate(namespace: str, tmp_path: Path) -> None:
-    f = _ca_and_certs(tmp_path)
+    f = ca_and_certs(tmp_path)
     srv = DirectoryServer(
         config_for(
             namespace,

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -121,6 +121,13 @@ async def launch(name: str, module: str, *args: str, env: dict[str, str] | None 
     p = Proc(name, proc)
     p._reader = asyncio.create_task(p._read())
     return p
+
+
+async def stop_cleanly(procs: Sequence[Proc]) -> None:
+    """Stop ``procs``, the last started first: each must exit 0 with no traceback in its output."""
+    for p in reversed(procs):
+        assert await p.stop() == 0, p.text()
+        assert "Traceback" not in p.text(), p.text()
 
 
 @contextlib.asynccontextmanager

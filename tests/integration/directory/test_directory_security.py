@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 from conftest import config_for
 from process_helpers import free_port
 from pydantic import SecretStr
-from tls_certs import ca_and_certs
+from tls_certs import ca_and_certs, self_signed
 
 import agentpool.directory.auth as auth_module
 from agentpool.directory.client import DirectoryClient, DirectoryRpcError, NodePublisher
@@ -55,35 +55,8 @@ async def test_token_auth_rejects_missing_and_wrong_tokens(namespace: str) -> No
         await srv.stop()
 
 
-def _self_signed(tmp: Path) -> tuple[Path, Path]:
-    cert, key = tmp / "tls.crt", tmp / "tls.key"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-            "-days",
-            "1",
-            "-subj",
-            "/CN=localhost",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1,DNS:localhost",
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return cert, key
-
-
 async def test_tls_and_metrics(namespace: str, tmp_path: Path) -> None:
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed(tmp_path)
     srv = DirectoryServer(config_for(namespace, tls_cert_file=cert, tls_key_file=key, metrics_port=0))
     await srv.start()
     try:

@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 from engine_processes import engine_config, start_engine, wait_until
-from process_helpers import engine_token_file, launch
+from process_helpers import engine_token_file, launch, stop_cleanly
 from tls_certs import ca_and_certs
 
 pytestmark = pytest.mark.integration
@@ -88,9 +88,7 @@ async def test_reports_over_mutual_tls_need_no_token(tmp_path: Path) -> None:
                 return bool(s["reports_sent"] >= 2 and s["report_error"] is None)
 
             await wait_until(reported, 20, "the engine's reports over mutual TLS", alive=procs)
-        for p in reversed(procs):
-            assert await p.stop() == 0, p.text()
-            assert "Traceback" not in p.text(), p.text()
+        await stop_cleanly(procs)
     finally:
         for p in procs:
             await p.stop()

@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 import pytest
 from engine_processes import engine_config, gen_body, start_engine, wait_until
-from process_helpers import REDIS_URL, Proc, free_port, launch, redis_namespace
+from process_helpers import REDIS_URL, Proc, free_port, launch, redis_namespace, stop_cleanly
 
 from agentpool.directory.client import DirectoryClient, DirectoryRpcError
 from agentpool.secret_file import read_secret_file
@@ -124,9 +124,7 @@ async def test_directory_engine_and_router_started_without_token_flags_serve_and
                 await stranger.resolve([1, 2, 3])
         async with DirectoryClient(address, token=local_token(LocalToken.DIRECTORY)) as client:
             assert (await client.resolve([1, 2, 3])).branch is None
-        for p in reversed(procs):
-            assert await p.stop() == 0, p.text()
-            assert "Traceback" not in p.text(), p.text()
+        await stop_cleanly(procs)
     finally:
         for p in procs:
             await p.stop()

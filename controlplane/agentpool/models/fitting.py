@@ -34,6 +34,12 @@ Two choices, both documented here because they change the numbers:
   long-context prefill many times too fast once the workload changes (the simulator's shifting
   run: 155% mean prefill error against its ground truth). Counted in
   ``FitReport.terms_from_prior``. Without a prior (or when every term shows) the fit is as before.
+  Decode likewise: when the records' running batch sizes span less than a factor of
+  ``MIN_BATCH_SPAN`` (a light load decodes one or two requests at a time), the constant, the MoE term
+  ``phi(B)`` and ``B`` are nearly collinear and NNLS puts the time on any of them (the simulator's
+  open loop at 2 agents a minute: all of it on ``d1``, 137% mean decode error against the ground
+  truth, and a planner swinging between 1P8D and 7P2D on predictions of larger batches); there
+  ``d1`` and ``d2`` keep the prior's coefficients and ``d0`` is fitted.
 
 The fit report gives the mean absolute percentage error on records held out from the fit: every
 ``holdout_every``-th record (deterministic, so a fit is reproducible), outliers (same rule) not
@@ -59,6 +65,7 @@ BoolArray = npt.NDArray[np.bool_]
 OUTLIER_RATIO = 2.0  # predicted / measured above this (and ...)
 OUTLIER_MEDIANS = 10.0  # ... relative error above this many times the median's: an outlier
 OUTLIER_ROUNDS = 3
+MIN_BATCH_SPAN = 4.0  # decode batch sizes spanning less than this factor cannot tell d1, d2 from d0
 IDENTIFIABLE_SHARE = 0.05  # a term at most this share of every record's time (under the prior): prior's
 MIN_OWN_RECORDS = 20  # a node's own records of a phase it needs to be fitted on them (else: the pool's)
 
@@ -148,12 +155,18 @@ def unidentified_terms(x: FloatArray, prior: FloatArray) -> FloatArray | None:
 
 
 def fit_decode(
-    records: Sequence[DecodeIterationRecord], shape: MoeShape, holdout_every: int = 5
+    records: Sequence[DecodeIterationRecord],
+    shape: MoeShape,
+    holdout_every: int = 5,
+    prior: DecodeModel | None = None,
 ) -> DecodeFit:
-    """Fit Eq. 2 (``d0 + d1*phi(B) + d2*B``) by NNLS; report error on the held-out records."""
+    """Fit Eq. 2 (``d0 + d1*phi(B) + d2*B``) by NNLS; report error on the held-out records.
+    ``prior``: when the records' batch sizes span too little to tell the batch terms from the
+    constant, they keep its coefficients (see the module's notes)."""
     x = decode_regressors(records, shape)
     y = np.array([r.seconds for r in records], dtype=np.float64)
-    coef, report = _fit_and_report(x, y, holdout_every, what="decode")
+    fixed = None if prior is None else unidentified_batch_terms(records, prior)
+    coef, report = _fit_and_report(x, y, holdout_every, what="decode", fixed=fixed)
     model = DecodeModel(
         d0=float(coef[0]),
         d1=float(coef[1]),
@@ -163,6 +176,17 @@ def fit_decode(
         t_fwd=shape.t_fwd,
     )
     return DecodeFit(model=model, report=report)
+
+
+def unidentified_batch_terms(
+    records: Sequence[DecodeIterationRecord], prior: DecodeModel
+) -> FloatArray | None:
+    """The prior's ``d1`` and ``d2`` (NaN for ``d0``, fitted) when the records' running batch sizes
+    span less than a factor of ``MIN_BATCH_SPAN``; None when they span enough to fit all three."""
+    sizes = [r.running for r in records if r.running > 0]
+    if sizes and max(sizes) >= MIN_BATCH_SPAN * min(sizes):
+        return None
+    return np.array([np.nan, prior.d1, prior.d2])
 
 
 def decode_regressors(records: Sequence[DecodeIterationRecord], shape: MoeShape) -> FloatArray:
@@ -203,15 +227,16 @@ def fit_nodes(
     holdout_every: int = 5,
     nodes: Iterable[str] | None = None,
     min_own: int = MIN_OWN_RECORDS,
-    priors: Mapping[str, PrefillModel] | None = None,
+    priors: Mapping[str, NodeModel] | None = None,
 ) -> dict[str, NodeFit]:
     """Fit both models of every node in ``nodes`` (default: every node with records), in that order.
 
     A phase is fitted on the node's own records of it when it has at least ``min_own``; else on
     every node's records of that phase, one fit shared by all such nodes (a pool's nodes run one
     engine spec: a node that ran a phase too little in the warmup, or not at all, gets the pool's
-    model of it rather than none). The pooled prefill fit takes the prior of the first node that
-    needs it. Raises ``ValueError`` when a phase has too few records in all to be fitted."""
+    model of it rather than none). ``priors``: each node's models before the fit (the terms its
+    records cannot tell keep them); a pooled fit takes the prior of the first node that needs it.
+    Raises ``ValueError`` when a phase has too few records in all to be fitted."""
     prefill, decode = split_by_node(records)
     names = sorted(set(prefill) | set(decode)) if nodes is None else list(nodes)
     pooled_p: tuple[PrefillFit, tuple[PrefillIterationRecord, ...]] | None = None
@@ -220,19 +245,24 @@ def fit_nodes(
     for node in names:
         own_p, own_d = prefill.get(node, []), decode.get(node, [])
         prior = None if priors is None else priors.get(node)
+        prior_p = None if prior is None else prior.prefill
+        prior_d = None if prior is None else prior.decode
         if len(own_p) >= min_own:
-            pf, p_recs = fit_prefill(own_p, holdout_every, prior), tuple(own_p)
+            pf, p_recs = fit_prefill(own_p, holdout_every, prior_p), tuple(own_p)
         else:
             if pooled_p is None:
                 every_p = tuple(r for rs in prefill.values() for r in rs)
-                pooled_p = _too_few("prefill", every_p, fit_prefill, every_p, holdout_every, prior), every_p
+                pooled_p = _too_few("prefill", every_p, fit_prefill, every_p, holdout_every, prior_p), every_p
             pf, p_recs = pooled_p
         if len(own_d) >= min_own:
-            df, d_recs = fit_decode(own_d, shape, holdout_every), tuple(own_d)
+            df, d_recs = fit_decode(own_d, shape, holdout_every, prior_d), tuple(own_d)
         else:
             if pooled_d is None:
                 every_d = tuple(r for rs in decode.values() for r in rs)
-                pooled_d = _too_few("decode", every_d, fit_decode, every_d, shape, holdout_every), every_d
+                pooled_d = (
+                    _too_few("decode", every_d, fit_decode, every_d, shape, holdout_every, prior_d),
+                    every_d,
+                )
             df, d_recs = pooled_d
         out[node] = NodeFit(node, pf, df, len(own_p) >= min_own, len(own_d) >= min_own, p_recs, d_recs)
     return out

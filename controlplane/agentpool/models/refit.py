@@ -233,8 +233,8 @@ def refit_decode(
     current: DecodeModel,
     policy: RefitPolicy = RefitPolicy(),
 ) -> DecodeRefit:
-    """Check ``window`` against ``fitted``; refit Eq. 2 on both if it leaves their range and
-    ``current`` mispredicts it there."""
+    """Check ``window`` against ``fitted``; refit Eq. 2 on both (``current`` as the prior) if it
+    leaves their range and ``current`` mispredicts it there."""
     shape = MoeShape(current.experts_active, current.experts_total, current.t_fwd)
     coef = np.array([current.d0, current.d1, current.d2], dtype=np.float64)
     check = check_range(
@@ -249,7 +249,7 @@ def refit_decode(
         return DecodeRefit(check, None, tuple(fitted))
     records = bounded(fitted, window, policy.max_records)
     try:
-        fit = fit_decode(records, shape)
+        fit = fit_decode(records, shape, prior=current)
     except ValueError as exc:
         return DecodeRefit(_failed(check, exc), None, tuple(fitted))
     return DecodeRefit(check, fit, records)

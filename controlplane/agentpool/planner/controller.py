@@ -284,7 +284,8 @@ class PlannerController:
         """Fit and freeze the models of ``nodes`` (default: every node with records) from ``records``
         (CPU only: safe in a worker thread). A node with too few records of a phase of its own gets
         the fit of the whole pool's records of it (:func:`agentpool.models.fitting.fit_nodes`)."""
-        warmup = fit_warmup(records, self._shape, nodes)
+        # the prior: the models in use until now (saved state, an earlier fit); none at a first warmup
+        warmup = fit_warmup(records, self._shape, nodes, priors=dict(self._models))
         if not warmup.fits:
             raise PlannerError("no iteration records from the warmup: nothing to fit")
         self.fits = warmup.fits

@@ -16,6 +16,7 @@ a worker thread) and keeps the results.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from agentpool.models import (
@@ -42,11 +43,17 @@ class WarmupFit:
     records: dict[str, NodeRecords]
 
 
-def fit_warmup(records: list[IterationRecord], shape: MoeShape, nodes: list[str] | None = None) -> WarmupFit:
+def fit_warmup(
+    records: list[IterationRecord],
+    shape: MoeShape,
+    nodes: list[str] | None = None,
+    priors: Mapping[str, NodeModel] | None = None,
+) -> WarmupFit:
     """Fit and freeze the models of ``nodes`` (default: every node with records) from ``records``;
-    empty when there are no records to fit. Logs each node's held-out error and the nodes whose
-    phases were fitted on the whole pool's records."""
-    fits = fit_nodes(records, shape, nodes=nodes)
+    empty when there are no records to fit. ``priors``: the models used until now (the terms the
+    records cannot tell keep theirs, :func:`agentpool.models.fitting.fit_nodes`). Logs each node's
+    held-out error and the nodes whose phases were fitted on the whole pool's records."""
+    fits = fit_nodes(records, shape, nodes=nodes, priors=priors)
     pooled = [
         f"{name} ({_pooled_phases(f)})" for name, f in fits.items() if not (f.prefill_own and f.decode_own)
     ]

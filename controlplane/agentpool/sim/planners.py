@@ -255,7 +255,7 @@ class OnlineFit:
             shape,
             nodes=[node.name for node in self.sim.nodes],
             min_own=self.MIN_RECORDS,
-            priors={node.name: models[node.index].prefill for node in self.sim.nodes},
+            priors={node.name: models[node.index] for node in self.sim.nodes},
         )
         out: list[tuple[NodeFit, FitError]] = []
         for node in self.sim.nodes:

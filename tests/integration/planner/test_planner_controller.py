@@ -444,3 +444,24 @@ async def test_a_window_beyond_the_warmups_range_refits_and_the_routers_get_the_
     h.route(2400, 3000, PUTNAM, rng)
     await h.controller.evaluate_window(2400, 3000)
     assert h.controller.refits == 1
+
+
+async def test_a_second_fit_keeps_the_models_in_use_for_decode_terms_its_records_cannot_tell(
+    harness: Harness,
+) -> None:
+    """The models in use are the prior of the next fit: a warmup that decoded one or two requests at
+    a time cannot tell Eq. 2's batch terms from its constant, and keeps the first fit's there."""
+    h, rng = harness, np.random.default_rng(3)
+    warmup_records(h.inbox, 0, 100, rng)
+    first = h.controller.fit_records(h.inbox.iterations(0, 100), PODS)
+    light = SyntheticWorkload(max_running=2)
+    for name in PODS:
+        h.inbox.add_iterations(prefill_records(name, NODE, 100, 0.02, rng, start=200, spacing=1))
+        h.inbox.add_iterations(
+            decode_records(name, NODE, 100, 0.02, rng, workload=light, start=200, spacing=1)
+        )
+    second = h.controller.fit_records(h.inbox.iterations(200, 300), PODS)
+    for name in PODS:
+        d, before = second[name].decode, first[name].decode.model
+        assert d.report.terms_from_prior == 2, name
+        assert (d.model.d1, d.model.d2) == (before.d1, before.d2)

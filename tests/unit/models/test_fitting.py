@@ -228,3 +228,49 @@ def test_a_prior_changes_nothing_when_every_term_shows() -> None:
     with_prior = fit_prefill(recs, prior=prior)
     assert with_prior.report.terms_from_prior == 0
     assert _coefs(with_prior.model) == _coefs(fit_prefill(recs).model)
+
+
+def test_decode_batches_that_span_too_little_keep_the_priors_batch_terms() -> None:
+    """Light load: every iteration runs 1-2 requests, so d0, d1*phi(B) and d2*B cannot be told
+    apart; plain NNLS puts the time where it likes (here it can give a decode at B=64 several
+    times its true time); with the prior, d1 and d2 are the prior's and d0 is fitted around them."""
+    rng = np.random.default_rng(7)
+    light = SyntheticWorkload(max_running=2)
+    recs = decode_records("a", TRUE, 400, noise=0.03, rng=rng, workload=light)
+    prior = DecodeModel(d0=0.02, d1=0.015, d2=3e-4, experts_active=8, experts_total=256)  # 20-70% off
+    plain = fit_decode(recs, SHAPE)
+    fitted = fit_decode(recs, SHAPE, prior=prior)
+    assert plain.report.terms_from_prior == 0 and fitted.report.terms_from_prior == 2
+    assert (fitted.model.d1, fitted.model.d2) == (prior.d1, prior.d2)
+    # d0 is fitted: the model meets the records it saw
+    assert fitted.report.mape_held_out < 0.05
+    truth = TRUE.decode.iteration_time(64)
+    plain_error = abs(plain.model.iteration_time(64) - truth) / truth
+    fitted_error = abs(fitted.model.iteration_time(64) - truth) / truth
+    assert fitted_error < 0.5 * plain_error, (plain.model, fitted.model)
+
+
+@pytest.mark.parametrize("max_running", [4, 64])
+def test_decode_batches_that_span_enough_are_fitted_whole_with_or_without_a_prior(max_running: int) -> None:
+    rng = np.random.default_rng(8)
+    recs = decode_records(
+        "a", TRUE, 400, noise=0.02, rng=rng, workload=SyntheticWorkload(max_running=max_running)
+    )
+    prior = DecodeModel(d0=0.02, d1=0.015, d2=3e-4, experts_active=8, experts_total=256)
+    with_prior = fit_decode(recs, SHAPE, prior=prior)
+    assert with_prior.report.terms_from_prior == 0
+    assert _coefs(with_prior.model) == _coefs(fit_decode(recs, SHAPE).model)
+
+
+def test_fit_nodes_hands_each_node_its_decode_prior() -> None:
+    rng = np.random.default_rng(9)
+    light = SyntheticWorkload(max_running=2)
+    records = [
+        *prefill_records("a", TRUE, 300, noise=0.02, rng=rng),
+        *decode_records("a", TRUE, 300, noise=0.02, rng=rng, workload=light),
+    ]
+    prior = dataclasses.replace(TRUE, decode=DecodeModel(0.02, 0.015, 3e-4, 8, 256))
+    fits = fit_nodes(records, SHAPE, priors={"a": prior})
+    assert fits["a"].decode.report.terms_from_prior == 2
+    assert (fits["a"].decode.model.d1, fits["a"].decode.model.d2) == (0.015, 3e-4)
+    assert fit_nodes(records, SHAPE)["a"].decode.report.terms_from_prior == 0

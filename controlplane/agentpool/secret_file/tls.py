@@ -47,7 +47,7 @@ def client_context(
     """A client's context trusting ``ca_file`` (the system's CAs without one); with a certificate
     and its key, mutual TLS."""
     if (cert_file is None) != (key_file is None):
-        raise TlsFilesError(f"{what}: a client certificate file needs its key file, and a key file its cert")
+        raise TlsFilesError(f"a client certificate file needs its key file, and a key file its cert ({what})")
     try:
         context = ssl.create_default_context(cafile=None if ca_file is None else str(ca_file))
         if cert_file is not None and key_file is not None:

@@ -55,7 +55,7 @@ def test_concurrent_first_uses_agree_on_one_token(tmp_path: Path) -> None:
 
     def use() -> None:
         start.wait()
-        seen.append(local_or_given_secret(None, LocalToken.DIRECTORY, "directory token", env))
+        seen.append(local_or_given_secret(None, LocalToken.DIRECTORY, "--dir-token", "directory token", env))
 
     threads = [threading.Thread(target=use) for _ in range(8)]
     for t in threads:
@@ -71,7 +71,7 @@ def test_a_given_file_wins_and_makes_nothing(tmp_path: Path) -> None:
     given = tmp_path / "mine"
     given.write_text("g" * 20 + "\n")
     assert token_file_or_local(given, LocalToken.ENGINE, "--engine-token-file", env) == given
-    assert local_or_given_secret(given, LocalToken.ENGINE, "engine token", env) == "g" * 20
+    assert local_or_given_secret(given, LocalToken.ENGINE, "--engine-token", "engine token", env) == "g" * 20
     assert not (tmp_path / "tokens").exists()
 
 

@@ -27,3 +27,11 @@ def test_missing_empty_and_short_files_are_refused_by_name(tmp_path: Path) -> No
         read_secret_file(tmp_path / "short", "report token")
     assert "abc" not in str(e.value)  # the secret itself is never echoed
     assert read_secret_file(tmp_path / "short", "Redis password", min_chars=1) == "abc"
+
+
+def test_an_optional_client_context_is_none_without_files_and_checks_them_with() -> None:
+    from agentpool.secret_file.tls import TlsFilesError, optional_client_context
+
+    assert optional_client_context(None, None, None) is None
+    with pytest.raises(TlsFilesError, match="needs its key file"):
+        optional_client_context(None, Path("cert.pem"), None, "the routers")

@@ -67,7 +67,7 @@ from agentpool.planner.router_source import RouterWorkSource
 from agentpool.planner.settings_file import PlannerSettings
 from agentpool.planner.state import ConfigMapStateStore, LoadedGenerations
 from agentpool.secret_file.local_tokens import router_and_directory_tokens
-from agentpool.secret_file.tls import client_context
+from agentpool.secret_file.tls import optional_client_context
 
 log = logging.getLogger("agentpool.planner")
 
@@ -209,11 +209,12 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> int:
             args.directory_client_cert_file,
             args.directory_client_key_file,
         )
-        router_files = (args.router_ca_file, args.router_client_cert_file, args.router_client_key_file)
-        router_tls = (
-            await asyncio.to_thread(client_context, *router_files, "the routers")
-            if any(f is not None for f in router_files)
-            else None
+        router_tls = await asyncio.to_thread(
+            optional_client_context,
+            args.router_ca_file,
+            args.router_client_cert_file,
+            args.router_client_key_file,
+            "the routers",
         )
         api = await asyncio.to_thread(api_client, args)
     except (ValueError, ConfigException, OSError) as e:

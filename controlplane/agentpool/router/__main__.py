@@ -56,8 +56,8 @@ from agentpool.router.config import ConfigError, ConfigFile
 from agentpool.router.directory_view import DirectoryView, InProcessDirectoryView
 from agentpool.router.server import serve as serve_http
 from agentpool.router.service import RouterService
-from agentpool.secret_file import SecretFileError, read_secret_file
-from agentpool.secret_file.local_tokens import LocalToken, token_file_or_local
+from agentpool.secret_file import SecretFileError
+from agentpool.secret_file.local_tokens import LocalToken, local_or_given_secret, token_file_or_local
 from agentpool.secret_file.tls import TlsFilesError, server_context
 
 log = logging.getLogger("agentpool.router")
@@ -83,8 +83,9 @@ def directory_view(
         return InProcessDirectoryView(Directory(page_size), time.monotonic)
     from agentpool.router.grpc_directory import GrpcDirectoryView
 
-    token_file = token_file_or_local(token_file, LocalToken.DIRECTORY, "--directory-token-file")
-    token = read_secret_file(token_file, "directory token")
+    token = local_or_given_secret(
+        token_file, LocalToken.DIRECTORY, "--directory-token-file", "directory token"
+    )
     if spec.startswith(LINK_SCHEME):
         from agentpool.directory.link_client import LinkClient, client_ssl_context
 
@@ -229,8 +230,7 @@ async def serve(
     # after, bench/results/router_cpu.md); done before the server listens
     gc.collect()
     gc.freeze()
-    client_ca = args.tls_client_ca_file is not None
-    server = await serve_http(service, args.host, args.port, ssl_context=tls, client_ca=client_ca)
+    server = await serve_http(service, args.host, args.port, ssl_context=tls)
     try:
         scheme = "http" if tls is None else "https"
         print(f"router listening on {scheme}://{args.host}:{server.port}", flush=True)

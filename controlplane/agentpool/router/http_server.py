@@ -195,13 +195,11 @@ class HttpServer:
         self._server: asyncio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
 
-    async def start(
-        self, host: str, port: int, ssl_context: ssl.SSLContext | None = None, client_ca: bool = False
-    ) -> int:
-        """Listen on ``host:port`` (0: a free port); returns the port. ``ssl_context``: HTTPS;
-        ``client_ca``: it verifies client certificates (:attr:`Request.client_certified`)."""
+    async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> int:
+        """Listen on ``host:port`` (0: a free port); returns the port. ``ssl_context``: HTTPS; one that
+        asks for client certificates verifies them (:attr:`Request.client_certified`)."""
         loop = asyncio.get_running_loop()
-        self.client_ca = ssl_context is not None and client_ca
+        self.client_ca = ssl_context is not None and ssl_context.verify_mode != ssl.CERT_NONE
         self._server = await loop.create_server(
             lambda: _Connection(self), host, port, backlog=1024, ssl=ssl_context
         )

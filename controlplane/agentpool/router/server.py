@@ -502,15 +502,13 @@ class RouterServer:
         self._stack = contextlib.AsyncExitStack()
         self.port = 0
 
-    async def start(
-        self, host: str, port: int, ssl_context: ssl.SSLContext | None = None, client_ca: bool = False
-    ) -> int:
+    async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> int:
         """Serve on ``host:port`` (0: a free one), over HTTPS with ``ssl_context``; returns the port."""
         await self.service.start()
         self._stack.push_async_callback(self.service.close)
         log_ = self.service.dispatcher.work_log
         await self._stack.enter_async_context(work_log.sampling(log_, self.sample_interval_s))
-        self.port = await self.http.start(host, port, ssl_context, client_ca)
+        self.port = await self.http.start(host, port, ssl_context)
         self._stack.push_async_callback(self.http.stop, self.shutdown_timeout)
         return self.port
 
@@ -524,12 +522,11 @@ async def serve(
     port: int,
     shutdown_timeout: float = 5.0,
     ssl_context: ssl.SSLContext | None = None,
-    client_ca: bool = False,
 ) -> RouterServer:
     """A started :class:`RouterServer` (stop it with :meth:`RouterServer.stop`)."""
     server = RouterServer(service, shutdown_timeout)
     try:
-        await server.start(host, port, ssl_context, client_ca)
+        await server.start(host, port, ssl_context)
     except BaseException:
         await server.stop()
         raise

@@ -85,10 +85,11 @@ def token_file_or_local(
 
 
 def local_or_given_secret(
-    given: Path | None, token: LocalToken, what: str, env: Mapping[str, str] | None = None
+    given: Path | None, token: LocalToken, option: str, what: str, env: Mapping[str, str] | None = None
 ) -> str:
-    """The token in ``given``, or in the per-user file of ``token`` (:func:`token_file_or_local`)."""
-    return read_secret_file(token_file_or_local(given, token, f"the {what} file", env), what)
+    """The ``what`` (named in errors) in ``given``, or in the per-user file of ``token``
+    (:func:`token_file_or_local`; ``option`` names the setting that would have named a file)."""
+    return read_secret_file(token_file_or_local(given, token, option, env), what)
 
 
 def router_and_directory_tokens(
@@ -96,10 +97,13 @@ def router_and_directory_tokens(
 ) -> tuple[str, str | None]:
     """What a client of the routers and the directory (a planner) sends: the routers' report token, and
     the directory's token when it uses one (each from its file or the per-user one). Blocking reads."""
-    report = local_or_given_secret(report_file, LocalToken.REPORT, "router token")
+    report = local_or_given_secret(report_file, LocalToken.REPORT, "--router-token-file", "router token")
     if not uses_directory:
         return report, None
-    return report, local_or_given_secret(directory_file, LocalToken.DIRECTORY, "directory token")
+    directory = local_or_given_secret(
+        directory_file, LocalToken.DIRECTORY, "--directory-token-file", "directory token"
+    )
+    return report, directory
 
 
 def _create(path: Path) -> None:

@@ -38,6 +38,15 @@ def server_context(
     return context
 
 
+def optional_client_context(
+    ca_file: Path | None, cert_file: Path | None, key_file: Path | None, what: str = "TLS"
+) -> ssl.SSLContext | None:
+    """:func:`client_context` when any of the files is named; None (the client's defaults) when none is."""
+    if ca_file is None and cert_file is None and key_file is None:
+        return None
+    return client_context(ca_file, cert_file, key_file, what)
+
+
 def client_context(
     ca_file: Path | None,
     cert_file: Path | None = None,

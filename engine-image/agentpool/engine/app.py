@@ -28,9 +28,8 @@ from agentpool.engine.roles import KubeRoleWatch, RoleFileWatch, Switcher
 from agentpool.engine.server import build_app
 from agentpool.engine.sglang.l3_store import SHM_NAME, prepare_run_dir
 from agentpool.kv import Role, Tier
-from agentpool.secret_file import read_secret_file
-from agentpool.secret_file.local_tokens import LocalToken, token_file_or_local
-from agentpool.secret_file.tls import client_context
+from agentpool.secret_file.local_tokens import LocalToken, local_or_given_secret
+from agentpool.secret_file.tls import optional_client_context
 from agentpool.wire.engine import LoadReport
 
 log = logging.getLogger(__name__)
@@ -97,9 +96,8 @@ class EngineApp:
             tls = read_client_tls(d.ca_file, d.client_cert_file, d.client_key_file)
             self.directory = DirectoryClient(
                 d.target,
-                token=read_secret_file(
-                    token_file_or_local(d.token_file, LocalToken.DIRECTORY, "directory.tokenFile"),
-                    "directory token",
+                token=local_or_given_secret(
+                    d.token_file, LocalToken.DIRECTORY, "directory.tokenFile", "directory token"
                 ),
                 root_certificates=tls.root_certificates,
                 client_cert=tls.client_cert,
@@ -123,13 +121,10 @@ class EngineApp:
         targets = [
             ReportTarget(
                 r.url,
-                read_secret_file(
-                    token_file_or_local(r.token_file, LocalToken.REPORT, "routers[].tokenFile"),
-                    "report token",
+                local_or_given_secret(r.token_file, LocalToken.REPORT, "routers[].tokenFile", "report token"),
+                tls=optional_client_context(
+                    r.ca_file, r.client_cert_file, r.client_key_file, f"the router {r.url}"
                 ),
-                tls=client_context(r.ca_file, r.client_cert_file, r.client_key_file, f"the router {r.url}")
-                if r.tls_files
-                else None,
             )
             for r in cfg.routers
         ]

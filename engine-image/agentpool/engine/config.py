@@ -86,10 +86,6 @@ class RouterTarget(_Model):
             raise ValueError("clientCertFile and clientKeyFile go together")
         return self
 
-    @property
-    def tls_files(self) -> bool:
-        return any(f is not None for f in (self.ca_file, self.client_cert_file, self.client_key_file))
-
 
 class DirectoryTarget(_Model):
     target: str = Field(min_length=3, pattern=r"^[^\s]+:\d+$")

@@ -438,7 +438,7 @@ def fit_seeds(args: argparse.Namespace) -> None:
         for seed in args.seeds:
             base, by_seed[seed] = _fit_runs(args, agents, seed)
             b = scenario_bound(base, load_conversations(base))
-            bounds[seed] = None if b is None else b.throughput_rps
+            bounds[seed] = None if b is None else b.reference_rps
         label_gain(args, by_seed)
         return by_seed, bounds, seed_table(by_seed, bounds) + "\n" + fit_error_table(by_seed)
 

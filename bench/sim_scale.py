@@ -137,7 +137,7 @@ def scale_seeds(args: argparse.Namespace) -> None:
             runs = compare(sc, systems, quiet=True, jobs=args.jobs, conversations=convs)
         by_seed[seed] = runs
         b = scenario_bound(sc, convs)
-        bounds[seed] = None if b is None else b.throughput_rps
+        bounds[seed] = None if b is None else b.reference_rps
         print_results(f"seed {seed}", runs)
     label_gain(args, by_seed)
     wall = time.perf_counter() - t

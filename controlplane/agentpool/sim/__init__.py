@@ -55,8 +55,8 @@ Modelling choices and approximations (each a knob or documented where it is made
   keeps the work computed at routing time.
 - Ground truth: every node's iterations take what :class:`agentpool.node.roofline.Roofline` says
   for the preset's architecture and GPUs (``--truth roofline``, default; calibrated against the
-  papers' figures, see ``bench/results/sim_truth.md``), times ``1 + noise * N(0, 1)`` drawn from
-  a generator seeded by ``(seed, node)``. ``--truth equations`` runs Eq. 1/2 with the preset's
+  papers' figures, see ``bench/results/sim_truth.md``), times ``1 + noise * N(0, 1)`` (never
+  below ``1 - 4 noise``) drawn from a generator seeded by ``(seed, node)``. ``--truth equations`` runs Eq. 1/2 with the preset's
   coefficients instead (the former simulator: the policies then face no model error).
 - Agentpool's planner and router fit Eq. 1/2 online (``--fit online``, default) from the first
   window's iterations, and report the fit's error against the truth; until then, and throughout
@@ -64,9 +64,10 @@ Modelling choices and approximations (each a knob or documented where it is made
   ``f_n`` are remeasured from simulated iterations every window.
 - Seeds: ``--seed`` draws the order in which conversations are replayed (a fresh order per pass
   over the trace), the iteration noise, the synthetic workloads and open-loop arrivals.
-- Bounds and references (:mod:`.bounds`): every closed-loop trace run reports an analytic upper
-  bound (Little's law over conversations with the ground truth's minimal response times, or the
-  ideal replay of the same window if higher); ``static-reference`` is the hindsight best static
+- Bounds and references (:mod:`.bounds`): every closed-loop trace run reports its own upper
+  bound (``bound_rps``: from its replay's state at the window's start, every later request at the
+  ground truth's minimal response time, no queueing), and the ideal replay's rate in the window
+  from time 0 as a reference; ``static-reference`` is the hindsight best static
   split (every split swept, unlimited shared cache, free fetches, no switches) and
   ``oracle-reference`` Eq. 5's best split per past window: references, not bounds.
 - Arrow-like switches strand KV: the switched node's cache is dropped. Dynamo-like relaunches:

@@ -1,4 +1,4 @@
-"""An analytic upper bound on closed-loop throughput (Little's law) from the ground truth.
+"""An analytic upper bound on closed-loop throughput from the ground truth.
 
 A closed loop keeps ``N`` agents busy; each runs conversations back to back (the replay hands
 them out in a seeded order, every conversation once per pass). A conversation cannot take less
@@ -11,18 +11,27 @@ reusable prefix cached:
     X <= N * E[requests per conversation] / E[D_min]
 
 (Little's law over conversations: N = X_conv * E[D], X = X_conv * E[n], and D >= D_min.) Times come
-from the noiseless truth and are scaled by ``1 - 4 * noise`` so a fast noisy draw cannot beat the
-bound.
+from the noiseless truth scaled by the noise's floor (:func:`agentpool.node.timing.noise_floor`:
+a noisy iteration is never faster than that), so no draw can beat the bound.
 
-That bounds the long-run average. A measurement window shorter than a few conversation lengths is
-not the long run (right after a common start, short conversations are over-represented), so the
-bound reported for a window is the larger of the Little bound and the *ideal replay*: the same
-agents, started when the replay starts them (at once, or evenly over its ramp), running the same
-conversations in the same seeded order with every request taking ``R_min``
-and no queueing, counted over the same window, plus one request per agent for the requests that
-finish inside the window in a real run but before its start in the ideal one. Every request of
-a real run ends no earlier than in the ideal replay, so only that edge can put a real run above
-the ideal count. Open-loop and phased (shifting) runs get no bound here.
+That bounds the long-run average, not a measurement window shortly after a common start (short
+conversations are over-represented there). For a window ``[s, e)`` each run gets its own bound,
+from its replay's state at ``s`` (:class:`ReplayState`: the conversations in progress, which of
+their requests are done and when each other one was issued or scheduled). From there on every
+request takes ``R_min`` with no queueing: a request in flight ends at ``max(s, issued + R_min)``,
+one not yet issued ``R_min`` after its dependency's end and its pause, an agent is free when its
+conversation's last request ends (an agent the ramp has not started yet, when it starts), and each
+free agent takes the next conversation of the same seeded order (the *ideal continuation*). The
+requests it completes before ``e`` bound the run's in the window: no request of the run is faster
+than that, so each of its agents is free no earlier, and handing the k-th conversation to the
+first free agent keeps that order (removing the smallest of a set of free times and adding it
+back plus a duration leaves the sorted free times no smaller, element by element), so every
+conversation starts, and every request ends, no earlier than in the continuation.
+
+The *ideal replay* (the same from time 0, every agent started as the ramp starts it) is the
+continuation of an empty state: its count in the window is reported as a reference for every run,
+not a bound (a run behind it before the window can complete more inside it). Open-loop and phased
+(shifting) runs get no bound here.
 """
 
 from __future__ import annotations
@@ -30,33 +39,108 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agentpool.models import PrefillBatchItem
-from agentpool.node.timing import IterationTimes
+from agentpool.node.timing import IterationTimes, noise_floor
 from agentpool.sim.trace import Conversation
 
 
 @dataclass(frozen=True, slots=True)
+class ActiveConversation:
+    """A conversation in progress at the window's start: its done requests (when) and those issued
+    or scheduled but not done (when they were, or will be, issued)."""
+
+    conv: Conversation
+    done_at: Mapping[int, float]
+    issued_at: Mapping[int, float]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayState:
+    """A closed-loop replay at ``at_s``: how many conversations it took from its order, and those in
+    progress (one per started agent)."""
+
+    at_s: float
+    handed_out: int
+    active: tuple[ActiveConversation, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class ClosedLoopBound:
-    throughput_rps: float  # the bound: the larger of the two below
     little_rps: float  # long-run Little bound
-    ideal_window_rps: float | None  # the ideal replay over the window (+1 request per agent)
     agents: int
     mean_requests: float  # per conversation
     mean_min_duration_s: float  # E[D_min]
     mean_min_response_s: float  # E[R_min] per request
+    window_s: tuple[float, float] | None = None  # the measured [s, e), where the bound is per run
+    ideal_window_rps: float | None = None  # the ideal replay's rate in the window: a reference
+    max_pause_s: float | None = None
+    ramp_s: float = 0.0
+    responses: Mapping[int, Sequence[float]] = field(default_factory=dict, repr=False)  # id(conv): R_min
+
+    @property
+    def reference_rps(self) -> float:
+        """The run-independent figure: the ideal replay's rate in the window, else Little's bound."""
+        return self.little_rps if self.ideal_window_rps is None else self.ideal_window_rps
+
+    def for_run(self, state: ReplayState, order: Iterator[Conversation]) -> float:
+        """The bound on the window throughput of a run whose replay was in ``state`` at the window's
+        start; ``order`` is the replay's conversation order from its beginning (a fresh iterator)."""
+        if self.window_s is None:
+            return self.little_rps
+        start, end = self.window_s
+        if state.at_s != start:
+            raise ValueError(f"the replay's state is at {state.at_s} s, the window starts at {start} s")
+        if len(state.active) > self.agents:
+            raise ValueError(f"{len(state.active)} conversations in progress for {self.agents} agents")
+        for _ in range(state.handed_out):  # the continuation takes the conversations after those
+            next(order)
+        counted = 0
+        free: list[float] = []
+        for active in state.active:
+            ends = _lower_bound_ends(active, self.responses[id(active.conv)], self.max_pause_s, start)
+            counted += sum(start <= t < end for t in ends)
+            free.append(max(ends, default=start))
+        # the agents the ramp has not started yet: agent k starts at k * ramp / agents
+        later = range(len(state.active), self.agents)
+        free.extend(max(start, k * self.ramp_s / self.agents) for k in later)
+        counted += _greedy_replay(order, self.responses, free, self.max_pause_s, start, end)[1]
+        return counted / (end - start)
 
     def as_dict(self) -> dict[str, float | None]:
         return {
-            "throughput_rps": self.throughput_rps,
             "little_rps": self.little_rps,
             "ideal_window_rps": self.ideal_window_rps,
+            "window_start_s": None if self.window_s is None else self.window_s[0],
+            "window_end_s": None if self.window_s is None else self.window_s[1],
             "agents": float(self.agents),
             "mean_requests_per_conversation": self.mean_requests,
             "mean_min_conversation_s": self.mean_min_duration_s,
             "mean_min_response_s": self.mean_min_response_s,
         }
+
+
+def _lower_bound_ends(
+    active: ActiveConversation, responses: Sequence[float], max_pause_s: float | None, start_s: float
+) -> list[float]:
+    """The earliest each request of ``active`` can end (its recorded end where it ended)."""
+    ends: list[float] = []
+    for i, r in enumerate(active.conv.requests):  # requests depend only on earlier ones
+        if i in active.done_at:
+            ends.append(active.done_at[i])
+        elif i in active.issued_at:
+            ends.append(max(start_s, active.issued_at[i] + responses[i]))
+        elif r.depends_on >= 0:
+            ends.append(ends[r.depends_on] + _pause(active.conv, i, max_pause_s) + responses[i])
+        else:
+            raise ValueError(f"{active.conv.name}: root request {i} was never issued")
+    return ends
+
+
+def _pause(conv: Conversation, i: int, max_pause_s: float | None) -> float:
+    d = conv.requests[i].delay_s
+    return d if max_pause_s is None else min(d, max_pause_s)
 
 
 def min_responses(
@@ -118,11 +202,11 @@ def closed_loop_bound(
     ramp_s: float = 0.0,
 ) -> ClosedLoopBound:
     """The bound for ``agents`` agents; with ``order`` (the replay's conversation order) and
-    ``window`` (its measured ``[start, end)``) also the ideal replay's count over the window, its
-    agents started over ``ramp_s`` as the replay starts them."""
+    ``window`` (its measured ``[start, end)``) each run's window bound (:meth:`ClosedLoopBound.for_run`)
+    and the ideal replay's rate in the window, agents started over ``ramp_s`` as the replay starts them."""
     if not conversations or agents <= 0:
         raise ValueError("a bound needs conversations and agents")
-    scale = max(0.1, 1.0 - 4.0 * noise)
+    scale = noise_floor(noise)
     n_total = 0
     d_total = 0.0
     r_total = 0.0
@@ -136,13 +220,16 @@ def closed_loop_bound(
     n = len(conversations)
     mean_n, mean_d = n_total / n, d_total / n
     little = agents * mean_n / mean_d
-    ideal = None
-    if order is not None and window is not None:
-        start, end = window
-        count = ideal_replay_count(order, responses, agents, max_pause_s, start, end, ramp_s)
-        ideal = (count + agents) / (end - start)
-    best = little if ideal is None else max(little, ideal)
-    return ClosedLoopBound(best, little, ideal, agents, mean_n, mean_d, r_total / max(1, n_total))
+    stats = (agents, mean_n, mean_d, r_total / max(1, n_total))
+    if order is None or window is None:
+        return ClosedLoopBound(little, *stats)
+    start, end = window
+    if not 0 <= start < end:
+        raise ValueError(f"a window needs 0 <= start < end, got [{start}, {end})")
+    inside = ideal_replay_count(order, responses, agents, max_pause_s, start, end, ramp_s)[1]
+    return ClosedLoopBound(
+        little, *stats, window, inside / (end - start), max_pause_s, ramp_s, responses=responses
+    )
 
 
 def ideal_replay_count(
@@ -153,47 +240,54 @@ def ideal_replay_count(
     start_s: float,
     end_s: float,
     ramp_s: float = 0.0,
-) -> int:
-    """Requests the ideal replay completes in ``[start_s, end_s)``: ``agents`` agents take
-    conversations from ``order`` (the replay's seeded cycle) back to back, agent ``k`` from
-    ``k * ramp_s / agents`` (all at 0 without a ramp), each request taking
+) -> tuple[int, int]:
+    """Requests the ideal replay completes before ``start_s`` and in ``[start_s, end_s)``:
+    ``agents`` agents take conversations from ``order`` (the replay's seeded cycle) back to back,
+    agent ``k`` from ``k * ramp_s / agents`` (all at 0 without a ramp), each request taking
     ``responses[id(conversation)][i]``, without queueing."""
+    free = [k * ramp_s / agents for k in range(agents)]
+    return _greedy_replay(order, responses, free, max_pause_s, start_s, end_s)
 
-    def pause(conv: Conversation, i: int) -> float:
-        d = conv.requests[i].delay_s
-        return d if max_pause_s is None else min(d, max_pause_s)
 
-    events: list[tuple[float, int, int, int, Conversation]] = []  # (finish, seq, agent, request, conv)
+def _greedy_replay(
+    order: Iterator[Conversation],
+    responses: Mapping[int, Sequence[float]],
+    free_at: Sequence[float],
+    max_pause_s: float | None,
+    start_s: float,
+    end_s: float,
+) -> tuple[int, int]:
+    """Requests done before ``start_s`` and in ``[start_s, end_s)`` when agents free at ``free_at``
+    take conversations from ``order`` whenever they are free, each request taking its response."""
+    # (time, seq, conversation, request, agent); no conversation: the agent is free
+    events: list[tuple[float, int, Conversation | None, int, int]] = [
+        (t, agent, None, -1, agent) for agent, t in enumerate(free_at)
+    ]
+    heapq.heapify(events)
+    seq = len(events)
     left: dict[int, int] = {}
-    seq = 0
-
-    def begin(agent: int, at: float) -> None:
-        nonlocal seq
-        conv = next(order)
-        left[agent] = len(conv.requests)
-        for i in conv.roots:
-            seq += 1
-            t = at + (pause(conv, i) if i else 0.0) + responses[id(conv)][i]
-            heapq.heappush(events, (t, seq, agent, i, conv))
-
-    counted = 0
-    started = 0  # agent k starts at k * ramp_s / agents, as the replay's ramp starts them
-    while True:
-        start_at = started * ramp_s / agents if started < agents else math.inf
-        if start_at <= (events[0][0] if events else math.inf):
-            if start_at >= end_s:
-                break
-            begin(started, start_at)
-            started += 1
+    before = inside = 0
+    while events and events[0][0] < end_s:
+        t, _, conv, i, agent = heapq.heappop(events)
+        if conv is None:
+            conv = next(order)
+            left[agent] = len(conv.requests)
+            rs = responses[id(conv)]
+            for r in conv.roots:
+                seq += 1
+                pause = _pause(conv, r, max_pause_s) if r else 0.0
+                heapq.heappush(events, (t + pause + rs[r], seq, conv, r, agent))
             continue
-        if events[0][0] >= end_s:
-            break
-        t, _, agent, i, conv = heapq.heappop(events)
-        counted += t >= start_s
+        if t >= start_s:
+            inside += 1
+        else:
+            before += 1
+        rs = responses[id(conv)]
         for j in conv.children[i]:
             seq += 1
-            heapq.heappush(events, (t + pause(conv, j) + responses[id(conv)][j], seq, agent, j, conv))
+            heapq.heappush(events, (t + _pause(conv, j, max_pause_s) + rs[j], seq, conv, j, agent))
         left[agent] -= 1
         if left[agent] == 0:
-            begin(agent, t)
-    return counted
+            seq += 1
+            heapq.heappush(events, (t, seq, None, -1, agent))
+    return before, inside

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from agentpool.node import Request
+from agentpool.sim.bounds import ActiveConversation, ReplayState
 from agentpool.sim.simulator import Issue, Simulator
 from agentpool.sim.trace import Conversation
 
@@ -61,6 +62,8 @@ class _Instance:
     started: bool = False
     prev_tokens: dict[int, int] = field(default_factory=dict)  # agent -> input + output of its last turn
     keys: dict[int, int] = field(default_factory=dict)  # its block keys, one int object per value
+    issued_at: dict[int, float] = field(default_factory=dict)  # request -> when issued (or scheduled)
+    done_at: dict[int, float] = field(default_factory=dict)  # request -> when done
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +100,7 @@ class Replay:
         self._waiting: deque[_Instance] = deque()
         self.agents_started = 0
         self.agents_finished = 0
+        self._in_progress: dict[int, _Instance] = {}  # instance number -> conversation in progress
 
     # -- closed loop --------------------------------------------------------------------------
     def closed_loop(self, periods: Sequence[WorkloadPeriod], ramp_s: float = 0.0) -> None:
@@ -119,6 +123,21 @@ class Replay:
             self.sim.call_at(0.0, functools.partial(self._enter_period, first))
         for ph in rest:
             self.sim.call_at(ph.start_s, functools.partial(self._enter_period, ph))
+
+    def state(self, now: float) -> ReplayState:
+        """The closed loop's state at ``now`` (what a window bound starts from: ``agentpool.sim.bounds``):
+        the conversations taken from the sources so far and those in progress."""
+        if not self.closed:
+            raise ValueError("only a closed loop has a replay state to bound")
+        active = tuple(
+            ActiveConversation(
+                inst.conv,
+                dict(inst.done_at),
+                {i: t for i, t in inst.issued_at.items() if i not in inst.done_at},
+            )
+            for inst in self._in_progress.values()
+        )
+        return ReplayState(now, self._next_instance - 1, active)
 
     def _raise_target(self, workload: str, target: int, now: float) -> None:
         self.target[workload] = max(self.target[workload], target)
@@ -184,6 +203,7 @@ class Replay:
     def _launch(self, inst: _Instance, now: float) -> None:
         self.active[inst.workload] += 1
         self.agents_started += 1
+        self._in_progress[inst.instance] = inst
         inst.started = True
         for i in inst.conv.roots:
             delay = self._pause(inst.conv.requests[i].delay_s) if i else 0.0
@@ -223,14 +243,17 @@ class Replay:
             on_done=functools.partial(self._done, inst, i),
         )
         self.sim.metrics.issued += 1
+        inst.issued_at[i] = at
         self.sim.issue_at(at, issue)
 
     def _done(self, inst: _Instance, i: int, req: Request, now: float) -> None:
         del req
+        inst.done_at[i] = now
         for j in inst.conv.children[i]:
             self._issue(inst, j, now + self._pause(inst.conv.requests[j].delay_s))
         inst.remaining -= 1
         if inst.remaining == 0:
+            del self._in_progress[inst.instance]
             self.active[inst.workload] -= 1
             self.agents_finished += 1
             if self.closed:

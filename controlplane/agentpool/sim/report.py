@@ -128,13 +128,20 @@ def describe(scenario: dict[str, Any]) -> str:
 def bound_line(bound: ClosedLoopBound | None, results: Sequence[dict[str, Any]]) -> str:
     if bound is None:
         return "No analytic bound for this workload (open loop, Mooncake or phased synthetic agents).\n"
-    shares = ", ".join(
-        f"{r['system']} {r['summary']['throughput_rps'] / bound.throughput_rps:.0%}" for r in results
-    )
-    return (
-        f"Upper bound (Little's law over conversations, ground-truth minimal response times): "
-        f"{bound.throughput_rps:.3f} req/s for {bound.agents} agents. Share of it: {shares}.\n"
-    )
+
+    def share(summary: dict[str, Any]) -> float:
+        return float(summary["throughput_rps"]) / float(summary.get("bound_rps", bound.little_rps))
+
+    shares = ", ".join(f"{r['system']} {share(r['summary']):.0%}" for r in results)
+    if bound.ideal_window_rps is None:
+        what = f"Upper bound (Little's law over conversations): {bound.little_rps:.3f} req/s"
+    else:
+        what = (
+            "Upper bound: each run's own (its ideal continuation from the window's start, "
+            f"`agentpool.sim.bounds`); the ideal replay's rate in the window, a reference: "
+            f"{bound.ideal_window_rps:.3f} req/s"
+        )
+    return f"{what} for {bound.agents} agents. Share of its bound: {shares}.\n"
 
 
 def markdown_report(

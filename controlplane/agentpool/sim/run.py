@@ -14,7 +14,7 @@ from typing import Any
 
 from agentpool.models import TtftSlo
 from agentpool.node.timing import EquationTimes
-from agentpool.sim.bounds import ClosedLoopBound, closed_loop_bound
+from agentpool.sim.bounds import ClosedLoopBound, ReplayState, closed_loop_bound
 from agentpool.sim.metrics import Metrics
 from agentpool.sim.planners import PlannerSettings, attach
 from agentpool.sim.presets import preset
@@ -163,6 +163,9 @@ def run_system(
     else:
         replay.closed_loop(_periods(sc), ramp_s=sc.ramp_s)
     attach(cfg.planner, sim, sc.planner)
+    states: list[ReplayState] = []  # the replay at the window's start, for the run's bound
+    if conversations is not None and _has_bound(sc, conversations):
+        sim.call_at(sc.warmup_s, lambda now: states.append(replay.state(now)))
     if progress is not None:
         sim.every(60.0, 60.0, lambda now: progress(now / end))
     wall = time.perf_counter()
@@ -170,6 +173,9 @@ def run_system(
         sim.run(end)
     wall = time.perf_counter() - wall
     summary = metrics.summary()
+    bound = scenario_bound(sc, conversations) if states else None
+    if bound is not None and conversations is not None:
+        summary["bound_rps"] = bound.for_run(states[0], _conversation_order(sc, conversations))
     return {
         "system": name,
         "description": cfg.description,
@@ -193,7 +199,7 @@ def scenario_dict(sc: Scenario) -> dict[str, Any]:
 def scenario_bound(sc: Scenario, conversations: Sequence[Conversation] | None) -> ClosedLoopBound | None:
     """The analytic closed-loop bound of ``sc`` (:mod:`agentpool.sim.bounds`), where one applies:
     a closed loop over trace conversations (not open loop, Mooncake or synthetic periods)."""
-    if sc.workload != "claude-code" or sc.arrival_per_min is not None or not conversations:
+    if conversations is None or not _has_bound(sc, conversations):
         return None
     p = preset(sc.preset)
     truth = p.roofline() if sc.sim.truth == "roofline" else EquationTimes(p.prefill_model(), p.decode_model())
@@ -211,6 +217,11 @@ def scenario_bound(sc: Scenario, conversations: Sequence[Conversation] | None) -
         window=(sc.warmup_s, sc.warmup_s + sc.duration_s),
         ramp_s=sc.ramp_s,
     )
+
+
+def _has_bound(sc: Scenario, conversations: Sequence[Conversation] | None) -> bool:
+    """A closed loop over trace conversations (not open loop, Mooncake or synthetic periods)."""
+    return sc.workload == "claude-code" and sc.arrival_per_min is None and bool(conversations)
 
 
 def _conversation_order(sc: Scenario, conversations: Sequence[Conversation]) -> Iterator[Conversation]:

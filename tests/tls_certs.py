@@ -33,11 +33,12 @@ def self_signed(tmp: Path) -> tuple[Path, Path]:
     return cert, key
 
 
-def ca_and_certs(tmp: Path) -> dict[str, Path]:
-    """A CA, a server certificate for 127.0.0.1 and a client certificate, both signed by the CA."""
+def ca_and_certs(tmp: Path, server_names: str = "IP:127.0.0.1") -> dict[str, Path]:
+    """A CA, a server certificate for ``server_names`` (a subjectAltName list; 127.0.0.1 by default)
+    and a client certificate, both signed by the CA."""
     out = {name: tmp / name for name in ("ca.crt", "ca.key", "srv.crt", "srv.key", "cli.crt", "cli.key")}
     _new_key(out["ca.key"], out["ca.crt"], "/CN=agentpool-test-ca", "-x509", "-days", "1")
-    for who, cn, ext in (("srv", "localhost", "subjectAltName=IP:127.0.0.1"), ("cli", "engine-1", "")):
+    for who, cn, ext in (("srv", "localhost", f"subjectAltName={server_names}"), ("cli", "engine-1", "")):
         csr, extfile = tmp / f"{who}.csr", tmp / f"{who}.ext"
         _new_key(out[f"{who}.key"], csr, f"/CN={cn}")
         extfile.write_text(ext + "\n")

@@ -5,7 +5,7 @@ strings such as `250ms`, `2s`, `10m`, `1h30m` (see :mod:`agentpool.api.values`).
 converts to the plain values the planner and router take (:mod:`agentpool.api.settings`).
 """
 
-from agentpool.api.auth import AuthSpec, DirectoryTlsSpec, SecretKeySelector
+from agentpool.api.auth import AuthSpec, DirectoryTlsSpec, RouterTlsSpec, SecretKeySelector
 from agentpool.api.base import ApiModel, CrossFieldRule
 from agentpool.api.control import (
     POLICY_NAMES,
@@ -111,6 +111,7 @@ __all__ = [
     "ResourceRequirements",
     "RouterSettings",
     "RouterSpec",
+    "RouterTlsSpec",
     "SchedulingSpec",
     "SecretKeySelector",
     "SloSpec",

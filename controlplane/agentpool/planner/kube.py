@@ -147,9 +147,14 @@ __all__ = [
 
 class RouterPods:
     """The router replicas of a pool: the running pods matching ``label_selector``, as base URLs
-    ``http://<pod IP>:<port>``. The planner polls each one's work log and pushes models to each."""
+    ``<scheme>://<pod IP>:<port>``. The planner polls each one's work log and pushes models to each."""
 
-    def __init__(self, api: k8s.ApiClient, namespace: str, label_selector: str, port: int) -> None:
+    def __init__(
+        self, api: k8s.ApiClient, namespace: str, label_selector: str, port: int, scheme: str = "http"
+    ) -> None:
+        if scheme not in ("http", "https"):
+            raise ValueError(f"routers are reached over http or https, not {scheme!r}")
+        self._scheme = scheme
         self._core = k8s.CoreV1Api(api)
         self._namespace = namespace
         self._selector = label_selector
@@ -173,5 +178,5 @@ class RouterPods:
             if status.phase != "Running" or not ip:
                 continue
             host = f"[{ip}]" if ":" in ip else ip
-            out.append((str(meta.name), f"http://{host}:{self._port}"))
+            out.append((str(meta.name), f"{self._scheme}://{host}:{self._port}"))
         return [url for _, url in sorted(out)]

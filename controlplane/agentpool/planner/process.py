@@ -19,8 +19,10 @@
   ``--router-token-file`` (the routers' ``reportToken``; unset: the per-user ``report`` token file of
   ``agentpool.secret_file.local_tokens``, as for the directory's token). ``https://`` routers:
   ``--router-ca-file``, and for mutual TLS ``--router-client-cert-file``/``--router-client-key-file``
-  (a router with a client CA takes a verified certificate for the token; routers found by
-  ``--router-selector`` are reached over ``http://`` at their pod IPs).
+  (a router with a client CA takes a verified certificate for the token). Routers found by
+  ``--router-selector`` are reached at their pod IPs over ``--router-scheme`` (``http`` by
+  default); over ``https`` their certificates are checked against ``--router-server-name`` (the
+  router Service's name, which the operator passes), since no certificate names a pod IP.
 - Directory: with ``--directory HOST:PORT`` (token: ``--directory-token-file``; TLS:
   ``--directory-ca-file``, mutual TLS: ``--directory-client-cert-file``/``--directory-client-key-file``)
   the planner tells the KV directory when an engine serves its new phase (``SwitchPhase``; D->P
@@ -102,6 +104,15 @@ def parser() -> argparse.ArgumentParser:
         "--router-selector", default=None, help="label selector of the router pods (found every poll)"
     )
     p.add_argument("--router-port", type=int, default=8000, help="the router pods' HTTP port")
+    p.add_argument(
+        "--router-scheme", choices=("http", "https"), default="http", help="how the router pods are reached"
+    )
+    p.add_argument(
+        "--router-server-name",
+        default=None,
+        help="the name the routers' certificates are checked against (default: each URL's host; "
+        "give the router Service's name where pods are reached at their IPs)",
+    )
     p.add_argument("--poll-interval-s", type=float, default=5.0)
     p.add_argument(
         "--router-token-file",
@@ -216,6 +227,8 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> int:
             args.router_client_key_file,
             "the routers",
         )
+        if args.router_server_name is not None and router_tls is None and args.router_scheme == "http":
+            raise ValueError("--router-server-name names the routers' TLS certificates: it needs https")
         api = await asyncio.to_thread(api_client, args)
     except (ValueError, ConfigException, OSError) as e:
         log.error("planner not started: %s", e)
@@ -242,7 +255,8 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> int:
         async with contextlib.AsyncExitStack() as stack:
             connector = aiohttp.TCPConnector(ssl=True if router_tls is None else router_tls)
             session = await stack.enter_async_context(aiohttp.ClientSession(connector=connector))
-            broadcast = ModelBroadcast(args.router, session, token=router_token)
+            server_name = args.router_server_name
+            broadcast = ModelBroadcast(args.router, session, token=router_token, server_hostname=server_name)
             controller.models_out = broadcast
             if args.directory:
                 controller.directory = await stack.enter_async_context(
@@ -256,7 +270,8 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> int:
                 )
             routers = None
             if args.router_selector:
-                routers = RouterPods(api, args.namespace, args.router_selector, args.router_port).urls
+                selector, port, scheme = args.router_selector, args.router_port, args.router_scheme
+                routers = RouterPods(api, args.namespace, selector, port, scheme).urls
             source = RouterWorkSource(
                 args.router,
                 inbox,
@@ -265,6 +280,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> int:
                 models=broadcast,
                 discover=routers,
                 served=served,
+                server_hostname=server_name,
             )
             reporter = None
             if store is not None:

@@ -36,9 +36,13 @@ class ModelBroadcast:
         clock: Callable[[], float] = time.time,
         timeout_s: float = 5.0,
         first_version: int = 0,
+        server_hostname: str | None = None,
     ) -> None:
+        """``server_hostname``: the name routers' certificates are checked against (None: each
+        URL's host)."""
         self.urls = [u.rstrip("/") for u in urls]
         self._session = session
+        self._server_hostname = server_hostname
         self._headers = {} if token is None else {"Authorization": f"Bearer {token}"}
         self._clock = clock
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
@@ -85,7 +89,11 @@ class ModelBroadcast:
         headers = {"Content-Type": "application/json", **self._headers}
         try:
             async with self._session.put(
-                url + MODELS_PATH, data=body, headers=headers, timeout=self._timeout
+                url + MODELS_PATH,
+                data=body,
+                headers=headers,
+                timeout=self._timeout,
+                server_hostname=self._server_hostname,
             ) as resp:
                 text = await resp.read()
                 if resp.status == 409:

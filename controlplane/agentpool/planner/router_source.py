@@ -92,9 +92,12 @@ class RouterWorkSource:
         models: ModelBroadcast | None = None,
         discover: Callable[[], Awaitable[list[str] | None]] | None = None,
         served: ServedRoles | None = None,
+        server_hostname: str | None = None,
     ) -> None:
         """``urls``: routers always polled; ``discover``: finds the others (router pods) before every
-        poll (None: it failed, keep the routers known)."""
+        poll (None: it failed, keep the routers known); ``server_hostname``: the name the routers'
+        certificates are checked against (None: each URL's host)."""
+        self._server_hostname = server_hostname
         if not urls and discover is None:
             raise ValueError("no router to poll")
         if interval_s <= 0 or timeout_s <= 0 or max_pages < 1:
@@ -170,7 +173,8 @@ class RouterWorkSource:
         params = {"limit": str(self._limit)}
         if router.cursor is not None:
             params["since"] = router.cursor
-        async with self._session.get(router.url + WORK_PATH, params=params, timeout=self._timeout) as resp:
+        url, name = router.url + WORK_PATH, self._server_hostname
+        async with self._session.get(url, params=params, timeout=self._timeout, server_hostname=name) as resp:
             resp.raise_for_status()
             body = await resp.read()
         return WorkBatch.model_validate_json(body)

@@ -56,8 +56,9 @@ Modelling choices and approximations (each a knob or documented where it is made
 - Ground truth: every node's iterations take what :class:`agentpool.node.roofline.Roofline` says
   for the preset's architecture and GPUs (``--truth roofline``, default; calibrated against the
   papers' figures, see ``bench/results/sim_truth.md``), times ``1 + noise * N(0, 1)`` (never
-  below ``1 - 4 noise``) drawn from a generator seeded by ``(seed, node)``. ``--truth equations`` runs Eq. 1/2 with the preset's
-  coefficients instead (the former simulator: the policies then face no model error).
+  below ``1 - 4 noise``) drawn from a generator seeded by ``(seed, node)``. ``--truth equations``
+  runs Eq. 1/2 with the preset's coefficients instead (the former simulator: the policies then
+  face no model error).
 - Agentpool's planner and router fit Eq. 1/2 online (``--fit online``, default) from the first
   window's iterations, and report the fit's error against the truth; until then, and throughout
   with ``--fit preset``, they use the preset's coefficients (the paper's fit). ``t_bar`` and

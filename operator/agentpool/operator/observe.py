@@ -68,7 +68,7 @@ async def observe(
     report = await planner_report(api, pool)
     loaded = report.loaded
     if spec.mode == "colocated":  # no planner reports what the routers run: ask them
-        loaded = LoadedGenerations(planner=None, routers=await router_generations(api, pool))
+        loaded = LoadedGenerations(planner=None, routers=await router_generations(api, pool, spec))
     return Observed(
         pods={name: PodView.of(pod) for name, pod in pods.items()},
         router_ready=_available(router, "availableReplicas"),

@@ -4,12 +4,20 @@ In a disaggregated pool the planner polls every router and writes what they run 
 ConfigMap; a colocated pool runs no planner, so the operator asks each running router pod's
 `GET /ready` (open, like every probe), whose body carries `configGeneration`. A replica that does not
 answer within the timeout, or answers without a generation, counts as running an unknown one.
+
+With `spec.auth.routerTls` the replicas serve HTTPS: the operator trusts the `ca.crt` of the
+router's Secret (the only key it reads there) and checks each replica's certificate against the
+router Service's name, since no certificate names a pod IP. A Secret it cannot read leaves every
+replica's generation unknown (logged).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import logging
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +25,9 @@ from typing import Any
 import aiohttp
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agentpool.operator.kube import KubeApi
+from agentpool.api import AgentServingPoolSpec
+from agentpool.operator.builders.tls import CA_KEY, router_scheme
+from agentpool.operator.kube import KubeApi, KubeError
 from agentpool.operator.names import ROUTER, ROUTER_PORT, PoolRef
 
 log = logging.getLogger(__name__)
@@ -37,10 +47,10 @@ class ReadyBody(BaseModel):
 class RouterPod:
     name: str
     url: str
-    """`http://<pod IP>:<its http port>`."""
+    """`<scheme>://<pod IP>:<its http port>`."""
 
 
-def running_router(pod: Mapping[str, Any]) -> RouterPod | None:
+def running_router(pod: Mapping[str, Any], scheme: str = "http") -> RouterPod | None:
     """The pod's base URL when it runs and has an IP (None for pending, ending or IP-less pods)."""
     meta, status = pod.get("metadata") or {}, pod.get("status") or {}
     ip = status.get("podIP")
@@ -52,12 +62,47 @@ def running_router(pod: Mapping[str, Any]) -> RouterPod | None:
             if p.get("name") == "http" and isinstance(p.get("containerPort"), int):
                 port = p["containerPort"]
     host = f"[{ip}]" if ":" in str(ip) else str(ip)
-    return RouterPod(str(meta.get("name")), f"http://{host}:{port}")
+    return RouterPod(str(meta.get("name")), f"{scheme}://{host}:{port}")
 
 
-async def _generation(session: aiohttp.ClientSession, router: RouterPod) -> int | None:
+@dataclass(frozen=True, slots=True)
+class RouterTls:
+    """How the operator checks the replicas' certificates."""
+
+    context: ssl.SSLContext
+    server_name: str
+
+
+class RouterCaError(Exception):
+    """The router's CA could not be read from its Secret."""
+
+
+async def router_tls(api: KubeApi, pool: PoolRef, spec: AgentServingPoolSpec) -> RouterTls | None:
+    """The CA of `spec.auth.routerTls`'s Secret and the name to check (None without it)."""
+    tls = spec.auth.router_tls
+    if tls is None:
+        return None
     try:
-        async with session.get(f"{router.url}/ready") as answer:  # 503 bodies carry it too
+        secret = await api.get("Secret", pool.namespace, tls.secret_name)
+    except KubeError as e:
+        raise RouterCaError(f"Secret {tls.secret_name} not read: {e}") from e
+    encoded = ((secret or {}).get("data") or {}).get(CA_KEY)
+    if not isinstance(encoded, str):
+        raise RouterCaError(f"Secret {tls.secret_name} has no {CA_KEY}")
+    try:
+        pem = base64.b64decode(encoded, validate=True).decode("ascii")
+        context = ssl.create_default_context(cadata=pem)
+    except (binascii.Error, UnicodeDecodeError, ssl.SSLError, ValueError) as e:
+        raise RouterCaError(f"{CA_KEY} of Secret {tls.secret_name} is not a PEM certificate: {e}") from e
+    return RouterTls(context, pool.service_host(ROUTER))
+
+
+async def _generation(
+    session: aiohttp.ClientSession, router: RouterPod, server_name: str | None
+) -> int | None:
+    try:
+        # 503 bodies carry it too
+        async with session.get(f"{router.url}/ready", server_hostname=server_name) as answer:
             raw = await answer.read()
         return ReadyBody.model_validate_json(raw).config_generation
     except (aiohttp.ClientError, TimeoutError, ValidationError) as e:
@@ -65,13 +110,24 @@ async def _generation(session: aiohttp.ClientSession, router: RouterPod) -> int 
         return None
 
 
-async def router_generations(api: KubeApi, pool: PoolRef) -> dict[str, int | None]:
+async def router_generations(
+    api: KubeApi, pool: PoolRef, spec: AgentServingPoolSpec
+) -> dict[str, int | None]:
     """The settings generation of every running router pod, by its URL."""
     pods = await api.list_objects("Pod", pool.namespace, pool.selector(ROUTER))
-    routers = sorted((r for r in map(running_router, pods) if r is not None), key=lambda r: r.name)
+    scheme = router_scheme(spec)
+    found = (running_router(p, scheme) for p in pods)
+    routers = sorted((r for r in found if r is not None), key=lambda r: r.name)
     if not routers:
         return {}
+    try:
+        tls = await router_tls(api, pool, spec)
+    except RouterCaError as e:
+        log.warning("router replicas not asked for their settings generation: %s", e)
+        return dict.fromkeys((r.url for r in routers), None)
     timeout = aiohttp.ClientTimeout(total=READY_TIMEOUT_S)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        found = await asyncio.gather(*(_generation(session, r) for r in routers))
-    return {r.url: g for r, g in zip(routers, found, strict=True)}
+    connector = aiohttp.TCPConnector(ssl=True if tls is None else tls.context)
+    server_name = None if tls is None else tls.server_name
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        answers = await asyncio.gather(*(_generation(session, r, server_name) for r in routers))
+    return {r.url: g for r, g in zip(routers, answers, strict=True)}

@@ -10,60 +10,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+from pool_manifests import SIM, build_pool, container, flags, obj, pod, secret_files
 
 from agentpool.api import AgentServingPool
 from agentpool.directory.server import parse_args as directory_parse_args
 from agentpool.engine.config import load_config
-from agentpool.operator.builders import BuildSettings, children
-from agentpool.operator.names import PoolRef
 from agentpool.planner.process import parser as planner_parser
 from agentpool.router.__main__ import parser as router_parser
 
-ROOT = Path(__file__).resolve().parents[3]
-SIM = yaml.safe_load((ROOT / "examples" / "pool-sim.yaml").read_text())
-REF = PoolRef("sim", "team-a", "0000-uid")
 TLS = {"secretName": "dir-tls"}
 MTLS = {"secretName": "dir-tls", "clientSecretName": "dir-clients"}
 
 
 def build(tls: dict[str, Any] | None) -> list[dict[str, Any]]:
-    manifest = copy.deepcopy(SIM)
-    if tls is not None:
-        manifest["spec"]["auth"] = {"directoryTls": tls}
-    pool = AgentServingPool.model_validate(manifest)
-    return children(REF, pool.spec, 1, BuildSettings())
-
-
-def obj(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
-    (found,) = [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name]
-    return found
-
-
-def pod(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
-    spec: dict[str, Any] = obj(objs, kind, name)["spec"]["template"]["spec"]
-    return spec
-
-
-def container(pod_spec: dict[str, Any], name: str) -> dict[str, Any]:
-    (found,) = [c for c in pod_spec["containers"] if c["name"] == name]
-    return found
-
-
-def secret_files(pod_spec: dict[str, Any], c: dict[str, Any]) -> dict[str, tuple[str, str]]:
-    """Every file a container sees from a Secret: path -> (Secret, key)."""
-    volumes = {v["name"]: v for v in pod_spec["volumes"]}
-    out: dict[str, tuple[str, str]] = {}
-    for m in c["volumeMounts"]:
-        secret = volumes[m["name"]].get("secret")
-        if secret is not None:
-            for item in secret["items"]:
-                out[f"{m['mountPath']}/{item['path']}"] = (secret["secretName"], item["key"])
-    return out
-
-
-def flags(args: list[str], prefix: str) -> dict[str, str]:
-    return dict(a.split("=", 1) for a in args if a.startswith(prefix))
+    return build_pool({} if tls is None else {"directoryTls": tls})
 
 
 @pytest.mark.parametrize("tls", [None, TLS, MTLS], ids=["plain", "tls", "mtls"])

@@ -27,7 +27,12 @@ from agentpool.operator.builders.settings import (
     TOKEN_FILE,
 )
 from agentpool.operator.builders.sglang import sglang_settings
-from agentpool.operator.builders.tls import client_config, directory_client_tls
+from agentpool.operator.builders.tls import (
+    client_config,
+    directory_client_tls,
+    router_client_tls,
+    router_scheme,
+)
 from agentpool.operator.names import (
     DIRECTORY,
     DIRECTORY_PORT,
@@ -98,8 +103,9 @@ def engine_config(pool: PoolRef, spec: AgentServingPoolSpec, ordinal: int) -> st
         "kube": {"namespace": pool.namespace, "pod": pod},
         "routers": [
             {
-                "url": f"http://{pool.service_host(ROUTER)}:{ROUTER_PORT}",
+                "url": f"{router_scheme(spec)}://{pool.service_host(ROUTER)}:{ROUTER_PORT}",
                 "tokenFile": f"{REPORT_TOKEN_DIR}/{TOKEN_FILE}",
+                **client_config(router_client_tls(spec)),  # with routerTls: its CA, a client certificate
             }
         ],
         "directory": {

@@ -51,6 +51,9 @@ from agentpool.operator.builders.tls import (
     client_args,
     directory_client_tls,
     directory_server_tls,
+    router_client_tls,
+    router_scheme,
+    router_server_tls,
     server_args,
 )
 from agentpool.operator.names import (
@@ -198,6 +201,7 @@ def planner_command(pool: PoolRef, spec: AgentServingPoolSpec, settings: BuildSe
         f"--directory={pool.service_host(DIRECTORY)}:{DIRECTORY_PORT}",
         f"--directory-token-file={DIRECTORY_TOKEN_DIR}/{TOKEN_FILE}",
         *client_args(directory_client_tls(spec)),
+        *_planner_router_tls_args(pool, spec),
         "--in-cluster",
         f"--settings={CONFIG_DIR}/{PLANNER_CONFIG_KEY}",
         f"--state-configmap={pool.planner_state}",
@@ -215,8 +219,24 @@ def planner_command(pool: PoolRef, spec: AgentServingPoolSpec, settings: BuildSe
     return lease + planner
 
 
+def _planner_router_tls_args(pool: PoolRef, spec: AgentServingPoolSpec) -> list[str]:
+    """With `routerTls`: the planner reaches the router pods over HTTPS at their IPs, checking the
+    certificate against the router Service's name, and presents the client certificate where
+    there is one."""
+    files = router_client_tls(spec)
+    if not files.paths:
+        return []
+    return [
+        f"--router-scheme={router_scheme(spec)}",
+        f"--router-server-name={pool.service_host(ROUTER)}",
+        *client_args(files, "router"),
+    ]
+
+
 def router_deployment(pool: PoolRef, spec: AgentServingPoolSpec, settings: BuildSettings) -> dict[str, Any]:
     tls = directory_client_tls(spec)
+    serving = router_server_tls(spec)  # its own certificate, with routerTls
+    scheme = router_scheme(spec)
     router: dict[str, Any] = {
         "name": ROUTER,
         "image": settings.control_plane_image,
@@ -231,10 +251,11 @@ def router_deployment(pool: PoolRef, spec: AgentServingPoolSpec, settings: Build
             f"--report-token-file={REPORT_TOKEN_DIR}/{TOKEN_FILE}",
             f"--engine-token-file={ENGINE_TOKEN_DIR}/{TOKEN_FILE}",
             *client_args(tls),
+            *server_args(serving),
         ],
         "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}],
-        "readinessProbe": http_probe("/ready", "http"),
-        "livenessProbe": http_probe("/health", "http", period_s=10),
+        "readinessProbe": http_probe("/ready", "http", scheme=scheme),
+        "livenessProbe": http_probe("/health", "http", period_s=10, scheme=scheme),
         "securityContext": RESTRICTED_SECURITY_CONTEXT,
         "volumeMounts": [
             config_mount(),
@@ -242,6 +263,7 @@ def router_deployment(pool: PoolRef, spec: AgentServingPoolSpec, settings: Build
             mount("report-token", REPORT_TOKEN_DIR),
             mount("engine-token", ENGINE_TOKEN_DIR),
             *tls.mounts,
+            *serving.mounts,
         ],
     }
     containers = [router]
@@ -251,10 +273,12 @@ def router_deployment(pool: PoolRef, spec: AgentServingPoolSpec, settings: Build
         secret_file_volume("report-token", report_token(pool, spec)),
         secret_file_volume("engine-token", engine_token(pool, spec)),
         *tls.volumes,
+        *serving.volumes,
     ]
     if spec.mode == "disaggregated":
+        to_router = router_client_tls(spec)  # the planner reaches the routers as a client
         config_keys.append(PLANNER_CONFIG_KEY)
-        volumes.append(_api_token_volume())
+        volumes += [_api_token_volume(), *to_router.volumes]
         containers.append(
             {
                 "name": PLANNER,
@@ -272,6 +296,7 @@ def router_deployment(pool: PoolRef, spec: AgentServingPoolSpec, settings: Build
                     mount("directory-token", DIRECTORY_TOKEN_DIR),
                     mount("report-token", REPORT_TOKEN_DIR),
                     *tls.mounts,
+                    *to_router.mounts,
                 ],
             }
         )

@@ -32,9 +32,12 @@ def config_mount() -> dict[str, Any]:
     return mount("config", CONFIG_DIR)
 
 
-def http_probe(path: str, port: str, period_s: int = 5, failures: int = 3) -> dict[str, Any]:
+def http_probe(
+    path: str, port: str, period_s: int = 5, failures: int = 3, scheme: str = "http"
+) -> dict[str, Any]:
+    """An HTTP(S) GET probe (the kubelet does not verify an HTTPS server's certificate)."""
     return {
-        "httpGet": {"path": path, "port": port},
+        "httpGet": {"path": path, "port": port, "scheme": scheme.upper()},
         "periodSeconds": period_s,
         "failureThreshold": failures,
         "timeoutSeconds": 2,

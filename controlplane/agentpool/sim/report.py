@@ -129,19 +129,18 @@ def bound_line(bound: ClosedLoopBound | None, results: Sequence[dict[str, Any]])
     if bound is None:
         return "No analytic bound for this workload (open loop, Mooncake or phased synthetic agents).\n"
 
-    def share(summary: dict[str, Any]) -> float:
-        return float(summary["throughput_rps"]) / float(summary.get("bound_rps", bound.little_rps))
+    def share(summary: dict[str, Any]) -> str:
+        own = float(summary.get("bound_rps", bound.little_rps))
+        return f"{own:.3f} req/s ({float(summary['throughput_rps']) / own:.0%} of it)"
 
-    shares = ", ".join(f"{r['system']} {share(r['summary']):.0%}" for r in results)
+    shares = ", ".join(f"{r['system']} {share(r['summary'])}" for r in results)
     if bound.ideal_window_rps is None:
-        what = f"Upper bound (Little's law over conversations): {bound.little_rps:.3f} req/s"
-    else:
-        what = (
-            "Upper bound: each run's own (its ideal continuation from the window's start, "
-            f"`agentpool.sim.bounds`); the ideal replay's rate in the window, a reference: "
-            f"{bound.ideal_window_rps:.3f} req/s"
-        )
-    return f"{what} for {bound.agents} agents. Share of its bound: {shares}.\n"
+        return f"Upper bound (Little's law over conversations, {bound.agents} agents): {shares}.\n"
+    return (
+        f"Upper bound of each run (every request from the window's start at its minimal response "
+        f"time, `agentpool.sim.bounds`): {shares}. Reference, not a bound: the ideal replay from time "
+        f"0 completes {bound.ideal_window_rps:.3f} req/s in the window ({bound.agents} agents).\n"
+    )
 
 
 def markdown_report(

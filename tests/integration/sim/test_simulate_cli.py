@@ -92,7 +92,7 @@ def test_simulate_says_what_it_does_and_draws_no_progress_off_a_terminal(tmp_pat
     assert "simulating 2 runs" in proc.stderr and "\r" not in proc.stderr
     table = [line for line in proc.stdout.splitlines() if line.startswith("|")]
     assert table and max(len(line) for line in table) <= 110
-    assert "Upper bound: each run's own" in proc.stdout
+    assert "Upper bound of each run" in proc.stdout
     data = json.loads((out / "results.json").read_text())
     assert data["bound"]["ideal_window_rps"] > 0
     for r in data["results"]:

@@ -524,9 +524,9 @@ async def test_a_transient_api_error_is_retried_with_a_back_off(cluster: Cluster
 
 
 async def router_pod(cluster: Cluster, url: str) -> None:
-    """A running router pod of pool `sim` whose IP and `http` port reach the router at `url` (no
-    controller runs pods here: the test plays the Deployment's)."""
-    host, port = url.removeprefix("http://").rsplit(":", 1)
+    """A running router pod of pool `sim` whose IP and `http` port reach the router at `url`
+    (`http://` or `https://`; no controller runs pods here: the test plays the Deployment's)."""
+    host, port = url.split("://", 1)[1].rsplit(":", 1)
     meta = {
         "name": "sim-router-0",
         "namespace": cluster.namespace,

@@ -17,11 +17,10 @@ import aiohttp
 import pytest
 from conftest import Cluster
 from process_helpers import engine_token_file, launch, stop_cleanly
-from test_operator_kopf import create_pool, pool_manifest, status_where
+from test_operator_kopf import create_pool, pool_manifest, router_pod, status_where
 from tls_certs import ca_and_certs
 
 from agentpool.models import DecodeModel, NodeModel, PrefillModel
-from agentpool.operator.names import COMPONENT_LABEL, POOL_LABEL, ROUTER
 from agentpool.planner.inbox import PlannerInbox
 from agentpool.planner.router_models import ModelBroadcast
 from agentpool.planner.router_source import RouterWorkSource
@@ -48,19 +47,6 @@ async def https_router(tmp: Path, f: dict[str, Path], *extra: str) -> tuple[Any,
     return router, url
 
 
-async def router_pod_at(cluster: Cluster, url: str) -> None:
-    """A running router pod of pool `sim` whose IP and `http` port reach the router at ``url``."""
-    host, port = url.removeprefix("https://").rsplit(":", 1)
-    meta = {"name": "sim-router-0", "namespace": cluster.namespace}
-    meta["labels"] = {POOL_LABEL: "sim", COMPONENT_LABEL: ROUTER}  # type: ignore[assignment]
-    container = {"name": "router", "image": "router", "ports": [{"name": "http", "containerPort": int(port)}]}
-    await cluster.api.create(
-        {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"containers": [container]}}
-    )
-    status = {"phase": "Running", "podIP": host}
-    await cluster.api.merge_patch("Pod", cluster.namespace, "sim-router-0", {"status": status}, "status")
-
-
 async def test_the_operator_reads_a_tls_routers_generation_by_the_services_name(
     cluster: Cluster, operator: Any, tmp_path: Path
 ) -> None:
@@ -77,7 +63,7 @@ async def test_the_operator_reads_a_tls_routers_generation_by_the_services_name(
     await create_pool(cluster, manifest)
     router, url = await https_router(tmp_path, f)
     try:
-        await router_pod_at(cluster, url)
+        await router_pod(cluster, url)
         obj = await status_where(
             cluster,
             lambda o: (

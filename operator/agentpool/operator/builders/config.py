@@ -27,12 +27,7 @@ from agentpool.operator.builders.settings import (
     TOKEN_FILE,
 )
 from agentpool.operator.builders.sglang import sglang_settings
-from agentpool.operator.builders.tls import (
-    client_config,
-    directory_client_tls,
-    router_client_tls,
-    router_scheme,
-)
+from agentpool.operator.builders.tls import client_config, client_tls, router_scheme
 from agentpool.operator.names import (
     DIRECTORY,
     DIRECTORY_PORT,
@@ -105,13 +100,13 @@ def engine_config(pool: PoolRef, spec: AgentServingPoolSpec, ordinal: int) -> st
             {
                 "url": f"{router_scheme(spec)}://{pool.service_host(ROUTER)}:{ROUTER_PORT}",
                 "tokenFile": f"{REPORT_TOKEN_DIR}/{TOKEN_FILE}",
-                **client_config(router_client_tls(spec)),  # with routerTls: its CA, a client certificate
+                **client_config(client_tls(spec, "router")),  # with routerTls: its CA, a client certificate
             }
         ],
         "directory": {
             "target": f"{pool.service_host(DIRECTORY)}:{DIRECTORY_PORT}",
             "tokenFile": f"{DIRECTORY_TOKEN_DIR}/{TOKEN_FILE}",
-            **client_config(directory_client_tls(spec)),  # TLS file paths (no key material)
+            **client_config(client_tls(spec, "directory")),  # TLS file paths (no key material)
         },
         "peerUrlTemplate": f"http://{{node}}.{pool.service_host(ENGINE)}:{ENGINE_PORT}",
         "pageSize": spec.kv_pool.page_size,

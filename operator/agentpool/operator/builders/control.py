@@ -47,15 +47,7 @@ from agentpool.operator.builders.settings import (
     TOKEN_FILE,
     BuildSettings,
 )
-from agentpool.operator.builders.tls import (
-    client_args,
-    directory_client_tls,
-    directory_server_tls,
-    router_client_tls,
-    router_scheme,
-    router_server_tls,
-    server_args,
-)
+from agentpool.operator.builders.tls import client_args, client_tls, router_scheme, server_args, server_tls
 from agentpool.operator.names import (
     DIRECTORY,
     DIRECTORY_METRICS_PORT,
@@ -115,7 +107,7 @@ def directory_deployment(
     env: list[dict[str, Any]] = []
     volumes = [secret_file_volume("directory-token", directory_token(pool, spec))]
     mounts = [mount("directory-token", DIRECTORY_TOKEN_DIR)]
-    tls = directory_server_tls(spec)
+    tls = server_tls(spec, "directory")
     volumes += tls.volumes
     mounts += tls.mounts
     args += server_args(tls)
@@ -200,7 +192,7 @@ def planner_command(pool: PoolRef, spec: AgentServingPoolSpec, settings: BuildSe
         f"--router-token-file={REPORT_TOKEN_DIR}/{TOKEN_FILE}",  # the routers' token for fitted models
         f"--directory={pool.service_host(DIRECTORY)}:{DIRECTORY_PORT}",
         f"--directory-token-file={DIRECTORY_TOKEN_DIR}/{TOKEN_FILE}",
-        *client_args(directory_client_tls(spec)),
+        *client_args(client_tls(spec, "directory"), "directory"),
         *_planner_router_tls_args(pool, spec),
         "--in-cluster",
         f"--settings={CONFIG_DIR}/{PLANNER_CONFIG_KEY}",
@@ -223,7 +215,7 @@ def _planner_router_tls_args(pool: PoolRef, spec: AgentServingPoolSpec) -> list[
     """With `routerTls`: the planner reaches the router pods over HTTPS at their IPs, checking the
     certificate against the router Service's name, and presents the client certificate where
     there is one."""
-    files = router_client_tls(spec)
+    files = client_tls(spec, "router")
     if not files.paths:
         return []
     return [
@@ -234,8 +226,8 @@ def _planner_router_tls_args(pool: PoolRef, spec: AgentServingPoolSpec) -> list[
 
 
 def router_deployment(pool: PoolRef, spec: AgentServingPoolSpec, settings: BuildSettings) -> dict[str, Any]:
-    tls = directory_client_tls(spec)
-    serving = router_server_tls(spec)  # its own certificate, with routerTls
+    tls = client_tls(spec, "directory")
+    serving = server_tls(spec, "router")  # its own certificate, with routerTls
     scheme = router_scheme(spec)
     router: dict[str, Any] = {
         "name": ROUTER,
@@ -250,7 +242,7 @@ def router_deployment(pool: PoolRef, spec: AgentServingPoolSpec, settings: Build
             f"--directory-token-file={DIRECTORY_TOKEN_DIR}/{TOKEN_FILE}",
             f"--report-token-file={REPORT_TOKEN_DIR}/{TOKEN_FILE}",
             f"--engine-token-file={ENGINE_TOKEN_DIR}/{TOKEN_FILE}",
-            *client_args(tls),
+            *client_args(tls, "directory"),
             *server_args(serving),
         ],
         "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}],
@@ -276,7 +268,7 @@ def router_deployment(pool: PoolRef, spec: AgentServingPoolSpec, settings: Build
         *serving.volumes,
     ]
     if spec.mode == "disaggregated":
-        to_router = router_client_tls(spec)  # the planner reaches the routers as a client
+        to_router = client_tls(spec, "router")  # the planner reaches the routers as a client
         config_keys.append(PLANNER_CONFIG_KEY)
         volumes += [_api_token_volume(), *to_router.volumes]
         containers.append(

@@ -35,7 +35,7 @@ from agentpool.operator.builders.settings import (
     ROLE_FILE,
 )
 from agentpool.operator.builders.sglang import BOOTSTRAP_PORT, STARTUP_PROBE_FAILURES, STARTUP_PROBE_PERIOD_S
-from agentpool.operator.builders.tls import directory_client_tls, router_client_tls
+from agentpool.operator.builders.tls import client_tls
 from agentpool.operator.names import ENGINE, ENGINE_PORT, ROLE_ANNOTATION, PoolRef
 from agentpool.operator.quantity import mebibytes
 
@@ -84,8 +84,8 @@ def _volumes(pool: PoolRef, spec: AgentServingPoolSpec) -> list[dict[str, Any]]:
         secret_file_volume("report-token", report_token(pool, spec)),
         secret_file_volume("directory-token", directory_token(pool, spec)),
         secret_file_volume("engine-token", engine_token(pool, spec)),
-        *directory_client_tls(spec).volumes,
-        *router_client_tls(spec).volumes,
+        *client_tls(spec, "directory").volumes,
+        *client_tls(spec, "router").volumes,
         {"name": "dshm", "emptyDir": shm},
     ]
 
@@ -119,8 +119,8 @@ def engine_container(pool: PoolRef, spec: AgentServingPoolSpec) -> dict[str, Any
             mount("report-token", REPORT_TOKEN_DIR),
             mount("directory-token", DIRECTORY_TOKEN_DIR),
             mount("engine-token", ENGINE_TOKEN_DIR),
-            *directory_client_tls(spec).mounts,
-            *router_client_tls(spec).mounts,
+            *client_tls(spec, "directory").mounts,
+            *client_tls(spec, "router").mounts,
             {"name": "dshm", "mountPath": "/dev/shm"},
         ],
     }

@@ -15,9 +15,11 @@ For each of the two servers:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from agentpool.api import AgentServingPoolSpec
+from agentpool.api import AgentServingPoolSpec, DirectoryTlsSpec, RouterTlsSpec
+
+Server = Literal["directory", "router"]
 
 CERT_KEY = "tls.crt"
 KEY_KEY = "tls.key"
@@ -51,7 +53,7 @@ class TlsFiles:
     """`cert`, `key`, `clientCa` (a server's) or `ca`, `clientCert`, `clientKey` (a client's)."""
 
 
-def _server_files(server: str, secret: str, client_secret: str | None) -> TlsFiles:
+def _server_files(server: Server, secret: str, client_secret: str | None) -> TlsFiles:
     """``server``'s certificate and key (volume and folder `<server>-tls`) and, with mutual TLS,
     the clients' CA (`<server>-client-ca`)."""
     tls_dir, ca_dir = f"{RUN_DIR}/{server}-tls", f"{RUN_DIR}/{server}-client-ca"
@@ -65,7 +67,7 @@ def _server_files(server: str, secret: str, client_secret: str | None) -> TlsFil
     return TlsFiles(volumes, mounts, paths)
 
 
-def _client_files(server: str, secret: str, client_secret: str | None) -> TlsFiles:
+def _client_files(server: Server, secret: str, client_secret: str | None) -> TlsFiles:
     """A client of ``server``: its CA (`<server>-ca`) and, with mutual TLS, the client certificate
     and key (`<server>-client-tls`)."""
     ca_dir, tls_dir = f"{RUN_DIR}/{server}-ca", f"{RUN_DIR}/{server}-client-tls"
@@ -79,28 +81,21 @@ def _client_files(server: str, secret: str, client_secret: str | None) -> TlsFil
     return TlsFiles(volumes, mounts, paths)
 
 
-def directory_server_tls(spec: AgentServingPoolSpec) -> TlsFiles:
-    """The directory's files; empty without `directoryTls`."""
-    tls = spec.auth.directory_tls
-    return TlsFiles() if tls is None else _server_files("directory", tls.secret_name, tls.client_secret_name)
+def _spec_of(spec: AgentServingPoolSpec, server: Server) -> DirectoryTlsSpec | RouterTlsSpec | None:
+    return spec.auth.directory_tls if server == "directory" else spec.auth.router_tls
 
 
-def directory_client_tls(spec: AgentServingPoolSpec) -> TlsFiles:
-    """A directory client's files (router, planner, engines); empty without `directoryTls`."""
-    tls = spec.auth.directory_tls
-    return TlsFiles() if tls is None else _client_files("directory", tls.secret_name, tls.client_secret_name)
+def server_tls(spec: AgentServingPoolSpec, server: Server) -> TlsFiles:
+    """``server``'s own files (the directory's or the router's); empty without its TLS spec."""
+    tls = _spec_of(spec, server)
+    return TlsFiles() if tls is None else _server_files(server, tls.secret_name, tls.client_secret_name)
 
 
-def router_server_tls(spec: AgentServingPoolSpec) -> TlsFiles:
-    """The router's files; empty without `routerTls`."""
-    tls = spec.auth.router_tls
-    return TlsFiles() if tls is None else _server_files("router", tls.secret_name, tls.client_secret_name)
-
-
-def router_client_tls(spec: AgentServingPoolSpec) -> TlsFiles:
-    """A router client's files (engines, planner); empty without `routerTls`."""
-    tls = spec.auth.router_tls
-    return TlsFiles() if tls is None else _client_files("router", tls.secret_name, tls.client_secret_name)
+def client_tls(spec: AgentServingPoolSpec, server: Server) -> TlsFiles:
+    """A client's files for ``server`` (the directory's clients: router, planner, engines; the
+    router's: engines, planner); empty without its TLS spec."""
+    tls = _spec_of(spec, server)
+    return TlsFiles() if tls is None else _client_files(server, tls.secret_name, tls.client_secret_name)
 
 
 def router_scheme(spec: AgentServingPoolSpec) -> str:
@@ -115,7 +110,7 @@ def server_args(files: TlsFiles) -> list[str]:
     return [f"{flags[k]}={v}" for k, v in files.paths.items()]
 
 
-def client_args(files: TlsFiles, server: str = "directory") -> list[str]:
+def client_args(files: TlsFiles, server: Server) -> list[str]:
     """A client's flags for ``server`` (`directory` or `router`): the router's and the planner's
     `--directory-...` flags, the planner's `--router-...` ones."""
     flags = {"ca": "ca-file", "clientCert": "client-cert-file", "clientKey": "client-key-file"}

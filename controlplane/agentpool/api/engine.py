@@ -33,6 +33,31 @@ class ExpertsSpec(ApiModel):
     )
 
 
+class IterationModelSpec(ApiModel):
+    """Eq. 1 and Eq. 2 of evolving-infra §5.1 for one node of this model on the pool's GPUs, in
+    seconds: from a profile of the engine, or a paper's fit. The router predicts with it until the
+    planner's first fit reaches it, and the planner's fits keep the terms its records cannot tell
+    apart (decode batches that span less than 4x, as at light load; prefill terms the records
+    barely exercise). Leave it out to have the router start from generic defaults and the fits
+    use the records alone. (For `agentpool up` and `agentpool simulate -f`, whose YAML reader
+    takes `4e-5` for a string, write exponents with a decimal point: `4.0e-5`.)"""
+
+    c0: float = Field(ge=0)
+    """Prefill: fixed seconds per iteration."""
+    c1: float = Field(ge=0)
+    """Prefill: seconds per uncached token."""
+    c2: float = Field(ge=0)
+    """Prefill: seconds per attention pair (an uncached token times the context before it)."""
+    c3: float = Field(ge=0)
+    """Prefill: seconds per restored (fetched) token."""
+    d0: float = Field(ge=0)
+    """Decode: fixed seconds per iteration."""
+    d1: float = Field(ge=0)
+    """Decode: seconds to read every routed expert (times the fraction `phi(B)` a batch reads)."""
+    d2: float = Field(ge=0)
+    """Decode: seconds per running request."""
+
+
 class ModelSpec(ApiModel):
     """The model the pool serves."""
 
@@ -45,11 +70,17 @@ class ModelSpec(ApiModel):
     """Maximum context length in tokens; defaults to the model's own."""
     experts: ExpertsSpec | None = None
     """Set for mixture-of-experts models; leave out for dense models (then `phi(B) = 1`)."""
+    iteration_model: IterationModelSpec | None = None
+    """Iteration-time coefficients to start from (the prior of the planner's online fit)."""
 
     @property
     def client_name(self) -> str:
         """The model name clients use."""
         return self.served_name or self.name
+
+    def iteration_coefficients(self) -> dict[str, float] | None:
+        """`iterationModel` as `c0`..`d2` -> seconds (None when not given)."""
+        return None if self.iteration_model is None else self.iteration_model.model_dump()
 
 
 class Toleration(ApiModel):

@@ -266,6 +266,7 @@ def plan(pool: AgentServingPool, options: LocalOptions, workdir: Path) -> PoolPl
         model=spec.model.client_name,
         nodes=nodes,
         page_size=spec.kv_pool.page_size,
+        node_model=spec.model.iteration_coefficients(),
     )
     router_file = workdir / "router.json"
     router_file.write_text(render_config(router_cfg))

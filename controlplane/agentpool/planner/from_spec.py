@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from agentpool.api import AgentServingPoolSpec
 from agentpool.models import MoeShape
-from agentpool.planner.config import PlannerConfig
+from agentpool.planner.config import PlannerConfig, PriorCoefficients
 
 
 def planner_config(spec: AgentServingPoolSpec) -> PlannerConfig:
@@ -12,6 +12,8 @@ def planner_config(spec: AgentServingPoolSpec) -> PlannerConfig:
     if spec.mode != "disaggregated" or spec.initial_split is None:
         raise ValueError(f"a {spec.mode} pool without an initial split has no prefill/decode split to plan")
     s = spec.planner.settings()
+    given = spec.model.iteration_coefficients()
+    prior = None if given is None else PriorCoefficients.of(given)
     return PlannerConfig(
         window_s=s.window_s,
         slices=s.slices,
@@ -28,6 +30,7 @@ def planner_config(spec: AgentServingPoolSpec) -> PlannerConfig:
         refit_min_share=s.refit_policy.min_share,
         refit_max_error=s.refit_policy.max_error,
         refit_max_records=s.refit_policy.max_records,
+        prior_model=prior,
     )
 
 

@@ -8,9 +8,9 @@ node list change without a restart.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -186,10 +186,15 @@ def config_from_settings(
     tokenizer: str = "builtin",
     page_size: int = 64,
     generation: int | None = None,
+    node_model: Mapping[str, float] | None = None,
 ) -> RouterConfig:
-    """The router's config from the pool spec's plain settings (for the operator to render)."""
+    """The router's config from the pool spec's plain settings (for the operator to render);
+    ``node_model``: Eq. 1/2's coefficients to predict with until fits arrive (`c0`..`d2`; None:
+    the generic defaults)."""
+    extra: dict[str, Any] = {} if node_model is None else {"nodeModel": dict(node_model)}
     return RouterConfig.model_validate(
         {
+            **extra,
             "generation": generation,
             "model": model,
             "tokenizer": tokenizer,

@@ -32,7 +32,7 @@ from agentpool.models import (
     Work,
 )
 from agentpool.models.synthetic import SyntheticWorkload, decode_records, prefill_records
-from agentpool.planner.config import PlannerConfig
+from agentpool.planner.config import PlannerConfig, PriorCoefficients
 from agentpool.planner.controller import Evaluation, PlannerController
 from agentpool.planner.core import Outcome
 from agentpool.planner.inbox import PlannerInbox
@@ -465,3 +465,29 @@ async def test_a_second_fit_keeps_the_models_in_use_for_decode_terms_its_records
         d, before = second[name].decode, first[name].decode.model
         assert d.report.terms_from_prior == 2, name
         assert (d.model.d1, d.model.d2) == (before.d1, before.d2)
+
+
+@pytest.mark.parametrize("configured", [True, False], ids=["iteration-model", "none"])
+async def test_a_first_warmup_at_light_load_keeps_the_configured_models_batch_terms(
+    harness: Harness, configured: bool
+) -> None:
+    """`spec.model.iterationModel` is every node's prior at the first warmup: decoding one or two
+    requests at a time tells Eq. 2's batch terms nothing, so they stay the configured ones (d0 is
+    fitted); without it the fit has only its records to go by."""
+    h, rng = harness, np.random.default_rng(5)
+    given = PriorCoefficients(0.012, 4e-5, 2e-10, 1e-7, 0.009, 0.004, 2e-4)
+    if configured:
+        h.config[0] = dataclasses.replace(h.config[0], prior_model=given)
+    light = SyntheticWorkload(max_running=2)
+    for name in PODS:
+        h.inbox.add_iterations(prefill_records(name, NODE, 100, 0.02, rng, start=0, spacing=1))
+        h.inbox.add_iterations(decode_records(name, NODE, 100, 0.02, rng, workload=light, start=0, spacing=1))
+    fits = h.controller.fit_records(h.inbox.iterations(0, 100), PODS)
+    for name in PODS:
+        d = fits[name].decode
+        if configured:
+            assert d.report.terms_from_prior == 2, name
+            assert (d.model.d1, d.model.d2) == (given.d1, given.d2)
+        else:
+            assert d.report.terms_from_prior == 0, name
+            assert (d.model.d1, d.model.d2) != (given.d1, given.d2)

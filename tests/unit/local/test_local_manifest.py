@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from agentpool.local.pool import (
     port_free,
 )
 from agentpool.local.supervisor import HttpReady
+from agentpool.router.config import parse_config
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "pool-sim.yaml"
 
@@ -92,3 +94,23 @@ def test_free_port_is_outside_the_ephemeral_range_free_and_never_handed_out_twic
         held.listen()
         taken = set(outside) - {busy, spare}
         assert free_port("127.0.0.1", taken) == spare and spare in taken
+
+
+def test_the_iteration_model_reaches_the_local_router_and_planner(tmp_path: Path) -> None:
+    coefficients = {
+        "c0": 0.012,
+        "c1": 4e-05,
+        "c2": 2e-10,
+        "c3": 1e-07,
+        "d0": 0.009,
+        "d1": 0.004,
+        "d2": 0.0002,
+    }
+    # YAML 1.1 (PyYAML) reads an exponent without a decimal point as a string: write 4.0e-05
+    written = ", ".join(f"{k}: {v:.6e}" for k, v in coefficients.items())
+    text = EXAMPLE.read_text().replace("  model:\n", f"  model:\n    iterationModel: {{{written}}}\n", 1)
+    pool = load_manifest(write(tmp_path, text))
+    plan(pool, LocalOptions(router_port=18000), tmp_path)
+    model = parse_config((tmp_path / "router.json").read_text(), "json").node_model
+    assert {k: getattr(model, k) for k in coefficients} == pytest.approx(coefficients)
+    assert json.loads((tmp_path / "planner.json").read_text())["prior_model"] == pytest.approx(coefficients)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -368,6 +369,30 @@ def test_the_refit_thresholds_reach_the_planners_settings_file_and_only_it() -> 
         json.loads(by_kind(before, "ConfigMap")["sim-config"]["data"]["planner.json"])
     )
     assert build_config(values, {}).refit_policy() == RefitPolicy()  # left out: the defaults
+
+
+def test_the_iteration_model_reaches_the_routers_node_model_and_the_planners_prior() -> None:
+    coefficients = {"c0": 0.012, "c1": 4e-5, "c2": 2e-10, "c3": 1e-7, "d0": 0.009, "d1": 0.004, "d2": 2e-4}
+    _, _, before = build(SIM, generation=1)
+    edit = edited(SIM)
+    edit["spec"]["model"] = {**SIM["spec"]["model"], "iterationModel": coefficients}
+    _, _, after = build(edit, generation=2)
+    changed = [a["metadata"]["name"] for a, b in zip(after, before, strict=True) if a != b]
+    assert changed == ["sim-config"]  # both read it live: no pod restarts
+    cm = by_kind(after, "ConfigMap")["sim-config"]
+    model = parse_config(cm["data"]["router.json"], "json").node_model
+    assert {k: getattr(model, k) for k in coefficients} == coefficients
+    values, _ = split_generation(json.loads(cm["data"]["planner.json"]))
+    prior = build_config(values, {}).prior_model  # through the planner's own loader
+    assert prior is not None and dataclasses.asdict(prior) == coefficients
+    values, _ = split_generation(
+        json.loads(by_kind(before, "ConfigMap")["sim-config"]["data"]["planner.json"])
+    )
+    assert build_config(values, {}).prior_model is None  # left out: no prior
+    default = parse_config(
+        by_kind(before, "ConfigMap")["sim-config"]["data"]["router.json"], "json"
+    ).node_model
+    assert default.c0 != coefficients["c0"]  # the router's generic defaults
 
 
 def test_a_scale_changes_engines_and_who_may_be_patched() -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from agentpool.models import OccupancyCount
+from agentpool.models import MoeShape, OccupancyCount
 from agentpool.models.refit import RefitPolicy
 from agentpool.planner.config import PlannerConfig
 from agentpool.planner.process import parser, setting_flags
@@ -67,3 +67,22 @@ def test_refit_thresholds_from_the_command_line_and_the_file(tmp_path: Path) -> 
         build_config({"refit_min_records": 400, "refit_max_records": 600}, {})
     with pytest.raises(ValueError, match="margin must be >= 1"):
         build_config({"refit_margin": 0.5}, {})
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"c0": 0.01},  # not every coefficient
+        {"c0": 0.01, "c1": 1e-5, "c2": 0, "c3": 0, "d0": 0.01, "d1": 0.005, "d2": 1e-4, "t_bar": 8192},
+        {"c0": "fast", "c1": 1e-5, "c2": 0, "c3": 0, "d0": 0.01, "d1": 0.005, "d2": 1e-4},
+        {"c0": True, "c1": 1e-5, "c2": 0, "c3": 0, "d0": 0.01, "d1": 0.005, "d2": 1e-4},
+        {"c0": -0.01, "c1": 1e-5, "c2": 0, "c3": 0, "d0": 0.01, "d1": 0.005, "d2": 1e-4},
+        "0.01",
+    ],
+)
+def test_a_prior_model_from_the_file_is_seven_non_negative_numbers(bad: object) -> None:
+    good = {"c0": 0.01, "c1": 1e-5, "c2": 0, "c3": 0, "d0": 0.01, "d1": 0.005, "d2": 1e-4}
+    prior = build_config({"prior_model": good}, {}).prior_model
+    assert prior is not None and prior.node_model(MoeShape(4, 16)).decode.experts_total == 16
+    with pytest.raises(ValueError):
+        build_config({"prior_model": bad}, {})

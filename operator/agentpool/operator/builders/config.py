@@ -65,6 +65,7 @@ def router_config(pool: PoolRef, spec: AgentServingPoolSpec, generation: int) ->
         nodes=nodes,
         page_size=spec.kv_pool.page_size,
         generation=generation,
+        node_model=spec.model.iteration_coefficients(),
     )
     return render_config(config)
 

@@ -2,11 +2,12 @@
 
 The manifest sets the pool (nodes, initial split, mode), the SLO, the planner's window, slices,
 cooldown, minimum nodes per phase, minimum relative gain and refit settings (over
-``--min-relative-gain`` and ``--no-refit``), and which simulated system is the pool: the one with
-the manifest's routing policy and planner (``evolving`` + planner: ``agentpool``; ``smetric`` +
-planner: ``agentpool-smetric``; a colocated pool: the colocated system of its policy). A manifest
-no simulated system matches is an error that says so. Everything else (trace, agents, duration,
-node preset) stays a flag.
+``--min-relative-gain`` and ``--no-refit``), the iteration model the routers and planners start
+from (``spec.model.iterationModel``, over the preset's; the simulated truth stays the preset's),
+and which simulated system is the pool: the one with the manifest's routing policy and planner
+(``evolving`` + planner: ``agentpool``; ``smetric`` + planner: ``agentpool-smetric``; a colocated
+pool: the colocated system of its policy). A manifest no simulated system matches is an error
+that says so. Everything else (trace, agents, duration, node preset) stays a flag.
 """
 
 from __future__ import annotations
@@ -38,6 +39,13 @@ def pool_system(pool: AgentServingPool) -> str:
     )
 
 
+def _coefficients(pool: AgentServingPool) -> tuple[float, float, float, float, float, float, float] | None:
+    given = pool.spec.model.iteration_coefficients()
+    if given is None:
+        return None
+    return tuple(given[k] for k in ("c0", "c1", "c2", "c3", "d0", "d1", "d2"))  # type: ignore[return-value]
+
+
 def apply_pool(sc: Scenario, pool: AgentServingPool) -> Scenario:
     """``sc`` with the manifest's pool shape, SLO and planner settings."""
     spec = pool.spec
@@ -51,6 +59,7 @@ def apply_pool(sc: Scenario, pool: AgentServingPool) -> Scenario:
         slo_ttft_base_s=slo.base,
         slo_ttft_per_token_s=slo.per_token,
         slo_tpot_s=spec.slo.tpot_s,
+        node_model=_coefficients(pool),
     )
     return dataclasses.replace(
         sc,

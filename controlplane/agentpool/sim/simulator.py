@@ -122,8 +122,8 @@ class Simulator:
             )
             self.nodes.append(node)
             self.directory.register_node(node.name, role)
-        base_model = NodeModel(
-            preset.prefill_model(), preset.decode_model(), t_bar=float(preset.chunk_tokens)
+        base_model = cfg.starting_model(
+            NodeModel(preset.prefill_model(), preset.decode_model(), t_bar=float(preset.chunk_tokens))
         )
         self.models: list[NodeModel] = [base_model for _ in self.nodes]
         self.queued: list[QueuedPrefill] = [EMPTY_QUEUE for _ in self.nodes]  # per node, prefill not started

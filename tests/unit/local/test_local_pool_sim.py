@@ -8,9 +8,14 @@ import pytest
 
 from agentpool.local.pool import read_manifest
 from agentpool.local.pool_sim import apply_pool, pool_system
+from agentpool.models import PrefillModel, TtftSlo
 from agentpool.models.refit import RefitPolicy
+from agentpool.sim.metrics import Metrics
 from agentpool.sim.planners import PlannerSettings
+from agentpool.sim.presets import preset
 from agentpool.sim.run import Scenario
+from agentpool.sim.simulator import Simulator
+from agentpool.sim.systems import SYSTEMS
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "pool-sim.yaml"
 
@@ -86,3 +91,25 @@ def test_a_manifest_without_them_gives_the_spec_defaults() -> None:
     assert (sc.planner.min_relative_gain, sc.planner.refit) == (0.03, True)
     assert (sc.planner.min_prefill, sc.planner.min_decode) == (1, 1)
     assert sc.planner.refit_policy == RefitPolicy()
+
+
+ITERATION_MODEL = (
+    "  model:\n",
+    "  model:\n    iterationModel: {c0: 0.012, c1: 4.0e-5, c2: 2.0e-10, c3: 1.0e-7,\n"
+    "                     d0: 0.009, d1: 0.004, d2: 2.0e-4}\n",
+)
+
+
+def test_the_iteration_model_is_what_the_simulated_routers_and_planners_start_from(tmp_path: Path) -> None:
+    sc = apply_pool(Scenario(), read_manifest(manifest(tmp_path, ITERATION_MODEL)))
+    assert sc.sim.node_model == (0.012, 4e-5, 2e-10, 1e-7, 0.009, 0.004, 2e-4)
+    p = preset(sc.preset)
+    sim = Simulator(SYSTEMS["agentpool"], p, sc.sim, Metrics(TtftSlo(2.0, 0.0), 0.1, 0.0, 60.0), seed=0)
+    (model,) = set(sim.models)
+    assert model.prefill == PrefillModel(0.012, 4e-5, 2e-10, 1e-7)
+    assert (model.decode.d0, model.decode.d1, model.decode.d2) == (0.009, 0.004, 2e-4)
+    assert model.decode.experts_total == p.decode_model().experts_total  # the preset's shape
+    default = Simulator(
+        SYSTEMS["agentpool"], p, Scenario().sim, Metrics(TtftSlo(2.0, 0.0), 0.1, 0.0, 60.0), seed=0
+    )
+    assert default.models[0].prefill == p.prefill_model()

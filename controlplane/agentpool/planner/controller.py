@@ -286,7 +286,9 @@ class PlannerController:
         the fit of the whole pool's records of it (:func:`agentpool.models.fitting.fit_nodes`)."""
         # the prior: the models in use until now (saved state, an earlier fit); at a first warmup the
         # pool's configured coefficients (spec.model.iterationModel) for every node, if any
-        warmup = fit_warmup(records, self._shape, nodes, priors=self._priors(records, nodes))
+        prior = self._config().prior_model
+        default = None if prior is None else prior.node_model(self._shape)
+        warmup = fit_warmup(records, self._shape, nodes, priors=dict(self._models), default_prior=default)
         if not warmup.fits:
             raise PlannerError("no iteration records from the warmup: nothing to fit")
         self.fits = warmup.fits
@@ -294,14 +296,6 @@ class PlannerController:
         self._models = warmup.models
         self.fitted_records = warmup.records
         return warmup.fits
-
-    def _priors(self, records: list[IterationRecord], nodes: list[str] | None) -> dict[str, NodeModel]:
-        """Each node's models before a fit: its own where it has one, else the configured prior."""
-        prior = self._config().prior_model
-        if prior is None:
-            return dict(self._models)
-        names = set(nodes) if nodes is not None else {r.node for r in records}
-        return {**dict.fromkeys(names, prior.node_model(self._shape)), **self._models}
 
     async def start_disaggregation(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """Apply the initial split; returns (prefill pods, decode pods)."""

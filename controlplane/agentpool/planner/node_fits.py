@@ -48,12 +48,18 @@ def fit_warmup(
     shape: MoeShape,
     nodes: list[str] | None = None,
     priors: Mapping[str, NodeModel] | None = None,
+    default_prior: NodeModel | None = None,
 ) -> WarmupFit:
     """Fit and freeze the models of ``nodes`` (default: every node with records) from ``records``;
     empty when there are no records to fit. ``priors``: the models used until now (the terms the
-    records cannot tell keep theirs, :func:`agentpool.models.fitting.fit_nodes`). Logs each node's
+    records cannot tell keep theirs, :func:`agentpool.models.fitting.fit_nodes`); a node with none
+    there takes ``default_prior`` (the pool's configured coefficients, if any). Logs each node's
     held-out error and the nodes whose phases were fitted on the whole pool's records."""
-    fits = fit_nodes(records, shape, nodes=nodes, priors=priors)
+    given = dict(priors or {})
+    if default_prior is not None:
+        names = nodes if nodes is not None else [r.node for r in records]
+        given = {**dict.fromkeys(names, default_prior), **given}
+    fits = fit_nodes(records, shape, nodes=nodes, priors=given)
     pooled = [
         f"{name} ({_pooled_phases(f)})" for name, f in fits.items() if not (f.prefill_own and f.decode_own)
     ]

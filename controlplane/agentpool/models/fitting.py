@@ -192,15 +192,13 @@ def unidentified_batch_terms(
 def decode_regressors(records: Sequence[DecodeIterationRecord], shape: MoeShape) -> FloatArray:
     """Eq. 2's design matrix: a row ``(1, phi(B), B)`` per record (``phi`` column 0 for a dense
     model: it would duplicate the constant, so the fixed cost stays in ``d0``)."""
-    rows = [
-        (
-            1.0,
-            moe_fraction(r.running, shape.experts_active, shape.experts_total, shape.t_fwd),
-            float(r.running),
-        )
-        for r in records
-    ]
-    x = np.array(rows, dtype=np.float64).reshape(-1, 3)
+    running = [r.running for r in records]
+    k, e, t_fwd = shape.experts_active, shape.experts_total, shape.t_fwd
+    phi = {b: moe_fraction(b, k, e, t_fwd) for b in set(running)}  # a few distinct batch sizes
+    x = np.empty((len(running), 3), dtype=np.float64)
+    x[:, 0] = 1.0
+    x[:, 1] = [phi[b] for b in running]
+    x[:, 2] = running
     if shape.experts_total == 0:
         x[:, 1] = 0.0
     return x

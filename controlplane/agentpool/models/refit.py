@@ -42,7 +42,7 @@ agentpool planner (:mod:`agentpool.sim.planners`) both call :func:`refit_nodes`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 import numpy as np
@@ -117,10 +117,40 @@ class DecodeRefit:
 
 @dataclass(frozen=True, slots=True)
 class NodeRecords:
-    """The records a node's current models were fitted on."""
+    """The records a node's current models were fitted on (the range of each phase's design matrix
+    is computed once, at the first window checked against it)."""
 
     prefill: tuple[PrefillIterationRecord, ...]
     decode: tuple[DecodeIterationRecord, ...]
+    _ranges: dict[MoeShape | None, DesignRange] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    def prefill_range(self) -> DesignRange:
+        if None not in self._ranges:
+            self._ranges[None] = DesignRange.of(_prefill_matrix(self.prefill))
+        return self._ranges[None]
+
+    def decode_range(self, shape: MoeShape) -> DesignRange:
+        if shape not in self._ranges:
+            self._ranges[shape] = DesignRange.of(_decode_matrix(self.decode, shape))
+        return self._ranges[shape]
+
+
+@dataclass(frozen=True, slots=True)
+class DesignRange:
+    """Per column of a design matrix of ``rows`` rows: its largest value and its smallest positive
+    one (inf: none)."""
+
+    rows: int
+    hi: FloatArray
+    lo: FloatArray
+
+    @staticmethod
+    def of(x: FloatArray) -> DesignRange:
+        if len(x) == 0:
+            return DesignRange(0, np.zeros(x.shape[1]), np.full(x.shape[1], np.inf))
+        return DesignRange(len(x), x.max(axis=0), np.where(x > 0, x, np.inf).min(axis=0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,32 +201,34 @@ class NodeRefit:
 
 
 def check_range(
-    fitted_x: FloatArray,
+    fitted: DesignRange,
     window_x: FloatArray,
     window_y: FloatArray,
     coef: FloatArray,
     terms: Sequence[tuple[int, str]],
     policy: RefitPolicy,
 ) -> RangeCheck:
-    """Does the window (design rows ``window_x``, measured ``window_y``) leave the range of
-    ``fitted_x`` in the columns ``terms`` names, and does ``coef`` mispredict it there?"""
+    """Does the window (design rows ``window_x``, measured ``window_y``) leave the range of the
+    fitted records' design matrix in the columns ``terms`` names, and does ``coef`` mispredict it
+    there?"""
     n = len(window_y)
     if n == 0:
         return RangeCheck(0, 0, 0.0, False, "no records in the window")
-    if len(fitted_x) == 0:
+    if fitted.rows == 0:
         return RangeCheck(n, 0, 0.0, False, "no fitted records to compare with")
     idx = [c for c, _ in terms]
-    cols = fitted_x[:, idx]
-    hi = cols.max(axis=0)
-    lo = np.where(cols > 0, cols, np.inf).min(axis=0)  # the smallest positive value (inf: none)
+    hi, lo = fitted.hi[idx], fitted.lo[idx]  # lo: the smallest positive value (inf: none)
     w = window_x[:, idx]
-    beyond = (w > hi * policy.margin) | (np.isfinite(lo) & (w > 0) & (w < lo / policy.margin))
+    beyond: npt.NDArray[np.bool_] = (w > hi * policy.margin) | (
+        np.isfinite(lo) & (w > 0) & (w < lo / policy.margin)
+    )
     out = beyond.any(axis=1)
     k = int(out.sum())
     if k == 0:
         return RangeCheck(n, 0, 0.0, False, f"all {n} window records in the fitted range")
     error = float((np.abs(window_x[out] @ coef - window_y[out]) / window_y[out]).mean())
-    which = ", ".join(name for (_, name), hit in zip(terms, beyond[out].any(axis=0), strict=True) if hit)
+    hits = np.asarray(beyond[out].any(axis=0)).tolist()
+    which = ", ".join(name for (_, name), hit in zip(terms, hits, strict=True) if hit)
     what = f"{k} of {n} window records beyond the fitted range ({which}), model error {100 * error:.1f}%"
     if k < policy.min_records or k < policy.min_share * n:
         return RangeCheck(n, k, error, False, f"{what}: too few to refit")
@@ -210,12 +242,19 @@ def refit_prefill(
     window: Sequence[PrefillIterationRecord],
     current: PrefillModel,
     policy: RefitPolicy = RefitPolicy(),
+    fitted_range: DesignRange | None = None,
+    window_xy: tuple[FloatArray, FloatArray] | None = None,
 ) -> PrefillRefit:
     """Check ``window`` against ``fitted``; refit Eq. 1 on both (``current`` as the prior) if it
-    leaves their range and ``current`` mispredicts it there."""
+    leaves their range and ``current`` mispredicts it there. ``fitted_range`` and ``window_xy``:
+    ``fitted``'s range, ``window``'s design matrix and seconds, where the caller has them already."""
     coef = np.array([current.c0, current.c1, current.c2, current.c3], dtype=np.float64)
     check = check_range(
-        _prefill_matrix(fitted), _prefill_matrix(window), _seconds(window), coef, PREFILL_TERMS, policy
+        DesignRange.of(_prefill_matrix(fitted)) if fitted_range is None else fitted_range,
+        *((_prefill_matrix(window), _seconds(window)) if window_xy is None else window_xy),
+        coef,
+        PREFILL_TERMS,
+        policy,
     )
     if not check.refit:
         return PrefillRefit(check, None, tuple(fitted))
@@ -232,15 +271,17 @@ def refit_decode(
     window: Sequence[DecodeIterationRecord],
     current: DecodeModel,
     policy: RefitPolicy = RefitPolicy(),
+    fitted_range: DesignRange | None = None,
+    window_xy: tuple[FloatArray, FloatArray] | None = None,
 ) -> DecodeRefit:
     """Check ``window`` against ``fitted``; refit Eq. 2 on both (``current`` as the prior) if it
-    leaves their range and ``current`` mispredicts it there."""
-    shape = MoeShape(current.experts_active, current.experts_total, current.t_fwd)
+    leaves their range and ``current`` mispredicts it there. ``fitted_range`` and ``window_xy`` as
+    for :func:`refit_prefill`."""
+    shape = decode_shape(current)
     coef = np.array([current.d0, current.d1, current.d2], dtype=np.float64)
     check = check_range(
-        _decode_matrix(fitted, shape),
-        _decode_matrix(window, shape),
-        _seconds(window),
+        DesignRange.of(_decode_matrix(fitted, shape)) if fitted_range is None else fitted_range,
+        *((_decode_matrix(window, shape), _seconds(window)) if window_xy is None else window_xy),
         coef,
         DECODE_TERMS,
         policy,
@@ -262,21 +303,38 @@ def refit_nodes(
     policy: RefitPolicy = RefitPolicy(),
 ) -> dict[str, NodeRefit]:
     """Check and refit every node that has fitted records and a model. A node's window records of
-    a phase are its own when it has at least ``policy.min_records``, else every node's."""
+    a phase are its own when it has at least ``policy.min_records``, else every node's (their
+    design matrix built once for all such nodes)."""
     own_p, own_d = split_by_node(window)
     all_p = [r for rs in own_p.values() for r in rs]
     all_d = [r for rs in own_d.values() for r in rs]
+    pooled_p: tuple[FloatArray, FloatArray] | None = None
+    pooled_d: dict[MoeShape, tuple[FloatArray, FloatArray]] = {}
     out: dict[str, NodeRefit] = {}
     for node in sorted(set(fitted) & set(models)):
         f, m = fitted[node], models[node]
         p = own_p.get(node, [])
         d = own_d.get(node, [])
-        out[node] = NodeRefit(
-            node,
-            refit_prefill(f.prefill, p if len(p) >= policy.min_records else all_p, m.prefill, policy),
-            refit_decode(f.decode, d if len(d) >= policy.min_records else all_d, m.decode, policy),
-        )
+        shape = decode_shape(m.decode)
+        if len(p) >= policy.min_records:
+            p_refit = refit_prefill(f.prefill, p, m.prefill, policy, f.prefill_range())
+        else:
+            if pooled_p is None:
+                pooled_p = _prefill_matrix(all_p), _seconds(all_p)
+            p_refit = refit_prefill(f.prefill, all_p, m.prefill, policy, f.prefill_range(), pooled_p)
+        if len(d) >= policy.min_records:
+            d_refit = refit_decode(f.decode, d, m.decode, policy, f.decode_range(shape))
+        else:
+            if shape not in pooled_d:
+                pooled_d[shape] = _decode_matrix(all_d, shape), _seconds(all_d)
+            d_refit = refit_decode(f.decode, all_d, m.decode, policy, f.decode_range(shape), pooled_d[shape])
+        out[node] = NodeRefit(node, p_refit, d_refit)
     return out
+
+
+def decode_shape(model: DecodeModel) -> MoeShape:
+    """The MoE routing shape ``model`` was fitted with."""
+    return MoeShape(model.experts_active, model.experts_total, model.t_fwd)
 
 
 def bounded(fitted: Sequence[R], window: Sequence[R], limit: int) -> tuple[R, ...]:

@@ -39,8 +39,7 @@ class IterationModelSpec(ApiModel):
     planner's first fit reaches it, and the planner's fits keep the terms its records cannot tell
     apart (decode batches that span less than 4x, as at light load; prefill terms the records
     barely exercise). Leave it out to have the router start from generic defaults and the fits
-    use the records alone. (For `agentpool up` and `agentpool simulate -f`, whose YAML reader
-    takes `4e-5` for a string, write exponents with a decimal point: `4.0e-5`.)"""
+    use the records alone."""
 
     c0: float = Field(ge=0)
     """Prefill: fixed seconds per iteration."""

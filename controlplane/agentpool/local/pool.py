@@ -17,6 +17,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import re
 import secrets
 import socket
 import sys
@@ -44,6 +45,18 @@ class PortInUse(ValueError):
     """A port the pool needs is taken."""
 
 
+class ManifestLoader(yaml.SafeLoader):
+    """YAML as Kubernetes reads a manifest: also ``4e-5`` (no decimal point) is a number, which
+    YAML 1.1's float pattern, and so PyYAML's safe loader, leaves a string."""
+
+
+ManifestLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
 def read_manifest(path: Path) -> AgentServingPool:
     """The manifest at ``path``, validated (any backend)."""
     try:
@@ -51,7 +64,7 @@ def read_manifest(path: Path) -> AgentServingPool:
     except OSError as e:
         raise ManifestError(f"{path}: cannot read: {e.strerror or e}") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=ManifestLoader)  # a SafeLoader: no arbitrary objects
     except yaml.YAMLError as e:
         raise ManifestError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
     if not isinstance(raw, dict):

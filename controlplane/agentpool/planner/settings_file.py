@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -56,10 +57,13 @@ def build_config(file_values: Mapping[str, Any], flags: Mapping[str, Any]) -> Pl
 
 
 def read_file(path: Path) -> dict[str, Any]:
-    """The mapping in ``path`` (YAML, of which JSON is a subset); ValueError if it is not one."""
+    """The mapping in ``path``: JSON for a ``.json`` file (the operator's and ``agentpool up``'s),
+    else YAML (whose 1.1 reader would take JSON's ``4e-05`` for a string); ValueError if it is not
+    one."""
     try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
+        text = path.read_text()
+        raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (OSError, ValueError, yaml.YAMLError) as e:
         raise ValueError(f"cannot read planner settings {path}: {e}") from e
     if raw is None:
         return {}

@@ -106,8 +106,9 @@ def test_the_iteration_model_reaches_the_local_router_and_planner(tmp_path: Path
         "d1": 0.004,
         "d2": 0.0002,
     }
-    # YAML 1.1 (PyYAML) reads an exponent without a decimal point as a string: write 4.0e-05
-    written = ", ".join(f"{k}: {v:.6e}" for k, v in coefficients.items())
+    # written as Kubernetes reads them: 4e-05 is a number there (YAML 1.1, PyYAML's default, says string)
+    written = ", ".join(f"{k}: {v!r}" for k, v in coefficients.items())
+    assert "4e-05" in written
     text = EXAMPLE.read_text().replace("  model:\n", f"  model:\n    iterationModel: {{{written}}}\n", 1)
     pool = load_manifest(write(tmp_path, text))
     plan(pool, LocalOptions(router_port=18000), tmp_path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,19 @@ def test_a_prior_model_from_the_file_is_seven_non_negative_numbers(bad: object) 
     assert prior is not None and prior.node_model(MoeShape(4, 16)).decode.experts_total == 16
     with pytest.raises(ValueError):
         build_config({"prior_model": bad}, {})
+
+
+def test_a_json_settings_file_keeps_exponents_numbers(tmp_path: Path) -> None:
+    """The operator and `agentpool up` write planner.json with `json.dumps`, which writes 4e-05: read
+    as YAML 1.1 that is a string, and the planner refused to start (found running `agentpool up`)."""
+    path = tmp_path / "planner.json"
+    prior = {"c0": 0.012, "c1": 4e-05, "c2": 2e-10, "c3": 1e-07, "d0": 0.009, "d1": 0.004, "d2": 0.0002}
+    path.write_text(json.dumps({"window_s": 300, "prior_model": prior}))
+    assert "4e-05" in path.read_text()
+    cfg = PlannerSettings({}, path)()
+    assert cfg.prior_model is not None and cfg.prior_model.c1 == 4e-05
+    yaml_path = tmp_path / "planner.yaml"  # a hand-written YAML file: the same value in YAML's spelling
+    yaml_path.write_text(
+        "prior_model: {c0: 0.012, c1: 4.0e-5, c2: 2.0e-10, c3: 1.0e-7, d0: 0.009, d1: 0.004, d2: 2.0e-4}\n"
+    )
+    assert PlannerSettings({}, yaml_path)().prior_model == cfg.prior_model

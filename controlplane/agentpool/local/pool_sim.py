@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from agentpool.api import AgentServingPool
+from agentpool.models import IterationCoefficients
 from agentpool.sim.run import Scenario
 from agentpool.sim.systems import SYSTEMS, PlannerKind, Pool
 
@@ -39,18 +40,12 @@ def pool_system(pool: AgentServingPool) -> str:
     )
 
 
-def _coefficients(pool: AgentServingPool) -> tuple[float, float, float, float, float, float, float] | None:
-    given = pool.spec.model.iteration_coefficients()
-    if given is None:
-        return None
-    return tuple(given[k] for k in ("c0", "c1", "c2", "c3", "d0", "d1", "d2"))  # type: ignore[return-value]
-
-
 def apply_pool(sc: Scenario, pool: AgentServingPool) -> Scenario:
     """``sc`` with the manifest's pool shape, SLO and planner settings."""
     spec = pool.spec
     slo = spec.slo.ttft_slo()
     planner = spec.planner.settings()
+    given = spec.model.iteration_coefficients()
     prefill = spec.initial_prefill if spec.mode == "disaggregated" else sc.sim.prefill_nodes
     sim = dataclasses.replace(
         sc.sim,
@@ -59,7 +54,7 @@ def apply_pool(sc: Scenario, pool: AgentServingPool) -> Scenario:
         slo_ttft_base_s=slo.base,
         slo_ttft_per_token_s=slo.per_token,
         slo_tpot_s=spec.slo.tpot_s,
-        node_model=_coefficients(pool),
+        node_model=None if given is None else IterationCoefficients.of(given),
     )
     return dataclasses.replace(
         sc,

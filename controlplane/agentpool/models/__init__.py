@@ -1,5 +1,6 @@
 """Pure iteration-time models (evolving-infra §5.1), SLO deadlines and prefill costs."""
 
+from agentpool.models.coefficients import IterationCoefficients, decode_shape
 from agentpool.models.fetch import (
     DEFAULT_COPY_PRICE_S_PER_TOKEN,
     DEFAULT_FETCH_MODEL,
@@ -44,6 +45,7 @@ __all__ = [
     "DecodeIterationRecord",
     "DecodeModel",
     "FetchModel",
+    "IterationCoefficients",
     "IterationRecord",
     "LinearAttentionCost",
     "MoeShape",
@@ -61,6 +63,7 @@ __all__ = [
     "WorkSlice",
     "attention_pairs",
     "copy_price",
+    "decode_shape",
     "mean_work",
     "measure_prefill_window",
     "moe_fraction",

@@ -48,6 +48,7 @@ from typing import TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from agentpool.models.coefficients import decode_shape
 from agentpool.models.fitting import (
     DecodeFit,
     PrefillFit,
@@ -330,11 +331,6 @@ def refit_nodes(
             d_refit = refit_decode(f.decode, all_d, m.decode, policy, f.decode_range(shape), pooled_d[shape])
         out[node] = NodeRefit(node, p_refit, d_refit)
     return out
-
-
-def decode_shape(model: DecodeModel) -> MoeShape:
-    """The MoE routing shape ``model`` was fitted with."""
-    return MoeShape(model.experts_active, model.experts_total, model.t_fwd)
 
 
 def bounded(fitted: Sequence[R], window: Sequence[R], limit: int) -> tuple[R, ...]:

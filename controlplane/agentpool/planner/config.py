@@ -2,60 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
-from agentpool.models import DEFAULT_OCCUPANCY, DecodeModel, MoeShape, NodeModel, OccupancyCount, PrefillModel
+from agentpool.models import DEFAULT_OCCUPANCY, IterationCoefficients, OccupancyCount
 from agentpool.models.refit import RefitPolicy
 from agentpool.planner.core import PlannerPolicy
 
 _REFIT = RefitPolicy()  # the defaults
-
-
-@dataclass(frozen=True, slots=True)
-class PriorCoefficients:
-    """Eq. 1 and Eq. 2's coefficients to start from (``spec.model.iterationModel``), in seconds."""
-
-    c0: float
-    c1: float
-    c2: float
-    c3: float
-    d0: float
-    d1: float
-    d2: float
-
-    def __post_init__(self) -> None:
-        self.node_model(MoeShape())  # validates: non-negative coefficients
-
-    @classmethod
-    def of(cls, value: PriorCoefficients | Mapping[str, Any]) -> PriorCoefficients:
-        """From itself or from a settings file's mapping (the seven coefficients, nothing else)."""
-        if isinstance(value, PriorCoefficients):
-            return value
-        names = {f.name for f in fields(cls)}
-        if not isinstance(value, Mapping) or set(value) != names:
-            raise ValueError(f"prior_model must map exactly {sorted(names)} to seconds, got {value!r}")
-        numbers = {}
-        for name in sorted(names):
-            v = value[name]
-            if isinstance(v, bool) or not isinstance(v, int | float):
-                raise ValueError(f"prior_model.{name} must be a number, got {v!r}")
-            numbers[name] = float(v)
-        return cls(**numbers)
-
-    def node_model(self, shape: MoeShape) -> NodeModel:
-        """The node model of these coefficients for a pool of ``shape``."""
-        prefill = PrefillModel(self.c0, self.c1, self.c2, self.c3)
-        decode = DecodeModel(
-            self.d0,
-            self.d1,
-            self.d2,
-            experts_active=shape.experts_active,
-            experts_total=shape.experts_total,
-            t_fwd=shape.t_fwd,
-        )
-        return NodeModel(prefill=prefill, decode=decode)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,12 +50,12 @@ class PlannerConfig:
     refit_min_share: float = _REFIT.min_share
     refit_max_error: float = _REFIT.max_error
     refit_max_records: int = _REFIT.max_records
-    prior_model: PriorCoefficients | None = None
+    prior_model: IterationCoefficients | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "occupancy", OccupancyCount(self.occupancy))  # "in_flight" from a file
         if self.prior_model is not None:  # a mapping from a file
-            object.__setattr__(self, "prior_model", PriorCoefficients.of(self.prior_model))
+            object.__setattr__(self, "prior_model", IterationCoefficients.of(self.prior_model, "prior_model"))
         if self.window_s <= 0 or self.warmup_s < 0:
             raise ValueError(f"window must be > 0 s and warmup >= 0 s: {self}")
         if self.slices < 2:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from agentpool.api import AgentServingPoolSpec
-from agentpool.models import MoeShape
-from agentpool.planner.config import PlannerConfig, PriorCoefficients
+from agentpool.models import IterationCoefficients, MoeShape
+from agentpool.planner.config import PlannerConfig
 
 
 def planner_config(spec: AgentServingPoolSpec) -> PlannerConfig:
@@ -13,7 +13,7 @@ def planner_config(spec: AgentServingPoolSpec) -> PlannerConfig:
         raise ValueError(f"a {spec.mode} pool without an initial split has no prefill/decode split to plan")
     s = spec.planner.settings()
     given = spec.model.iteration_coefficients()
-    prior = None if given is None else PriorCoefficients.of(given)
+    prior = None if given is None else IterationCoefficients.of(given)
     return PlannerConfig(
         window_s=s.window_s,
         slices=s.slices,

@@ -143,6 +143,11 @@ def _pause(conv: Conversation, i: int, max_pause_s: float | None) -> float:
     return d if max_pause_s is None else min(d, max_pause_s)
 
 
+def _root_delay(conv: Conversation, i: int, max_pause_s: float | None) -> float:
+    """When root request ``i`` is issued after its conversation starts (the first one at once)."""
+    return _pause(conv, i, max_pause_s) if i else 0.0
+
+
 def min_responses(
     conv: Conversation, truth: IterationTimes, t_acc: float, shared_blocks: int, group: int, block: int
 ) -> list[float]:
@@ -171,19 +176,10 @@ def min_responses(
 
 
 def min_duration(conv: Conversation, responses: Sequence[float], max_pause_s: float | None) -> float:
-    """The critical path of ``conv``: pauses (capped at ``max_pause_s``) and minimal responses."""
-
-    def pause(i: int) -> float:
-        d = conv.requests[i].delay_s
-        return d if max_pause_s is None else min(d, max_pause_s)
-
-    finish = [0.0] * len(conv.requests)
-    for i, r in enumerate(conv.requests):  # requests depend only on earlier ones
-        start = pause(i) if r.depends_on < 0 and i else 0.0
-        if r.depends_on >= 0:
-            start = finish[r.depends_on] + pause(i)
-        finish[i] = start + responses[i]
-    return max(finish, default=0.0)
+    """The critical path of ``conv``: pauses (capped at ``max_pause_s``) and minimal responses (the
+    ends of a conversation started at 0 with nothing done yet)."""
+    started = ActiveConversation(conv, {}, {i: _root_delay(conv, i, max_pause_s) for i in conv.roots})
+    return max(_lower_bound_ends(started, responses, max_pause_s, 0.0), default=0.0)
 
 
 def closed_loop_bound(
@@ -275,8 +271,7 @@ def _greedy_replay(
             rs = responses[id(conv)]
             for r in conv.roots:
                 seq += 1
-                pause = _pause(conv, r, max_pause_s) if r else 0.0
-                heapq.heappush(events, (t + pause + rs[r], seq, conv, r, agent))
+                heapq.heappush(events, (t + _root_delay(conv, r, max_pause_s) + rs[r], seq, conv, r, agent))
             continue
         if t >= start_s:
             inside += 1

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
-from agentpool.models import NodeModel, PrefillModel
+from agentpool.models import IterationCoefficients, NodeModel, decode_shape
 
 DECODE_BINDINGS = ("prefill-end", "prefill-start", "dispatch")
 TRUTHS = ("roofline", "equations")
@@ -44,18 +43,16 @@ class SimConfig:
     # fetches and P->D hand-overs share per-node NIC and host-memory bandwidth (False: each takes
     # its uncontended time, the former simulator)
     network: bool = True
-    # Eq. 1/2's coefficients (c0, c1, c2, c3, d0, d1, d2) the routers and planners start from (a
-    # manifest's spec.model.iterationModel); None: the preset's (the paper's fit). Not the truth.
-    node_model: tuple[float, float, float, float, float, float, float] | None = None
+    # Eq. 1/2's coefficients the routers and planners start from (a manifest's
+    # spec.model.iterationModel); None: the preset's (the paper's fit). Not the truth.
+    node_model: IterationCoefficients | None = None
 
     def starting_model(self, preset: NodeModel) -> NodeModel:
         """What routers and planners start from: ``preset`` (the preset's coefficients), or
-        ``node_model``'s coefficients with the preset's MoE shape and ``t_bar``."""
+        ``node_model``'s coefficients with the preset's MoE shape, ``t_bar`` and ``f_restore``."""
         if self.node_model is None:
             return preset
-        c0, c1, c2, c3, d0, d1, d2 = self.node_model
-        decode = dataclasses.replace(preset.decode, d0=d0, d1=d1, d2=d2)
-        return dataclasses.replace(preset, prefill=PrefillModel(c0, c1, c2, c3), decode=decode)
+        return self.node_model.node_model(decode_shape(preset.decode), preset.t_bar, preset.f_restore)
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or not 0 <= self.prefill_nodes <= self.nodes:
@@ -68,9 +65,5 @@ class SimConfig:
             raise ValueError(f"truth must be one of {TRUTHS}, got {self.truth!r}")
         if self.noise is not None and not 0.0 <= self.noise < 1.0:
             raise ValueError(f"noise must be in [0, 1), got {self.noise}")
-        if self.node_model is not None and (len(self.node_model) != 7 or min(self.node_model) < 0):
-            raise ValueError(
-                f"node_model must be 7 non-negative coefficients (c0..d2), got {self.node_model}"
-            )
         if self.host_kv_tokens is not None and self.host_kv_tokens < 0:
             raise ValueError(f"host_kv_tokens must be >= 0, got {self.host_kv_tokens}")

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 
 from agentpool.models import (
     DecodeModel,
+    IterationCoefficients,
     MoeShape,
     NodeModel,
     OccupancySample,
@@ -32,7 +33,7 @@ from agentpool.models import (
     Work,
 )
 from agentpool.models.synthetic import SyntheticWorkload, decode_records, prefill_records
-from agentpool.planner.config import PlannerConfig, PriorCoefficients
+from agentpool.planner.config import PlannerConfig
 from agentpool.planner.controller import Evaluation, PlannerController
 from agentpool.planner.core import Outcome
 from agentpool.planner.inbox import PlannerInbox
@@ -475,7 +476,7 @@ async def test_a_first_warmup_at_light_load_keeps_the_configured_models_batch_te
     requests at a time tells Eq. 2's batch terms nothing, so they stay the configured ones (d0 is
     fitted); without it the fit has only its records to go by."""
     h, rng = harness, np.random.default_rng(5)
-    given = PriorCoefficients(0.012, 4e-5, 2e-10, 1e-7, 0.009, 0.004, 2e-4)
+    given = IterationCoefficients(0.012, 4e-5, 2e-10, 1e-7, 0.009, 0.004, 2e-4)
     if configured:
         h.config[0] = dataclasses.replace(h.config[0], prior_model=given)
     light = SyntheticWorkload(max_running=2)

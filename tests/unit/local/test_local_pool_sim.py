@@ -8,7 +8,7 @@ import pytest
 
 from agentpool.local.pool import read_manifest
 from agentpool.local.pool_sim import apply_pool, pool_system
-from agentpool.models import PrefillModel, TtftSlo
+from agentpool.models import IterationCoefficients, PrefillModel, TtftSlo
 from agentpool.models.refit import RefitPolicy
 from agentpool.sim.metrics import Metrics
 from agentpool.sim.planners import PlannerSettings
@@ -102,7 +102,7 @@ ITERATION_MODEL = (
 
 def test_the_iteration_model_is_what_the_simulated_routers_and_planners_start_from(tmp_path: Path) -> None:
     sc = apply_pool(Scenario(), read_manifest(manifest(tmp_path, ITERATION_MODEL)))
-    assert sc.sim.node_model == (0.012, 4e-5, 2e-10, 1e-7, 0.009, 0.004, 2e-4)
+    assert sc.sim.node_model == IterationCoefficients(0.012, 4e-5, 2e-10, 1e-7, 0.009, 0.004, 2e-4)
     p = preset(sc.preset)
     sim = Simulator(SYSTEMS["agentpool"], p, sc.sim, Metrics(TtftSlo(2.0, 0.0), 0.1, 0.0, 60.0), seed=0)
     (model,) = set(sim.models)

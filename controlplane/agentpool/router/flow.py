@@ -25,21 +25,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import AsyncGenerator, Callable
 
 import orjson
 
-from agentpool.errors import (
-    AgentpoolError,
-    InvalidInputError,
-    OverloadedError,
-    UnavailableError,
-    UpstreamError,
-)
 from agentpool.models import Work
-from agentpool.router.config import RouterConfig
 from agentpool.router.directory_view import DirectoryError, DirectoryView
 from agentpool.router.engine_client import (
     EngineBusy,
@@ -48,12 +38,22 @@ from agentpool.router.engine_client import (
     EngineFailure,
     EngineRejected,
 )
+from agentpool.router.flow_types import (
+    BadRequest,
+    Finish,
+    FlowError,
+    NoCapacity,
+    Output,
+    Overloaded,
+    Prepared,
+    RequestFailed,
+    Routing,
+    StreamBroken,
+)
 from agentpool.router.metrics import RouterMetrics
 from agentpool.router.nodes import NodeTable
 from agentpool.router.policy import (
     NodeState,
-    Policy,
-    PolicyContext,
     RequestView,
     Role,
     RouteDecision,
@@ -75,80 +75,10 @@ from agentpool.wire.engine import (
     with_cached_tokens,
 )
 
-Endpoint = Literal["chat", "completion"]
 log = logging.getLogger(__name__)
-
-
-class FlowError(AgentpoolError):
-    """Base of the errors a request flow ends with; the server maps their kinds to HTTP."""
-
-
-class Overloaded(FlowError, OverloadedError):
-    """Every eligible node is over its queue limit: answer 429 with Retry-After."""
-
 
 # how often a request waiting for decode KV room looks again (room frees as decodes finish)
 _DECODE_ROOM_POLL_S = 0.05
-
-
-class NoCapacity(FlowError, UnavailableError):
-    """No node can serve the request now (none configured, all draining or refusing): 503."""
-
-
-class RequestFailed(FlowError, UpstreamError):
-    """Engines failed before the first token and the retries are spent: 502."""
-
-
-class StreamBroken(FlowError, UpstreamError):
-    """An engine failed after the client got the first token."""
-
-
-class BadRequest(FlowError, InvalidInputError):
-    """An engine refused the request for its content: the client's fault (400); no engine is blamed."""
-
-
-@dataclass(frozen=True, slots=True)
-class Finish:
-    finish_reason: str
-    usage: Usage
-
-
-class Output:
-    """Where the flow puts the answer's text as the engines send it (the server's collector or its SSE
-    stream): :meth:`chunk` per piece; ``sent`` (set by the flow): whether any text went out, after
-    which a failure cannot be retried (the client has its first token)."""
-
-    __slots__ = ("sent",)
-
-    def __init__(self) -> None:
-        self.sent = False
-
-    async def chunk(self, text: str) -> None:
-        raise NotImplementedError
-
-
-@dataclass(slots=True)
-class Prepared:
-    """A validated, tokenized, resolved request ready for routing."""
-
-    request_id: str
-    endpoint: Endpoint
-    body: dict[str, object]
-    token_ids: list[int]
-    view: RequestView
-    branch: str | None = None
-    excluded: set[str] = field(default_factory=set)
-    hashes: Sequence[int] = ()  # full pages as resolved: placed with the branch once a node takes it
-    token_ids_json: bytes | None = None  # orjson.dumps(token_ids), when the prompt memo had it
-
-
-@dataclass(slots=True)
-class Routing:
-    """What the flow reads on every request; the service swaps it on a config reload."""
-
-    config: RouterConfig
-    policy: Policy
-    ctx: PolicyContext
 
 
 class _Requeue(Exception):

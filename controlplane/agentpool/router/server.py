@@ -39,7 +39,7 @@ from agentpool.kv import InvalidBranchIdError, check_branch_id
 from agentpool.router import work_log
 from agentpool.router.directory_view import DirectoryError
 from agentpool.router.fitted_models import mount as mount_fitted_models
-from agentpool.router.flow import (
+from agentpool.router.flow_types import (
     BadRequest,
     Finish,
     FlowError,
@@ -324,7 +324,7 @@ async def answer(
     end_branch: bool,
 ) -> Response | Stream:
     """The flow's answer: whole, or streamed as SSE (one coroutine: the flow puts its text to an
-    :class:`~agentpool.router.flow.Output`)."""
+    :class:`~agentpool.router.flow_types.Output`)."""
     t0 = time.monotonic()
     out: _Collected | _Sse = _Sse(request, prep, model) if stream else _Collected()
     tokens = 0

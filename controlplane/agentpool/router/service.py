@@ -21,7 +21,8 @@ from agentpool.router.config import ConfigError, ConfigFile, RouterConfig
 from agentpool.router.directory_view import DirectoryError, DirectoryView, Resolved
 from agentpool.router.discovery import Discovery
 from agentpool.router.engine_client import EngineClient
-from agentpool.router.flow import Dispatcher, Endpoint, Prepared, Routing
+from agentpool.router.flow import Dispatcher
+from agentpool.router.flow_types import Endpoint, Prepared, Routing
 from agentpool.router.metrics import QueueDepthCollector, RouterMetrics
 from agentpool.router.nodes import NodeTable
 from agentpool.router.policy import RequestView, create_policy

@@ -31,7 +31,7 @@ from agentpool.planner.controller import PlannerError
 from agentpool.router.directory_view import DirectoryError
 from agentpool.router.discovery import DiscoveryError
 from agentpool.router.engine_client import EngineBusy, EngineFailure, EngineRejected
-from agentpool.router.flow import BadRequest, NoCapacity, Overloaded, RequestFailed, StreamBroken
+from agentpool.router.flow_types import BadRequest, NoCapacity, Overloaded, RequestFailed, StreamBroken
 from agentpool.router.nodes import StaleFitsError
 from agentpool.router.server import (
     DirectoryUnavailable,

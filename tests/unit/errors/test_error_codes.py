@@ -28,6 +28,7 @@ from agentpool.kv import InvalidBranchIdError, InvalidEventError, UnknownBranchE
 from agentpool.operator.errors import InvalidPool, NotYet
 from agentpool.operator.kube import KubeConflict, KubeError, KubeInvalid, KubeNotFound, KubeUnavailable
 from agentpool.planner.controller import PlannerError
+from agentpool.router.answer import flow_error
 from agentpool.router.directory_view import DirectoryError
 from agentpool.router.discovery import DiscoveryError
 from agentpool.router.engine_client import EngineBusy, EngineFailure, EngineRejected
@@ -38,7 +39,6 @@ from agentpool.router.server import (
     InvalidRequest,
     NotFound,
     Unauthorized,
-    flow_error,
 )
 
 T, P = TemporaryError, PermanentError

@@ -30,7 +30,6 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Protocol
 
 from kubernetes.client.exceptions import ApiException
@@ -48,15 +47,8 @@ from agentpool.models import (
 from agentpool.models.fitting import NodeFit
 from agentpool.models.refit import NodeRecords, RefitPolicy, refit_nodes
 from agentpool.planner.config import PlannerConfig
-from agentpool.planner.core import (
-    LastSwitch,
-    Outcome,
-    PlannerInput,
-    PlannerNode,
-    SplitDecision,
-    initial_roles,
-    plan,
-)
+from agentpool.planner.core import LastSwitch, Outcome, PlannerInput, PlannerNode, initial_roles, plan
+from agentpool.planner.evaluation import Evaluation, event_message
 from agentpool.planner.inbox import PlannerInbox
 from agentpool.planner.metrics import PlannerMetrics
 from agentpool.planner.node_fits import apply_refits, fit_warmup, prefill_batches_by_node
@@ -88,14 +80,6 @@ class ModelSink(Protocol):
     """Gets every node's current model (fit + this window's ``t_bar``/``f_n``): the routers."""
 
     async def publish(self, models: Mapping[str, NodeModel], fitted_at: float) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Evaluation:
-    """One window's decision plus the pods the controller left out of it, and why."""
-
-    decision: SplitDecision
-    excluded: tuple[str, ...]
 
 
 class PlannerController:
@@ -360,7 +344,7 @@ class PlannerController:
                 last_at=end,
                 last_from=split_label(before.values()),
                 last_to=split_label({**before, **moves}.values()),
-                last_reason=_event_message(decision, excluded)[:1024],
+                last_reason=event_message(decision, excluded)[:1024],
             )
             # engines of an earlier switch the directory has not heard of yet are still announced
             unannounced = {} if self._pending is None else self._pending.unannounced
@@ -371,7 +355,7 @@ class PlannerController:
         self._metrics.observe(decision)
         if decision.outcome is Outcome.SWITCH or decision.near_switch:
             reason = "PhaseSplitChanged" if decision.outcome is Outcome.SWITCH else "PhaseSplitNearlyChanged"
-            await self._pods.record_event(self._pool, reason, _event_message(decision, excluded))
+            await self._pods.record_event(self._pool, reason, event_message(decision, excluded))
         left_out = decision.excluded_slices
         log.info(
             "planner window %.0f-%.0f: %s: %s%s",
@@ -482,20 +466,6 @@ class PlannerController:
         if excluded:
             log.warning("pods left out of planning: %s", ", ".join(excluded))
         return tuple(nodes), excluded
-
-
-def _event_message(decision: SplitDecision, excluded: list[str]) -> str:
-    best = decision.best
-    parts = [decision.reason]
-    if decision.to_prefill:
-        parts.append(f"to prefill: {', '.join(decision.to_prefill)}")
-    if decision.to_decode:
-        parts.append(f"to decode: {', '.join(decision.to_decode)}")
-    if best is not None:
-        parts.append(f"gains per slice {', '.join(f'{g:.3g}' for g in best.gains)}")
-    if excluded:
-        parts.append(f"left out: {', '.join(excluded)}")
-    return "; ".join(parts)
 
 
 async def _wait(stop: asyncio.Event, seconds: float) -> bool:

@@ -34,8 +34,9 @@ from agentpool.models import (
 )
 from agentpool.models.synthetic import SyntheticWorkload, decode_records, prefill_records
 from agentpool.planner.config import PlannerConfig
-from agentpool.planner.controller import Evaluation, PlannerController
+from agentpool.planner.controller import PlannerController
 from agentpool.planner.core import Outcome
+from agentpool.planner.evaluation import Evaluation
 from agentpool.planner.inbox import PlannerInbox
 from agentpool.planner.kube import ObjectRef, PodRoles
 from agentpool.planner.metrics import PlannerMetrics

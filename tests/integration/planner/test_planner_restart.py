@@ -34,8 +34,9 @@ from test_planner_controller import (
 from agentpool.models import MoeShape, PrefillModel
 from agentpool.models.synthetic import decode_records, prefill_records
 from agentpool.planner.config import PlannerConfig
-from agentpool.planner.controller import Evaluation, PlannerController, PlannerError
+from agentpool.planner.controller import PlannerController, PlannerError
 from agentpool.planner.core import Outcome
+from agentpool.planner.evaluation import Evaluation
 from agentpool.planner.inbox import PlannerInbox
 from agentpool.planner.kube import PodRoles
 from agentpool.planner.metrics import PlannerMetrics

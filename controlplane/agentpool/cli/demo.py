@@ -13,6 +13,8 @@ from agentpool.local.pool import ManifestError, free_port, load_manifest
 from agentpool.local.replay import ReplaySettings
 from agentpool.local.run_replay import ReplayOutput, Slo
 from agentpool.local.supervisor import StartError
+from agentpool.sim.presets import preset
+from agentpool.sim.trace import cap_context
 
 HELP = "run a local pool and replay the bundled Claude Code sample through it (about 4 minutes)"
 
@@ -57,7 +59,12 @@ def run(args: argparse.Namespace) -> int:
     except ManifestError as e:
         print(f"agentpool demo: {e}")
         return 2
-    conversations = load_trace(args)
+    # the sim engines serve at most the preset's context: the live run and the simulator's replay
+    # both leave out what a longer request would have led to
+    limit = preset(options.preset).max_request_tokens
+    conversations, removed = cap_context(load_trace(args), limit)
+    if removed:
+        print(f"agentpool demo: {removed} trace requests over the {limit:,}-token context left out")
 
     def settings_for(url: str, model: str) -> ReplaySettings:
         return ReplaySettings(

@@ -187,11 +187,15 @@ def config_from_settings(
     page_size: int = 64,
     generation: int | None = None,
     node_model: Mapping[str, float] | None = None,
+    context_length: int | None = None,
 ) -> RouterConfig:
     """The router's config from the pool spec's plain settings (for the operator to render);
     ``node_model``: Eq. 1/2's coefficients to predict with until fits arrive (`c0`..`d2`; None:
-    the generic defaults)."""
+    the generic defaults); ``context_length``: the model's context, the longest prompt the router
+    takes (a longer one gets 400 ``context_length_exceeded``; None: the default cap)."""
     extra: dict[str, Any] = {} if node_model is None else {"nodeModel": dict(node_model)}
+    if context_length is not None:
+        extra["limits"] = {"maxPromptTokens": context_length}
     return RouterConfig.model_validate(
         {
             **extra,

@@ -117,6 +117,8 @@ class Preset(BaseModel):
     chunk_tokens: int = Field(gt=0)
     gpu_kv_tokens: int = Field(gt=0)
     host_kv_tokens: int = Field(gt=0)
+    # the model's context length (prompt + output); None: no limit below one node's GPU KV
+    context_tokens: int | None = Field(default=None, gt=0)
     kv_bytes_per_token: int = Field(gt=0)
     pd_transfer_bytes_per_s: float = Field(gt=0)  # a node's NIC, each way (GPU-to-GPU RDMA)
     host_link_bytes_per_s: float = Field(gt=0)  # a node's host-memory KV path for fetches (App. D.6)
@@ -140,6 +142,12 @@ class Preset(BaseModel):
     def decode_model(self) -> DecodeModel:
         d = self.decode
         return DecodeModel(d.d0, d.d1, d.d2, d.experts_active, d.experts_total, d.t_fwd)
+
+    @property
+    def max_request_tokens(self) -> int:
+        """The longest request (prompt + output) a node of this class serves: the model's context,
+        and never more than its GPU KV holds (a longer request could never be decoded there)."""
+        return min(self.gpu_kv_tokens, self.context_tokens or self.gpu_kv_tokens)
 
     def handover_s(self, tokens: int) -> float:
         """GPU-to-GPU P->D transfer time of ``tokens`` tokens of KV."""

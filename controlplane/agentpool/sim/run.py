@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -22,9 +23,10 @@ from agentpool.sim.replay import ConversationSource, Replay, WorkloadPeriod, cyc
 from agentpool.sim.simulator import SimConfig, Simulator
 from agentpool.sim.synthetic import generator
 from agentpool.sim.systems import STATIC_REFERENCE, PlannerKind, split_of, system
-from agentpool.sim.trace import Conversation, load_claude_code, load_mooncake
+from agentpool.sim.trace import Conversation, cap_context, load_claude_code, load_mooncake
 
 BUNDLED_TRACE = "claude-code-sample.jsonl.gz"
+log = logging.getLogger(__name__)
 WORKLOADS = ("claude-code", "mooncake", "putnam", "osworld", "shifting")
 
 
@@ -112,10 +114,24 @@ def fewer_collections() -> Iterator[None]:
 
 
 def load_conversations(sc: Scenario) -> list[Conversation] | None:
+    """The Claude Code conversations ``sc`` replays, as its preset's model sees them: a request longer
+    than the model's context (or than a node's GPU KV) ends its agent's conversation there
+    (:func:`~agentpool.sim.trace.cap_context`); ``None`` for other workloads."""
     if sc.workload != "claude-code":
         return None
     path = Path(sc.trace) if sc.trace else bundled_trace_path()
-    return load_claude_code(path, limit=sc.conversations)
+    conversations, removed = cap_context(
+        load_claude_code(path, limit=sc.conversations), preset(sc.preset).max_request_tokens
+    )
+    if removed:
+        log.info(
+            "%d requests over %s's %d-token context (and those waiting on them) left out of %s",
+            removed,
+            sc.preset,
+            preset(sc.preset).max_request_tokens,
+            path.name,
+        )
+    return conversations
 
 
 def run_system(

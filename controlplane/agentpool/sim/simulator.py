@@ -180,6 +180,9 @@ class Simulator:
         heapq.heappush(self._events, (at, self._seq, kind, payload))
 
     def issue_at(self, at: float, issue: Issue) -> None:
+        """Send ``issue`` at ``at``; a request no node's GPU KV holds would stall its node forever."""
+        if (need := issue.req.kv_tokens) > self.preset.gpu_kv_tokens:
+            raise ValueError(f"a request needs {need} tokens of KV, more than a node holds (cap_context)")
         self.schedule(at, ISSUE, issue)
 
     def every(self, period_s: float, first_at: float, fn: Callable[[float], None]) -> None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import gzip
 import json
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -248,6 +248,53 @@ def _conversation(sid: str, rows: list[tuple[int, dict[str, Any]]]) -> Conversat
             )
         )
     return Conversation.build(sid, requests, block or 64, kind="claude-code")
+
+
+def cap_context(conversations: Sequence[Conversation], max_tokens: int) -> tuple[list[Conversation], int]:
+    """The conversations as a model with a ``max_tokens`` context sees them, and how many requests
+    that removed.
+
+    An engine refuses a request whose prompt and output do not fit its context (SGLang answers 400),
+    so the agent cannot go on from it: the request, and every request that waits on it (its agent's
+    later turns, the sub-agents it spawns, theirs), leave the conversation. The rest keep their
+    order, dependencies and pauses; a conversation left empty is dropped. Without this a replay of
+    the Claude Code trace (prompts up to 880K tokens) on a node whose KV holds less sends requests
+    no node can ever decode, and the node holding one stalls for the rest of the run.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    out: list[Conversation] = []
+    removed = 0
+    for conv in conversations:
+        reqs = conv.requests
+        gone = [False] * len(reqs)
+        for i, r in enumerate(reqs):  # dependencies point backwards, so one pass suffices
+            too_long = r.input_tokens + r.output_tokens > max_tokens
+            gone[i] = too_long or (r.depends_on >= 0 and gone[r.depends_on])
+        n_gone = sum(gone)
+        if not n_gone:
+            out.append(conv)
+            continue
+        removed += n_gone
+        new_index: dict[int, int] = {}
+        kept: list[TraceRequest] = []
+        for i, r in enumerate(reqs):
+            if not gone[i]:
+                new_index[i] = len(kept)
+                kept.append(r)
+        if not kept:
+            continue
+        last_kept = {r.agent: new_index[i] for i, r in enumerate(reqs) if not gone[i]}
+        requests = [
+            replace(
+                r,
+                depends_on=new_index[r.depends_on] if r.depends_on >= 0 else -1,
+                last_of_agent=last_kept[r.agent] == j,
+            )
+            for j, r in enumerate(kept)
+        ]
+        out.append(Conversation.build(conv.name, requests, conv.block_size, conv.kind))
+    return out, removed
 
 
 def load_mooncake(path: str | Path, limit: int | None = None) -> list[tuple[float, Conversation]]:

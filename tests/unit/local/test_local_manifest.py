@@ -115,3 +115,10 @@ def test_the_iteration_model_reaches_the_local_router_and_planner(tmp_path: Path
     model = parse_config((tmp_path / "router.json").read_text(), "json").node_model
     assert {k: getattr(model, k) for k in coefficients} == pytest.approx(coefficients)
     assert json.loads((tmp_path / "planner.json").read_text())["prior_model"] == pytest.approx(coefficients)
+
+
+def test_the_models_context_length_caps_the_local_routers_prompts(tmp_path: Path) -> None:
+    text = EXAMPLE.read_text().replace("  model:\n", "  model:\n    contextLength: 131072\n", 1)
+    plan(load_manifest(write(tmp_path, text)), LocalOptions(router_port=18000), tmp_path)
+    limits = parse_config((tmp_path / "router.json").read_text(), "json").limits
+    assert limits.max_prompt_tokens == 131_072

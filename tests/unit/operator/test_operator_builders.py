@@ -395,6 +395,19 @@ def test_the_iteration_model_reaches_the_routers_node_model_and_the_planners_pri
     assert default.c0 != coefficients["c0"]  # the router's generic defaults
 
 
+def test_the_models_context_length_caps_the_routers_prompts() -> None:
+    _, _, before = build(SIM, generation=1)
+    edit = edited(SIM)
+    edit["spec"]["model"] = {**SIM["spec"]["model"], "contextLength": 262_144}
+    _, _, after = build(edit, generation=2)
+    changed = [a["metadata"]["name"] for a, b in zip(after, before, strict=True) if a != b]
+    assert changed == ["sim-config"]  # the router reads it live
+    data = by_kind(after, "ConfigMap")["sim-config"]["data"]["router.json"]
+    assert parse_config(data, "json").limits.max_prompt_tokens == 262_144
+    data = by_kind(before, "ConfigMap")["sim-config"]["data"]["router.json"]
+    assert parse_config(data, "json").limits.max_prompt_tokens == 1 << 21  # left out: the default cap
+
+
 def test_a_scale_changes_engines_and_who_may_be_patched() -> None:
     _, _, before = build(SIM)
     _, _, after = build(edited(SIM, nodes=8))

@@ -218,6 +218,20 @@ def test_colocated_node_waits_for_kv_room_before_decoding() -> None:
     assert f2 < e1 and d2 == pytest.approx(e1)  # the second waits for the first to free its KV
 
 
+def test_a_request_no_node_can_hold_is_refused_not_left_waiting() -> None:
+    """A prompt larger than a node's GPU KV would wait for room forever and stall its node (the Claude
+    Code trace reaches 880K tokens, the H200 preset holds 700K): the simulator refuses to send it."""
+    small_kv = GLM.model_copy(update={"gpu_kv_tokens": 8000})
+    metrics = Metrics(TtftSlo(2.0, 1e-4), 0.1, 0.0, 10_000.0)
+    sim = Simulator(
+        system("least-loaded"), small_kv, SimConfig(nodes=1, prefill_nodes=0, block_size=64), metrics
+    )
+    replay = Replay(sim, {"w": cycle([one_request(7990, 18)])})  # 8,008 tokens of KV
+    with pytest.raises(ValueError, match="more than a node holds"):
+        replay.closed_loop([WorkloadPeriod(0.0, {"w": 1})])
+        sim.run(5.0)
+
+
 def test_colocated_views_count_the_kv_of_prefilled_requests_waiting_for_room() -> None:
     small_kv = GLM.model_copy(update={"gpu_kv_tokens": 8000})  # room for one 5000+18-token request
     metrics = Metrics(TtftSlo(2.0, 1e-4), 0.1, 0.0, 10_000.0)

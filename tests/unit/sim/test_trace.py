@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 from pathlib import Path
@@ -9,9 +10,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agentpool.sim.run import bundled_trace_path
+from agentpool.sim.presets import preset
+from agentpool.sim.run import Scenario, bundled_trace_path, load_conversations
 from agentpool.sim.synthetic import generator
-from agentpool.sim.trace import INSTANCE_STRIDE, TraceError, load_claude_code, load_mooncake
+from agentpool.sim.trace import (
+    INSTANCE_STRIDE,
+    Conversation,
+    TraceError,
+    TraceRequest,
+    cap_context,
+    load_claude_code,
+    load_mooncake,
+)
 
 
 def _row(
@@ -124,3 +134,62 @@ def test_synthetic_generators_are_seeded_and_shaped() -> None:
     assert put_ratio > 10 * os_ratio
     with pytest.raises(ValueError):
         generator("chess", 0)
+
+
+def _tr(agent: int, inp: int, dep: int) -> TraceRequest:
+    blocks = np.arange(1, inp // 64 + 1, dtype=np.int64)
+    return TraceRequest(agent, 1, inp, 10, blocks, blocks[:0], dep, 1.0)
+
+
+# main 0 -> main 1 -> main 3; sub-agent (agent 1) 2 spawned after main 1, its turn 4 after 2
+_SHAPE = [(0, 100, -1), (0, 200, 0), (1, 300, 1), (0, 150, 1), (1, 400, 2)]
+
+
+@pytest.mark.parametrize(
+    ("cap", "kept", "depends", "last_of_agent"),
+    [
+        (10_000, [0, 1, 2, 3, 4], [-1, 0, 1, 1, 2], [False, False, False, True, True]),
+        # the sub-agent's second turn is too long: it alone goes
+        (400, [0, 1, 2, 3], [-1, 0, 1, 1], [False, False, True, True]),
+        # the sub-agent's first turn: it and its later turn go, the main agent goes on
+        (300, [0, 1, 3], [-1, 0, 1], [False, False, True]),
+        # main turn 1: everything after it waits on it
+        (200, [0], [-1], [True]),
+    ],
+)
+def test_cap_context_ends_what_waits_on_a_request_over_the_context(
+    cap: int, kept: list[int], depends: list[int], last_of_agent: list[bool]
+) -> None:
+    reqs = [_tr(a, inp, dep) for a, inp, dep in _SHAPE]
+    reqs = [dataclasses.replace(r, last_of_agent=i in (3, 4)) for i, r in enumerate(reqs)]
+    conv = Conversation.build("c", reqs, 64)
+    (out,), removed = cap_context([conv], cap)
+    assert removed == len(_SHAPE) - len(kept)
+    assert [r.input_tokens for r in out.requests] == [_SHAPE[i][1] for i in kept]
+    assert [r.depends_on for r in out.requests] == depends
+    assert [r.last_of_agent for r in out.requests] == last_of_agent
+    assert out.children == Conversation.build("c", list(out.requests), 64).children
+    if removed == 0:
+        assert out is conv  # untouched conversations are the same objects (runs stay identical)
+
+
+def test_cap_context_drops_emptied_conversations_and_refuses_a_bad_cap() -> None:
+    conv = Conversation.build("c", [_tr(a, inp, dep) for a, inp, dep in _SHAPE], 64)
+    assert cap_context([conv], 100) == ([], 5)
+    with pytest.raises(ValueError):
+        cap_context([conv], 0)
+
+
+def test_load_conversations_caps_at_the_presets_context() -> None:
+    qwen = Scenario(preset="qwen3-30b-a3b-h200")
+    assert preset(qwen.preset).max_request_tokens == 262_144  # the model's context, under its 700K of KV
+    raw = load_claude_code(bundled_trace_path())
+    capped = load_conversations(qwen)
+    assert capped is not None
+    assert max(r.input_tokens + r.output_tokens for c in capped for r in c.requests) <= 262_144
+    over = sum(r.input_tokens + r.output_tokens > 262_144 for c in raw for r in c.requests)
+    left = sum(len(c.requests) for c in capped)
+    assert over > 0 and left <= sum(len(c.requests) for c in raw) - over
+    # the GLM-5.2-class preset has no context limit below its 2.06M tokens of KV: nothing changes
+    glm = load_conversations(Scenario())
+    assert glm is not None and [len(c.requests) for c in glm] == [len(c.requests) for c in raw]

@@ -66,6 +66,7 @@ def router_config(pool: PoolRef, spec: AgentServingPoolSpec, generation: int) ->
         page_size=spec.kv_pool.page_size,
         generation=generation,
         node_model=spec.model.iteration_coefficients(),
+        context_length=spec.model.context_length,
     )
     return render_config(config)
 

@@ -66,7 +66,9 @@ class ModelSpec(ApiModel):
     served_name: str | None = Field(default=None, min_length=1, max_length=253)
     """Model name clients send in the OpenAI API; defaults to `name`."""
     context_length: int | None = Field(default=None, ge=1)
-    """Maximum context length in tokens; defaults to the model's own."""
+    """Maximum context length in tokens (prompt and output); defaults to the model's own. Engines
+    get it as SGLang's `--context-length`; the router answers a longer prompt with 400
+    `context_length_exceeded`."""
     experts: ExpertsSpec | None = None
     """Set for mixture-of-experts models; leave out for dense models (then `phi(B) = 1`)."""
     iteration_model: IterationModelSpec | None = None

@@ -172,6 +172,9 @@ class SglangSettings(_Model):
     chunked_prefill_tokens: int = Field(8192, ge=64, le=1 << 20)
     """SGLang's ``--chunked-prefill-size``: the most tokens one prefill pass computes (a prefill
     batch over it spans passes and gives no iteration record)."""
+    context_length: int | None = Field(None, ge=1)
+    """SGLang's ``--context-length``: the longest request (prompt and output) it takes; unset: the
+    model's own (or a ``--context-length`` among ``args``)."""
     args: list[str] = Field(default_factory=list, max_length=256)
     launcher: list[str] = Field(default_factory=lambda: list(DEFAULT_LAUNCHER), min_length=1, max_length=16)
     """The command that starts SGLang, before its arguments. The default runs the installed

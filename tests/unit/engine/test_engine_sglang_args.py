@@ -55,6 +55,8 @@ def test_a_colocated_node_is_not_disaggregated_and_has_no_host_tier_without_memo
         SglangLaunch("m", Role.DECODE, l3_socket="/run/l3.sock"),  # no host tier to back
         SglangLaunch("m", Role.DECODE, host_kv_gib=1, l3_socket="l3.sock"),
         SglangLaunch("m", Role.DECODE, extra=("--hicache-storage-backend", "file")),
+        SglangLaunch("m", Role.DECODE, context_length=0),
+        SglangLaunch("m", Role.DECODE, context_length=8192, extra=("--context-length=4096",)),
     ],
 )
 def test_invalid_settings_are_refused(launch: SglangLaunch) -> None:
@@ -66,6 +68,9 @@ def test_the_launcher_and_tp_size_come_first_and_from_the_settings() -> None:
     args = build_args(SglangLaunch("m", Role.DECODE, tp_size=4), launcher=("/usr/bin/stand-in", "-x"))
     assert args[:4] == ["/usr/bin/stand-in", "-x", "--model-path", "m"]
     assert flag(args, "--tp-size") == "4"
+    assert "--context-length" not in args  # the model's own unless set
+    args = build_args(SglangLaunch("m", Role.DECODE, context_length=262_144))
+    assert flag(args, "--context-length") == "262144"
     with pytest.raises(LaunchError, match="empty"):
         build_args(SglangLaunch("m", Role.DECODE), launcher=())
 

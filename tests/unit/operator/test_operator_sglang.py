@@ -84,6 +84,7 @@ def test_each_node_file_loads_in_the_agent_with_the_sglang_section(
         assert (sglang.port, sglang.bootstrap_port, sglang.tp_size) == (30000, 8998, tp)
         assert sglang.args == [a for a in args if a not in ("--chunked-prefill-size", "4096")]
         assert sglang.chunked_prefill_tokens == chunk
+        assert sglang.context_length == 262_144  # spec.model.contextLength: SGLang's --context-length
         assert sglang.ready_timeout_s == READY_TIMEOUT_S and sglang.require_gpu
         assert config.page_size == 64 and config.host_kv_bytes == 512 * 2**30
         assert config.role.value == ("prefill" if i < 4 else "decode")
@@ -98,6 +99,7 @@ def test_each_node_file_loads_in_the_agent_with_the_sglang_section(
         (["--tp=0"], "--tp needs a positive integer"),
         (["--port", "31000"], "may not set what the engine agent sets: --port"),  # the agent's own check
         (["--page-size=16", "--kv-events-config", "{}"], "--kv-events-config, --page-size"),
+        (["--context-length", "131072"], "--context-length is set twice"),  # spec.model.contextLength
     ],
 )
 def test_a_tensor_parallel_size_that_does_not_fit_the_node_is_an_invalid_pool(

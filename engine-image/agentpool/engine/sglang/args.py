@@ -58,6 +58,7 @@ class SglangLaunch:
     tp_size: int | None = None  # None: SGLang's default, or ``--tp-size`` among ``extra``
     page_size: int = 64
     chunked_prefill_tokens: int = 8192
+    context_length: int | None = None  # None: the model's own, or ``--context-length`` among ``extra``
     host_kv_gib: int = 0  # 0: no host tier
     kv_events_endpoint: str = "tcp://127.0.0.1:5557"
     kv_events_topic: str = "kv"
@@ -110,6 +111,10 @@ def build_args(s: SglangLaunch, launcher: Sequence[str] = DEFAULT_LAUNCHER) -> l
         raise LaunchError(f"extra arguments may not set what the engine agent sets: {', '.join(clash)}")
     if s.tp_size is not None and "--tp-size" in given:
         raise LaunchError("--tp-size is set twice: by tp_size and among the extra arguments")
+    if s.context_length is not None and "--context-length" in given:
+        raise LaunchError("--context-length is set twice: by context_length and among the extra arguments")
+    if s.context_length is not None and s.context_length < 1:
+        raise LaunchError("context_length must be positive")
     args = [*launcher, "--model-path", s.model]
     if s.served_name:
         args += ["--served-model-name", s.served_name]
@@ -117,6 +122,8 @@ def build_args(s: SglangLaunch, launcher: Sequence[str] = DEFAULT_LAUNCHER) -> l
     if s.tp_size is not None:
         args += ["--tp-size", str(s.tp_size)]
     args += ["--page-size", str(s.page_size), "--chunked-prefill-size", str(s.chunked_prefill_tokens)]
+    if s.context_length is not None:
+        args += ["--context-length", str(s.context_length)]
     if s.role is not Role.BOTH:
         args += [
             "--disaggregation-mode",

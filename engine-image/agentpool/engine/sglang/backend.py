@@ -91,6 +91,7 @@ def launch_argv(cfg: EngineConfig, s: SglangSettings, l3_socket: str | None = No
         tp_size=s.tp_size,
         page_size=cfg.page_size,
         chunked_prefill_tokens=s.chunked_prefill_tokens,
+        context_length=s.context_length,
         host_kv_gib=s.host_tier_gib(cfg.host_kv_bytes),
         kv_events_endpoint=s.kv_events_endpoint,
         kv_events_topic=s.kv_events_topic,

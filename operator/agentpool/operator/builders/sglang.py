@@ -84,6 +84,7 @@ def launch_problem(spec: AgentServingPoolSpec) -> str | None:
         served_name=spec.model.client_name,
         tp_size=None if tp is not None or gpus < 1 else gpus,
         page_size=spec.kv_pool.page_size,
+        context_length=spec.model.context_length,
         extra=tuple(args),
     )
     if chunk is not None:
@@ -114,4 +115,6 @@ def sglang_settings(spec: AgentServingPoolSpec) -> dict[str, Any]:
         values["tpSize"] = spec.engine.gpus_per_node
     if chunk is not None:
         values["chunkedPrefillTokens"] = chunk
+    if spec.model.context_length is not None:
+        values["contextLength"] = spec.model.context_length
     return values

@@ -38,6 +38,7 @@ from agentpool.planner.roles import (
     PodRoleState,
     ServedRoles,
 )
+from agentpool.wire.urls import base_url
 
 MERGE_PATCH = "application/merge-patch+json"
 log = logging.getLogger(__name__)
@@ -177,6 +178,5 @@ class RouterPods:
             ip = status.pod_ip
             if status.phase != "Running" or not ip:
                 continue
-            host = f"[{ip}]" if ":" in ip else ip
-            out.append((str(meta.name), f"{self._scheme}://{host}:{self._port}"))
+            out.append((str(meta.name), base_url(self._scheme, ip, self._port)))
         return [url for _, url in sorted(out)]

@@ -25,6 +25,7 @@ from agentpool.router.config import KubernetesDiscoveryConfig, NodeConfig, Route
 from agentpool.router.metrics import RouterMetrics
 from agentpool.router.nodes import NodeTable
 from agentpool.wire.engine import LoadReport
+from agentpool.wire.urls import base_url
 
 log = logging.getLogger(__name__)
 REGISTRY = "registry"
@@ -51,9 +52,8 @@ def engines_from_slices(slices: Iterable[Any], cfg: KubernetesDiscoveryConfig) -
             if not ready or not ep.addresses or ep.target_ref is None or not ep.target_ref.name:
                 continue
             address = ep.addresses[0]
-            host = f"[{address}]" if ":" in address else address
             name = ep.target_ref.name
-            found[name] = NodeConfig(id=name, url=f"{cfg.scheme}://{host}:{port}")
+            found[name] = NodeConfig(id=name, url=base_url(cfg.scheme, address, port))
     return sorted(found.values(), key=lambda n: n.id)
 
 

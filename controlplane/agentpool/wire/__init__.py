@@ -8,6 +8,7 @@
   engine's event stream (``EngineEvent``) and the engines' load reports to the routers (``LoadReport``).
 - :mod:`agentpool.wire.fits`: the planner's fitted per-node models that it pushes to every router
   (``PUT /agentpool/v1/models``), versioned.
+- :mod:`agentpool.wire.urls`: a pod's or endpoint's base URL from its address.
 
 Neutral on purpose: the planner, the routers and the engines import these modules; none of them
 owns the format.

@@ -29,6 +29,7 @@ from agentpool.api import AgentServingPoolSpec
 from agentpool.operator.builders.tls import CA_KEY, router_scheme
 from agentpool.operator.kube import KubeApi, KubeError
 from agentpool.operator.names import ROUTER, ROUTER_PORT, PoolRef
+from agentpool.wire.urls import base_url
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +62,7 @@ def running_router(pod: Mapping[str, Any], scheme: str = "http") -> RouterPod | 
         for p in container.get("ports") or []:
             if p.get("name") == "http" and isinstance(p.get("containerPort"), int):
                 port = p["containerPort"]
-    host = f"[{ip}]" if ":" in str(ip) else str(ip)
-    return RouterPod(str(meta.get("name")), f"{scheme}://{host}:{port}")
+    return RouterPod(str(meta.get("name")), base_url(scheme, str(ip), port))
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,81 +24,28 @@ grows many small dicts instead of one big one, and no single table rebuild stall
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from itertools import chain, compress, islice
 
-from agentpool.kv.hashing import ROOT_HASH
+from agentpool.kv.index_tables import IndexTables, both_bits_of, gpu_bit_of, host_bit_of
 from agentpool.kv.shards import (
     SHARDS,
-    Gets,
-    Runs,
-    ShardedAccess,
     new_shards,
     shard_keys,
     total,
-    walk,
 )
 from agentpool.kv.steps import STEP_BLOCKS, drain
-from agentpool.kv.types import HeldBlock, InvalidEventError, PrefixMatch, Tier, UnknownNodeError, split_blocks
-
-_MATCH_CACHE_SIZE = 1 << 16
-_COMPACT_MIN_PEAK = 1 << 16  # smaller tables are not worth rebuilding
+from agentpool.kv.types import HeldBlock, InvalidEventError, Tier, split_blocks
 
 Steps = Generator[None, None, tuple[list[int], list[int]]]
 _GPU, _HOST = int(Tier.GPU), int(Tier.HOST)
 _ALL_TIERS = _GPU | _HOST
 
 
-class PrefixIndex:
+class PrefixIndex(IndexTables):
     """Event-built index of KV block placement over nodes and tiers. Pure: time is passed in."""
 
-    def __init__(self) -> None:
-        # sharded by block hash (agentpool.kv.shards): block h is in table h % SHARDS of each
-        self._parent: list[dict[int, int]] = new_shards()  # every indexed block -> its parent hash
-        # block -> its holders: bit 2s set when slot s holds a host copy, bit 2s + 1 a GPU copy (one
-        # lookup per block of a walk); a block nobody holds has no entry. The loops that change many
-        # blocks reuse the int they computed for the block before when its holders were the same, so
-        # a run of blocks with the same holders shares one int object: a walk along it compares
-        # identity and never reads the object (one memory access fewer per block)
-        self._hold: list[dict[int, int]] = new_shards()
-        self._slot_of: dict[str, int] = {}
-        self._name_of: dict[int, str] = {}
-        self._free_slots: list[int] = []
-        self._next_slot = 0
-        self._live = 0  # bit 2s for each registered slot s: a slot being purged is out of every answer
-        self._last_access: dict[int, list[dict[int, float]]] = {}  # slot -> (sharded) hash -> last access
-        # slots that may hold a block without a host copy; every other slot's held blocks all have one
-        self._not_all_host: set[int] = set()
-        self._matches: dict[tuple[int, int, int], PrefixMatch] = {}  # see _match
-        self._runs = Runs()  # runs of blocks with one holders int that walks saw (shards.Runs)
-        self._peak = 0  # most blocks indexed since the last compaction (see _note_size, _compact)
-        self._bind()
-
-    def _bind(self) -> None:
-        """The bound methods the per-block loops call, per shard (after the tables are (re)built)."""
-        self._hold_get: Gets = [t.get for t in self._hold]
-        self._parent_setdefault = [t.setdefault for t in self._parent]
-
     # -- nodes -------------------------------------------------------------------------------
-    def nodes(self) -> list[str]:
-        return sorted(self._slot_of)
-
-    def has_node(self, node: str) -> bool:
-        return node in self._slot_of
-
-    def add_node(self, node: str) -> None:
-        """Give ``node`` a slot (idempotent)."""
-        if node in self._slot_of:
-            return
-        if self._free_slots:
-            slot = self._free_slots.pop()
-        else:
-            slot, self._next_slot = self._next_slot, self._next_slot + 1
-        self._slot_of[node] = slot
-        self._name_of[slot] = node
-        self._last_access[slot] = new_shards()
-        self._live |= _host_bit(slot)
-
     def drop_node(self, node: str) -> list[int]:
         """Forget ``node`` and every placement it had; returns the hashes it held."""
         held = list(chain.from_iterable(self._last_access[self._slot(node)]))
@@ -114,9 +61,9 @@ class PrefixIndex:
         self._note_size()
         del self._slot_of[node]
         del self._name_of[slot]
-        self._live &= ~_host_bit(slot)
+        self._live &= ~host_bit_of(slot)
         left = [la for la in self._last_access.pop(slot) if la]
-        keep = ~_both_bits(slot)
+        keep = ~both_bits_of(slot)
         hold, parents = self._hold, self._parent
         was, kept = -1, -1  # the last holders changed and what they became (see _hold)
         forget = self._runs.forget
@@ -147,51 +94,6 @@ class PrefixIndex:
         self._free_slots.append(slot)
         yield from self._compact_steps()
 
-    def _note_size(self) -> None:
-        """Record the index's size as a peak candidate. Called before every operation that deletes
-        entries: the index only grows in between, so the peak is always seen."""
-        size = total(self._parent)
-        if size > self._peak:
-            self._peak = size
-
-    def _compact(self) -> None:
-        drain(self._compact_steps())
-
-    def _compact_steps(self) -> Generator[None, None, None]:
-        """Give memory back after a big purge: a dict keeps its table size when entries are deleted,
-        so once the index holds under a quarter of its peak the tables are rebuilt at their live size
-        (same content and order; the copy costs time in proportion to what is left), one shard per
-        step (freeing a big table takes time too). Each shard is copied and replaced within one step,
-        in place in the shard lists, so work running between the steps sees the same content."""
-        size = total(self._parent)
-        if size > self._peak:
-            self._peak = size
-            return
-        if self._peak < _COMPACT_MIN_PEAK or 4 * size >= self._peak:
-            return
-        self._peak = size
-        for k in range(SHARDS):
-            yield
-            self._parent[k] = parents = dict(self._parent[k])
-            self._hold[k] = hold = dict(self._hold[k])
-            self._parent_setdefault[k] = parents.setdefault
-            self._hold_get[k] = hold.get
-            for la in self._last_access.values():
-                la[k] = dict(la[k])
-
-    def _slot(self, node: str) -> int:
-        try:
-            return self._slot_of[node]
-        except KeyError:
-            raise UnknownNodeError(f"node {node!r} is not in the index") from None
-
-    def _link(self, h: int, parent: int) -> None:
-        known = self._parent[h % SHARDS].setdefault(h, parent)
-        if known != parent:
-            raise InvalidEventError(
-                f"block {h:#x} stored under parent {parent:#x} but the index has parent {known:#x}"
-            )
-
     # -- events ------------------------------------------------------------------------------
     def apply_stored(self, node: str, parent: int, hashes: Sequence[int], tier: Tier, now: float) -> None:
         """``node`` stored the chain ``hashes`` (child of ``parent``) in ``tier`` at time ``now``.
@@ -213,7 +115,7 @@ class PrefixIndex:
         if t == _HOST and slot not in self._not_all_host:
             # Host-only stores on a node whose held blocks all have a host copy (the simulator's
             # write-through): a block the node already holds needs only its access time.
-            bit = _host_bit(slot)
+            bit = host_bit_of(slot)
             hold = self._hold
             was, now_held = -1, -1  # the last holders changed and what they became (see _hold)
             forget = self._runs.forget
@@ -231,7 +133,7 @@ class PrefixIndex:
                 la[h] = now
                 prev = h
             return
-        bits = (_host_bit(slot) if t & _HOST else 0) | (_gpu_bit(slot) if t & _GPU else 0)
+        bits = (host_bit_of(slot) if t & _HOST else 0) | (gpu_bit_of(slot) if t & _GPU else 0)
         was, now_held = -1, -1  # the last holders changed and what they became (see _hold)
         forget = self._runs.forget
         for h in hashes:
@@ -282,7 +184,7 @@ class PrefixIndex:
         """:meth:`remove` of host copies on ``slot`` while each of its blocks has one (``chosen``: the
         held blocks and their shards): every block listed loses its host copy, and leaves the node
         unless it has a GPU copy there."""
-        host_bit, gpu_bit = _host_bit(slot), _gpu_bit(slot)
+        host_bit, gpu_bit = host_bit_of(slot), gpu_bit_of(slot)
         las, hold, parents = self._last_access[slot], self._hold, self._parent
         host_lost: list[int] = []
         kept: list[int] = []  # blocks whose GPU copy stays
@@ -316,7 +218,7 @@ class PrefixIndex:
     def _remove_general(
         self, slot: int, chosen: Iterable[tuple[int, int]], gpu_t: bool, host_t: bool
     ) -> tuple[list[int], list[int]]:
-        host_bit, gpu_bit = _host_bit(slot), _gpu_bit(slot)
+        host_bit, gpu_bit = host_bit_of(slot), gpu_bit_of(slot)
         las, hold, parents = self._last_access[slot], self._hold, self._parent
         host_lost: list[int] = []
         gone: list[int] = []
@@ -409,7 +311,7 @@ class PrefixIndex:
             )
         self.add_node(node)
         slot = self._slot_of[node]
-        host_bit, gpu_bit = _host_bit(slot), _gpu_bit(slot)
+        host_bit, gpu_bit = host_bit_of(slot), gpu_bit_of(slot)
         keep = ~(host_bit | gpu_bit)
         self._not_all_host.add(slot)  # "may hold a block without a host copy" is safe meanwhile
         old = self._last_access[slot]
@@ -485,98 +387,3 @@ class PrefixIndex:
             la = las[h % SHARDS]
             if h in la:
                 la[h] = now
-
-    # -- queries -----------------------------------------------------------------------------
-    def __len__(self) -> int:
-        return total(self._parent)
-
-    def _tiers_of(self, h: int, slot: int) -> Tier:
-        v = self._hold[h % SHARDS].get(h, 0)
-        g = Tier.GPU if v & _gpu_bit(slot) else Tier(0)
-        return g | (Tier.HOST if v & _host_bit(slot) else Tier(0))
-
-    def tiers(self, node: str, block: int) -> Tier:
-        """Tiers in which ``node`` holds ``block`` (empty when it does not)."""
-        slot = self._slot_of.get(node)
-        return Tier(0) if slot is None else self._tiers_of(block, slot)
-
-    def parent(self, block: int) -> int:
-        return self._parent[block % SHARDS].get(block, ROOT_HASH)
-
-    def _held(self, node: str, hashes: Iterable[int]) -> Iterator[bool]:
-        """Whether ``node`` holds each of ``hashes`` (lazily, C-level)."""
-        las = self._last_access[self._slot(node)]
-        hashes = list(hashes)
-        return map(dict.__contains__, map(las.__getitem__, shard_keys(hashes)), hashes)
-
-    def holds_all(self, node: str, hashes: Iterable[int]) -> bool:
-        return all(self._held(node, hashes))
-
-    def count_held(self, node: str, hashes: Iterable[int]) -> int:
-        """How many of ``hashes`` ``node`` holds."""
-        return sum(self._held(node, hashes))
-
-    def last_access(self, node: str, block: int) -> float | None:
-        return self._last_access[self._slot(node)][block % SHARDS].get(block)
-
-    def node_blocks(self, node: str) -> Iterator[HeldBlock]:
-        """Every block ``node`` holds, with its parent and tiers (shard by shard)."""
-        slot = self._slot(node)
-        for h in chain.from_iterable(self._last_access[slot]):
-            yield HeldBlock(h, self._parent[h % SHARDS][h], self._tiers_of(h, slot))
-
-    def node_block_count(self, node: str) -> int:
-        return total(self._last_access[self._slot(node)])
-
-    def host_blocks(self, node: str) -> list[tuple[int, float]]:
-        """``(hash, last_access)`` of every block ``node`` holds in host memory (a copy)."""
-        return list(self.host_access(node).items())
-
-    def host_access(self, node: str) -> Mapping[int, float]:
-        """``hash -> last access`` of every block ``node`` holds in host memory: when every block the node
-        holds has a host copy, the live tables themselves (a read-only :class:`ShardedAccess`; no copy of
-        a node's index), else a new dict."""
-        slot = self._slot(node)
-        las = self._last_access[slot]
-        if slot not in self._not_all_host:
-            return ShardedAccess(las)
-        bit = _host_bit(slot)
-        return {
-            h: t
-            for hold, la in zip(self._hold, las, strict=True)
-            for h, t in la.items()
-            if hold.get(h, 0) & bit
-        }
-
-    def longest_prefixes(self, hashes: Sequence[int]) -> dict[str, PrefixMatch]:
-        """Per node holding block 0 of ``hashes``: its longest cached prefix by tier, in one walk
-        (:func:`agentpool.kv.shards.walk`); the nodes that leave at the same block share one result."""
-        gpu_depth, host_depth, any_depth = walk(hashes, self._hold_get, self._live, self._runs)
-        names, match = self._name_of, self._match
-        return {
-            names[slot]: match(gpu_depth.get(slot, 0), host_depth.get(slot, 0), d)
-            for slot, d in any_depth.items()
-        }
-
-    def _match(self, gpu: int, host: int, local: int) -> PrefixMatch:
-        """A shared immutable :class:`PrefixMatch` (building a frozen dataclass costs more than the walk)."""
-        key = (gpu, host, local)
-        m = self._matches.get(key)
-        if m is None:
-            if len(self._matches) >= _MATCH_CACHE_SIZE:
-                self._matches.clear()
-            m = self._matches[key] = PrefixMatch(gpu, host, local)
-        return m
-
-
-def _host_bit(slot: int) -> int:
-    """The bit of a host copy on ``slot`` in a block's holders (``_hold``)."""
-    return 1 << (2 * slot)
-
-
-def _gpu_bit(slot: int) -> int:
-    return 2 << (2 * slot)
-
-
-def _both_bits(slot: int) -> int:
-    return 3 << (2 * slot)

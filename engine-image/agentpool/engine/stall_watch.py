@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from agentpool.engine.jobs import EventStream, Job, JobState
 
 if TYPE_CHECKING:
-    from agentpool.engine.simbackend import SimBackend
+    from agentpool.engine.simstate import SimBackendState
 
 log = logging.getLogger(__name__)
 _QUEUED = (JobState.QUEUED, JobState.PREFILL)
@@ -90,7 +90,7 @@ class StallWatch:
                 log.warning("%s", line)
 
 
-def sim_wait(b: SimBackend, s: EventStream, now: float) -> str:
+def sim_wait(b: SimBackendState, s: EventStream, now: float) -> str:
     """What the ``sim`` backend's request ``s`` waits for, and the node's state, in words."""
     parts = []
     if s.waiting_for:

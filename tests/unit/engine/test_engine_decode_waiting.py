@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from agentpool.engine.sglang.control import decode_waiting_tokens
 from agentpool.engine.sglang.iterations import PACER_STALL_S
-from agentpool.engine.simbackend import decode_waiting_tokens as sim_decode_waiting
+from agentpool.engine.simstate import decode_waiting_tokens as sim_decode_waiting
 from agentpool.node import NodeLoad, NodeStatus, Role
 
 

@@ -13,12 +13,14 @@ from typing import Any
 
 from agentpool.sim.parallel import run_parallel
 from agentpool.sim.planners import ModelSource, PlannerSettings
+from agentpool.sim.presets import preset
 from agentpool.sim.report import markdown_report, write_json, write_plots
 from agentpool.sim.run import (
     WORKLOADS,
     Scenario,
     best_reference,
     load_conversations,
+    load_trace_for,
     reference_runs,
     run_system,
     scenario_bound,
@@ -249,7 +251,10 @@ def run(args: argparse.Namespace, adjust: Callable[[Scenario], Scenario] | None 
     say = _Say(args.quiet)
     if sc.workload == "claude-code":
         say(f"loading the Claude Code trace ({sc.trace or 'bundled sample'}) ...")
-    conversations = load_conversations(sc)
+    conversations, left_out = load_trace_for(sc)
+    if left_out:
+        limit = preset(sc.preset).max_request_tokens
+        say(f"{left_out} trace requests over the {limit:,}-token context (and what waits on them) left out")
     runs = reference_runs(names, sc.sim.nodes)
     plural = "s" if len(runs) > 1 else ""
     say(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -26,7 +25,6 @@ from agentpool.sim.systems import STATIC_REFERENCE, PlannerKind, split_of, syste
 from agentpool.sim.trace import Conversation, cap_context, load_claude_code, load_mooncake
 
 BUNDLED_TRACE = "claude-code-sample.jsonl.gz"
-log = logging.getLogger(__name__)
 WORKLOADS = ("claude-code", "mooncake", "putnam", "osworld", "shifting")
 
 
@@ -114,24 +112,19 @@ def fewer_collections() -> Iterator[None]:
 
 
 def load_conversations(sc: Scenario) -> list[Conversation] | None:
-    """The Claude Code conversations ``sc`` replays, as its preset's model sees them: a request longer
-    than the model's context (or than a node's GPU KV) ends its agent's conversation there
-    (:func:`~agentpool.sim.trace.cap_context`); ``None`` for other workloads."""
+    """The Claude Code conversations ``sc`` replays (:func:`load_trace_for`, without the count)."""
+    return load_trace_for(sc)[0]
+
+
+def load_trace_for(sc: Scenario) -> tuple[list[Conversation] | None, int]:
+    """The Claude Code conversations ``sc`` replays, as its preset's model sees them, and how many
+    trace requests that left out: a request longer than the model's context (or than a node's GPU
+    KV) ends its agent's conversation there (:func:`~agentpool.sim.trace.cap_context`). ``None``
+    for other workloads."""
     if sc.workload != "claude-code":
-        return None
+        return None, 0
     path = Path(sc.trace) if sc.trace else bundled_trace_path()
-    conversations, removed = cap_context(
-        load_claude_code(path, limit=sc.conversations), preset(sc.preset).max_request_tokens
-    )
-    if removed:
-        log.info(
-            "%d requests over %s's %d-token context (and those waiting on them) left out of %s",
-            removed,
-            sc.preset,
-            preset(sc.preset).max_request_tokens,
-            path.name,
-        )
-    return conversations
+    return cap_context(load_claude_code(path, limit=sc.conversations), preset(sc.preset).max_request_tokens)
 
 
 def run_system(

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from agentpool.sim.presets import preset
-from agentpool.sim.run import Scenario, bundled_trace_path, load_conversations
+from agentpool.sim.run import Scenario, bundled_trace_path, load_conversations, load_trace_for
 from agentpool.sim.synthetic import generator
 from agentpool.sim.trace import (
     INSTANCE_STRIDE,
@@ -190,6 +190,7 @@ def test_load_conversations_caps_at_the_presets_context() -> None:
     over = sum(r.input_tokens + r.output_tokens > 262_144 for c in raw for r in c.requests)
     left = sum(len(c.requests) for c in capped)
     assert over > 0 and left <= sum(len(c.requests) for c in raw) - over
+    assert load_trace_for(qwen)[1] == sum(len(c.requests) for c in raw) - left  # what simulate prints
     # the GLM-5.2-class preset has no context limit below its 2.06M tokens of KV: nothing changes
     glm = load_conversations(Scenario())
     assert glm is not None and [len(c.requests) for c in glm] == [len(c.requests) for c in raw]

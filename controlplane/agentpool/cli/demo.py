@@ -8,12 +8,11 @@ from pathlib import Path
 
 from agentpool.cli.replay import command_line, load_trace
 from agentpool.cli.up import options_from
-from agentpool.local.demo import demo_manifest, run_demo
+from agentpool.local.demo import context_limit, demo_manifest, run_demo
 from agentpool.local.pool import ManifestError, free_port, load_manifest
 from agentpool.local.replay import ReplaySettings
 from agentpool.local.run_replay import ReplayOutput, Slo
 from agentpool.local.supervisor import StartError
-from agentpool.sim.presets import preset
 from agentpool.sim.trace import cap_context
 
 HELP = "run a local pool and replay the bundled Claude Code sample through it (about 4 minutes)"
@@ -59,9 +58,7 @@ def run(args: argparse.Namespace) -> int:
     except ManifestError as e:
         print(f"agentpool demo: {e}")
         return 2
-    # the sim engines serve at most the preset's context: the live run and the simulator's replay
-    # both leave out what a longer request would have led to
-    limit = preset(options.preset).max_request_tokens
+    limit = context_limit(pool, options.preset)
     conversations, removed = cap_context(load_trace(args), limit)
     if removed:
         print(f"agentpool demo: {removed} trace requests over the {limit:,}-token context left out")

@@ -26,12 +26,23 @@ from agentpool.local.pool_sim import apply_pool, pool_system
 from agentpool.local.replay import ReplaySettings
 from agentpool.local.run_replay import ReplayOutput, Slo, replay, write_reports
 from agentpool.local.up import LocalPool, endpoints_text
+from agentpool.sim.presets import preset as node_preset
 from agentpool.sim.run import Scenario, run_system
 from agentpool.sim.trace import Conversation
 
 
 def demo_manifest() -> Path:
     return Path(str(resources.files("agentpool.local").joinpath("data/demo-pool.yaml")))
+
+
+def context_limit(pool: AgentServingPool, preset_name: str) -> int:
+    """The longest request the demo replays: the sim engines serve at most their preset's context
+    (and KV), the router at most the pool's ``spec.model.contextLength``. The live run and the
+    simulator's replay both leave out what a longer request would have led to
+    (:func:`agentpool.sim.trace.cap_context`), so they stay one workload."""
+    limit = node_preset(preset_name).max_request_tokens
+    given = pool.spec.model.context_length
+    return limit if given is None else min(limit, given)
 
 
 def scaled(conversations: list[Conversation], time_scale: float) -> list[Conversation]:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from agentpool.local.demo import context_limit, demo_manifest
 from agentpool.local.pool import (
     LocalOptions,
     ManifestError,
@@ -122,3 +123,12 @@ def test_the_models_context_length_caps_the_local_routers_prompts(tmp_path: Path
     plan(load_manifest(write(tmp_path, text)), LocalOptions(router_port=18000), tmp_path)
     limits = parse_config((tmp_path / "router.json").read_text(), "json").limits
     assert limits.max_prompt_tokens == 131_072
+
+
+def test_the_demo_replays_within_the_engines_and_the_pools_context(tmp_path: Path) -> None:
+    demo = load_manifest(demo_manifest())
+    assert demo.spec.model.context_length is None
+    assert context_limit(demo, "qwen3-30b-a3b-h200") == 262_144  # the preset's model
+    assert context_limit(demo, "glm52-4xgb300") == 2_060_000  # no context set: one node's KV
+    text = demo_manifest().read_text().replace("  model:\n", "  model:\n    contextLength: 100000\n", 1)
+    assert context_limit(load_manifest(write(tmp_path, text)), "qwen3-30b-a3b-h200") == 100_000

@@ -34,6 +34,7 @@ sglang:                        # backend sglang only (required there): the SGLan
   kvEventsEndpoint: "tcp://127.0.0.1:5557"   # SGLang binds, the agent subscribes
   bootstrapPort: 8998          # P->D: SGLang's disaggregation bootstrap server
   chunkedPrefillTokens: 8192   # --chunked-prefill-size (bounds the prefill iteration records)
+  contextLength: 262144        # --context-length (unset: the model's own)
   args: ["--mem-fraction-static", "0.85"]  # more SGLang flags (not the ones the agent sets)
   readyTimeoutS: 1800          # model load until /health answers 200
   keepHostKv: true             # SGLang's host-tier pages also in this agent's host pool (its L3

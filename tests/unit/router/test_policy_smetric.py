@@ -117,8 +117,21 @@ CASES: list[tuple[str, list[NodeState], RequestView, PolicyContext, dict[str, fl
         "b",
     ),
     (
-        "colocated, no node has KV room: the fewest requests stalled (idle b, not a with 2 queued)",
+        # a: 0.95 s to its first token + 2 x 0.11 s held up; b: 1.26 s, nobody held up
+        "colocated, no node has KV room: least delay added, the session's node with 2 queued",
         [node("a", role=Role.BOTH, queue=SOME, kv_room=0), node("b", role=Role.BOTH, kv_room=0)],
+        FOLLOW_UP,
+        CTX,
+        {},
+        "a",
+    ),
+    (
+        # a: 0.96 s + 32 x 0.11 s held up; b: 1.26 s (the old rule, load x requests, agreed here)
+        "colocated, no node has KV room: a session node crowded with decodes adds more delay",
+        [
+            node("a", role=Role.BOTH, queue=SOME, running_decode=30, kv_room=0),
+            node("b", role=Role.BOTH, kv_room=0),
+        ],
         FOLLOW_UP,
         CTX,
         {},

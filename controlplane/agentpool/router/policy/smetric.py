@@ -9,7 +9,8 @@
     slow_n       = tpot_n > SLACK * TPOT_SLO                 (the pool's TPOT SLO, ctx.tpot_slo_s)
     meets_n      = load_n <= SLACK * (b + a*L)  and  not slow_n    (the pool's TTFT and TPOT SLOs)
     stalled      = slow_n on every n                         (colocated nodes only)
-    i            = argmin load_n * (requests_n + 1)  if stalled  else  argmin (slow_n, load_n)
+    i            = argmin load_n + requests_n * cost_n(L - hits_n, L)  if stalled
+                   else argmin (slow_n, load_n)
 
     if turn == 1 or hits_best == 0 or hits_best < HIT_RATIO * est_hit:   new or evicted session
         return i
@@ -42,12 +43,15 @@ past the peak load, most of it that wait; bench/results/sim_smetric_sweep.md).
 
 When the TPOT misses on every node (``stalled``: past the peak, the cluster's KV is taken and every
 node has prefilled requests waiting for room), no placement meets the SLO; a request then goes
-where its prefill backlog stalls the fewest requests: least ``load_n`` times the requests on n
-(queued prefills plus running decodes, plus itself). Every prefill chunk on a colocated node rides
-with all of its decodes, so a node busy with prefill work starves its decodes, and the old fallback
-(least added load: the session's node, which keeps its work lowest) kept piling prefills onto
-nodes whose decodes then crawled: the cluster did not recover from the cold start of 640 agents
-within 10 minutes (110 requests done by the 570th second against lmetric's 1,882, seed 0).
+where it adds the least delay: its own wait for its first token there (``load_n``) plus the time its
+prefill holds up each request already on n (``cost_n(L - hits_n, L)`` times ``requests_n``, queued
+prefills plus running decodes: every prefill chunk on a colocated node rides with all of its
+decodes). The session's node keeps its reuse in that sum (its prefill is the shortest), and a node
+crowded with requests pays for each. Two simpler fallbacks fail there (``bench_sim smetric``, 16
+nodes, 30 + 10 min, six seeds, ``sim_README.md``): the paper's least added load alone (the session's
+node) piles prefills onto nodes whose decodes then crawl (0.39-0.70x lmetric's TPS within SLO at 640
+agents), and least ``load_n`` times ``requests_n + 1`` (this rule until session 15) spreads sessions
+off their nodes and loses their reuse (0.68-1.17x at 640 agents, lost reuse up to 7.5%).
 
 Ties (the argmins above, and best after load): equal seconds of load are broken by the requests on
 the node (queued prefills plus running decodes), then by the KV it holds in use, then by a
@@ -193,8 +197,8 @@ class SMetricPolicy:
         best = _argmin({nid: (neg_hits[nid], load[nid]) for nid in load}, tie)
         # TPOT misses everywhere (colocated nodes only: a prefill node's TPOT is 0)
         stalled = all(slow.values())
-        if stalled:  # the backlog that stalls the fewest requests
-            least = _argmin({nid: (v * (tie(nid)[0] + 1),) for nid, v in load.items()}, tie)
+        if stalled:  # the least delay added: its own wait, and its prefill's on each request there
+            least = _argmin({nid: (v + own[nid] * tie(nid)[0],) for nid, v in load.items()}, tie)
         else:
             least = _argmin({nid: (slow[nid], v) for nid, v in load.items()}, tie)
         hit = int(-neg_hits[best])
@@ -214,7 +218,7 @@ class SMetricPolicy:
                 why = f"{best} would miss {deadline:.3f}s"
             return self._decision(request, least, f"migrate: {why}, {least} meets both", load)
         if stalled:
-            why = f"no node meets TPOT {tpot_limit:.3f}s: fewest requests stalled"
+            why = f"no node meets TPOT {tpot_limit:.3f}s: least delay added"
             return self._decision(request, least, why, load)
         added = _argmin({nid: (own[nid], load[nid]) for nid in load}, tie)
         return self._decision(request, added, f"no node meets {deadline:.3f}s: least added load", load)

@@ -396,6 +396,11 @@ def sim_settings(pool: AgentServingPool, options: LocalOptions) -> dict[str, Any
     out: dict[str, Any] = {"timeScale": options.time_scale, **p.prefill.model_dump()}
     out |= {k: v for k, v in p.decode.model_dump().items() if k in ("d0", "d1", "d2")}
     out |= {"tAcc": p.t_acc, "chunkTokens": p.chunk_tokens, "gpuKvTokens": p.gpu_kv_tokens}
+    # the engine refuses what its model would (SGLang's --context-length): the smaller of the
+    # preset model's context and the pool's spec.model.contextLength
+    limits = [n for n in (p.context_tokens, pool.spec.model.context_length) if n is not None]
+    if limits:
+        out["contextLength"] = min(limits)
     if shape.experts_total:
         out |= {"expertsActive": shape.experts_active, "expertsTotal": shape.experts_total}
     return out

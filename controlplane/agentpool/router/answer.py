@@ -57,7 +57,7 @@ def flow_error(e: FlowError, retry_after: int) -> Response:
     if isinstance(e, NoCapacity):
         return flow_response(e, "server_error", "no_capacity", {"Retry-After": str(retry_after)})
     if isinstance(e, BadRequest):
-        return flow_response(e, "invalid_request_error", "rejected_by_engine")
+        return flow_response(e, "invalid_request_error", e.code)
     return flow_response(e, "server_error", "engine_failed")
 
 

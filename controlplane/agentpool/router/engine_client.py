@@ -44,7 +44,26 @@ class EngineFailure(UpstreamError):
 
 class EngineRejected(InvalidInputError):
     """The engine refused the request for its content (HTTP 400/413/422, or an ``error`` event with a
-    4xx ``status``), or the request could not be encoded: the request's fault, not the engine's."""
+    4xx ``status``), or the request could not be encoded: the request's fault, not the engine's.
+    ``code``: OpenAI's error code for the client (``context_length_exceeded`` when the engine's error
+    type says the request is longer than it takes)."""
+
+    def __init__(self, message: str, code: str = "rejected_by_engine") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# the engine's error type for a request longer than it takes (``agentpool.engine.errors``)
+TOO_LONG_TYPE = "ContextLengthError"
+
+
+def rejection_code(body: str) -> str:
+    """OpenAI's error code for an engine's refusal, from the error ``type`` of its JSON body."""
+    try:
+        kind = orjson.loads(body)["error"]["type"]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return "rejected_by_engine"
+    return "context_length_exceeded" if kind == TOO_LONG_TYPE else "rejected_by_engine"
 
 
 # engine answers that blame the request, not the engine
@@ -397,7 +416,7 @@ class EngineCall:
         if status != 200:
             text = (await client._some(conn)).decode(errors="replace")
             if status in REJECTED_STATUSES:
-                raise EngineRejected(f"{url} rejected the request ({status}): {text}")
+                raise EngineRejected(f"{url} rejected the request ({status}): {text}", rejection_code(text))
             if status == 401:
                 raise EngineFailure(
                     f"{url} refused the router's engine token (401; --engine-token-file): {text}"

@@ -207,7 +207,7 @@ class Dispatcher:
                 log.warning("request %s: %s refused it for its content: %s", prep.request_id, node, e)
                 if out.sent:
                     raise StreamBroken(str(e)) from e
-                raise BadRequest(str(e)) from e
+                raise BadRequest(str(e), e.code) from e
             except (EngineFailure, _DecodeFailed) as e:
                 failed = e.node if isinstance(e, _DecodeFailed) else node
                 self.metrics.engine_failures.labels("engine").inc()

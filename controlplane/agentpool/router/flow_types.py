@@ -43,7 +43,12 @@ class StreamBroken(FlowError, UpstreamError):
 
 
 class BadRequest(FlowError, InvalidInputError):
-    """An engine refused the request for its content: the client's fault (400); no engine is blamed."""
+    """An engine refused the request for its content: the client's fault (400); no engine is blamed.
+    ``code``: OpenAI's error code for the answer."""
+
+    def __init__(self, message: str, code: str = "rejected_by_engine") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(frozen=True, slots=True)

@@ -128,6 +128,9 @@ class SimSettings(_Model):
     t_acc: float = Field(1.0, gt=0, le=64)
     chunk_tokens: int = Field(8192, gt=0)
     gpu_kv_tokens: int = Field(700_000, gt=0)
+    context_length: int | None = Field(None, gt=0)
+    """The longest request (prompt and output) the modelled engine takes, as SGLang's
+    ``--context-length``; unset: any that fits ``gpu_kv_tokens``. A longer one is refused (400)."""
     default_max_tokens: int = Field(16, gt=0)
     max_tokens_limit: int = Field(1 << 16, gt=0)
 

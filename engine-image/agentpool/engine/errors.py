@@ -22,6 +22,11 @@ class BadRequestError(EngineError, InvalidInputError):
     """Malformed or oversized input from a caller (400)."""
 
 
+class ContextLengthError(BadRequestError):
+    """A request longer than the engine takes (its context length, or all of its KV): 400, and the
+    error's ``type`` names it, so that the router answers ``context_length_exceeded``."""
+
+
 class Unauthenticated(EngineError, UnauthenticatedError):
     """A call to the engine's API or lease channel without the engine token, or with a wrong one (401)."""
 

@@ -28,6 +28,7 @@ from agentpool.engine.backend import BackendParts
 from agentpool.engine.errors import BadRequestError, FetchError
 from agentpool.engine.jobs import Job, JobState, token_text
 from agentpool.engine.kvstate import KvLedger, NoSink
+from agentpool.engine.lengths import check_request_length
 from agentpool.engine.simstate import SimBackendState
 from agentpool.kv import block_hashes
 from agentpool.node import GpuCache, Request, Role
@@ -128,6 +129,9 @@ class SimBackend(SimBackendState):
         if g.phase == "decode" and g.kv_source is None:
             raise BadRequestError("a decode request needs kv_source")
         out = self._max_tokens(g.body)
+        # one that cannot fit all of the GPU KV would wait for room forever, with the queue behind it
+        s = self.cfg.sim
+        check_request_length(len(g.prompt_token_ids), out, s.context_length, s.gpu_kv_tokens)
         if self.draining or g.phase not in _ACCEPTS[self.node.role]:
             return None
         if g.phase != "decode" and len(self.node.queue) >= self.cfg.max_queue:

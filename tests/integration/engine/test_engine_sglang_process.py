@@ -367,3 +367,34 @@ async def test_a_request_silent_in_sglang_is_logged_with_what_the_agent_knows(tm
         assert events[-1]["type"] == "done", events[-3:]
     finally:
         await engine.stop()
+
+
+async def test_the_agent_refuses_a_request_over_sglangs_context_length(tmp_path: Path) -> None:
+    """With ``sglang.contextLength`` the agent refuses a longer request itself, with a 400 whose
+    error type the router turns into ``context_length_exceeded`` (SGLang would refuse it mid-stream,
+    an error the router cannot tell from another); a request within it goes to SGLang."""
+    section = sglang_section(tmp_path, contextLength=4 * PAGE + 10)
+    engine = await start_engine(tmp_path, engine_config("sg6", backend="sglang", sglang=section))
+    try:
+        async with aiohttp.ClientSession() as http:
+
+            async def ready() -> bool:
+                async with http.get(engine.url + "/ready") as r:
+                    return r.status == 200
+
+            await wait_until(ready, 30, "the agent to be ready once SGLang is healthy", alive=[engine])
+            body = gen_body("too-long", list(range(200, 200 + 4 * PAGE)), max_tokens=11)
+            async with http.post(engine.url + "/agentpool/v1/generate", json=body, headers=ENGINE_AUTH) as r:
+                assert r.status == 400, await r.text()
+                error = (await r.json())["error"]
+            assert error["type"] == "ContextLengthError", error
+            assert f"context length of {4 * PAGE + 10}" in error["message"]
+            body = gen_body("fits", list(range(200, 200 + 4 * PAGE)), max_tokens=10)
+            async with http.post(engine.url + "/agentpool/v1/generate", json=body, headers=ENGINE_AUTH) as r:
+                assert r.status == 200, await r.text()
+                events = [json.loads(line) async for line in r.content]
+            assert events[-1]["type"] == "done", events[-3:]
+        argv = json.loads((tmp_path / "argv.json").read_text())
+        assert argv[argv.index("--context-length") + 1] == str(4 * PAGE + 10)
+    finally:
+        await engine.stop()

@@ -78,6 +78,10 @@ class StandIn:
         req = GenerateRequest.model_validate(await request.json())
         self.received.append(req)
         rejected = self.reject_marker is not None and self.reject_marker in json.dumps(req.body)
+        if self.reject_marker is not None and "TOO-LONG" in json.dumps(req.body):
+            # as the sim engine refuses a request over its context (its error type names it)
+            too_long = {"type": "ContextLengthError", "message": "more than this engine's context length"}
+            return web.json_response({"error": too_long}, status=400)
         if rejected and not self.reject_in_stream:
             return web.json_response({"error": "bad request content"}, status=400)
         resp = web.StreamResponse(headers={"content-type": "application/x-ndjson"})

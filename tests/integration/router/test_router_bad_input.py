@@ -133,6 +133,20 @@ async def test_an_engine_refusing_the_content_is_not_marked_down(
                 assert resp.status == 200, await resp.text()
 
 
+async def test_an_engine_refusing_a_request_as_too_long_answers_context_length_exceeded(
+    router: Router, engines: list[StandIn]
+) -> None:
+    async with aiohttp.ClientSession() as http:
+        for _ in range(3):
+            async with http.post(router.url + CHAT, json=chat_body("a TOO-LONG prompt")) as resp:
+                payload = await resp.json()
+            assert resp.status == 400, payload
+            assert payload["error"]["code"] == "context_length_exceeded", payload
+            assert "more than this engine's context length" in payload["error"]["message"]
+        assert sum(len(e.received) for e in engines) == 3  # no retry elsewhere
+        assert no_node_down(router)
+
+
 async def test_a_dead_engine_is_still_marked_down_and_the_cause_is_logged(
     router: Router, engines: list[StandIn], caplog: pytest.LogCaptureFixture
 ) -> None:

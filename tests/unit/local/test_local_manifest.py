@@ -123,6 +123,16 @@ def test_the_models_context_length_caps_the_local_routers_prompts(tmp_path: Path
     plan(load_manifest(write(tmp_path, text)), LocalOptions(router_port=18000), tmp_path)
     limits = parse_config((tmp_path / "router.json").read_text(), "json").limits
     assert limits.max_prompt_tokens == 131_072
+    # the sim engines refuse longer requests (400), as SGLang's --context-length does
+    engine = json.loads((tmp_path / "engine-0.json").read_text())
+    assert engine["sim"]["contextLength"] == 131_072
+
+
+def test_local_sim_engines_take_their_presets_context_without_one_in_the_pool(tmp_path: Path) -> None:
+    plan(load_manifest(EXAMPLE), LocalOptions(router_port=18000), tmp_path)
+    engine = json.loads((tmp_path / "engine-0.json").read_text())
+    assert engine["sim"]["contextLength"] == 262_144  # the default preset's model (Qwen3-Coder-30B-A3B)
+    assert engine["sim"]["gpuKvTokens"] == 700_000
 
 
 def test_the_demo_replays_within_the_engines_and_the_pools_context(tmp_path: Path) -> None:

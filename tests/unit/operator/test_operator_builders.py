@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from agentpool.api import AgentServingPool, AgentServingPoolSpec
+from agentpool.engine.config import EngineConfig
 from agentpool.models.refit import RefitPolicy
 from agentpool.operator.builders import BuildSettings, InvalidPoolError, children
 from agentpool.operator.builders.secrets import (
@@ -401,9 +402,14 @@ def test_the_models_context_length_caps_the_routers_prompts() -> None:
     edit["spec"]["model"] = {**SIM["spec"]["model"], "contextLength": 262_144}
     _, _, after = build(edit, generation=2)
     changed = [a["metadata"]["name"] for a, b in zip(after, before, strict=True) if a != b]
-    assert changed == ["sim-config"]  # the router reads it live
+    assert changed == ["sim-config", "sim-engines"]  # the router reads it live; the sim engines too
     data = by_kind(after, "ConfigMap")["sim-config"]["data"]["router.json"]
     assert parse_config(data, "json").limits.max_prompt_tokens == 262_144
+    # the sim engines refuse a longer request (400), as SGLang's --context-length does
+    engines = by_kind(after, "ConfigMap")["sim-engines"]["data"]
+    assert {EngineConfig.model_validate_json(v).sim.context_length for v in engines.values()} == {262_144}
+    engines = by_kind(before, "ConfigMap")["sim-engines"]["data"]
+    assert {EngineConfig.model_validate_json(v).sim.context_length for v in engines.values()} == {None}
     data = by_kind(before, "ConfigMap")["sim-config"]["data"]["router.json"]
     assert parse_config(data, "json").limits.max_prompt_tokens == 1 << 21  # left out: the default cap
 

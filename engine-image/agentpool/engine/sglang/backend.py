@@ -41,6 +41,7 @@ from agentpool.engine.config import EngineConfig, SglangSettings
 from agentpool.engine.errors import BackendUnavailable, BadRequestError, SwitchFailed
 from agentpool.engine.jobs import EventStream, JobState
 from agentpool.engine.kvstate import KvEventSink, NoSink
+from agentpool.engine.lengths import check_request_length
 from agentpool.engine.metrics import EngineMetrics
 from agentpool.engine.sglang.args import DEFAULT_LAUNCHER, LaunchError, SglangLaunch, build_args
 from agentpool.engine.sglang.control import SglangControl, SglangError, SglangLoad, decode_waiting_tokens
@@ -296,6 +297,8 @@ class SglangBackend:
         if min(ids) < 0 or max(ids) >= 1 << 32:
             raise BadRequestError("prompt_token_ids must be token ids in [0, 2**32)")
         params = sampling_params(g.body, self.cfg.sim.default_max_tokens, self.cfg.sim.max_tokens_limit)
+        # SGLang refuses it too, but mid-stream, as an error the router cannot tell from another
+        check_request_length(len(ids), params["max_new_tokens"], self.s.context_length)
         payload: dict[str, Any] = {"input_ids": ids, "sampling_params": params, "stream": True}
         if g.phase == "decode":
             if g.kv_source is None:

@@ -114,9 +114,15 @@ def engine_config(pool: PoolRef, spec: AgentServingPoolSpec, ordinal: int) -> st
         "pageSize": spec.kv_pool.page_size,
         "hostKvBytes": spec.engine.host_kv_bytes,
     }
-    experts = spec.model.experts
-    if spec.engine.backend == "sim" and experts is not None:
-        values["sim"] = {"expertsActive": experts.active, "expertsTotal": experts.total}
+    if spec.engine.backend == "sim":
+        sim: dict[str, Any] = {}
+        experts = spec.model.experts
+        if experts is not None:
+            sim |= {"expertsActive": experts.active, "expertsTotal": experts.total}
+        if spec.model.context_length is not None:  # it refuses longer requests, as SGLang would
+            sim["contextLength"] = spec.model.context_length
+        if sim:
+            values["sim"] = sim
     if spec.engine.backend == "sglang":
         values["sglang"] = sglang_settings(spec)  # the agent launches and drives SGLang
     return json.dumps(values, sort_keys=True)

@@ -22,6 +22,7 @@ BRANCH = "x-agentpool-branch"
 PARENT = "x-agentpool-parent-branch"
 BRANCH_END = "x-agentpool-branch-end"
 CHAT_PATH = "/v1/chat/completions"
+TOO_LONG = "context_length_exceeded"
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +54,17 @@ class Outcome:
     cached_tokens: int | None = None
     retries: int = 0
     error: str | None = None  # None: completed
+    code: str | None = None  # OpenAI's error code of a refusal (HTTP 4xx), when it gave one
 
     @property
     def ok(self) -> bool:
         return self.error is None and self.done_at is not None
+
+    @property
+    def too_long(self) -> bool:
+        """The pool refused it as longer than its model takes (400 ``context_length_exceeded``): what
+        an agent's harness would stop the conversation on, not a failure of the pool."""
+        return self.code == TOO_LONG
 
     @property
     def streamed(self) -> bool:
@@ -119,7 +127,8 @@ async def _attempt(
             except ValueError:
                 return 1.0
         if resp.status != 200:
-            out.error = f"HTTP {resp.status}: {await _message(resp)}"
+            message, out.code = await _error(resp)
+            out.error = f"HTTP {resp.status}: {message}"
             return None
         async for raw in resp.content:
             line = raw.strip()
@@ -159,11 +168,18 @@ def _count(event: dict[str, Any], out: Outcome) -> None:
 
 
 async def _message(resp: aiohttp.ClientResponse) -> str:
+    return (await _error(resp))[0]
+
+
+async def _error(resp: aiohttp.ClientResponse) -> tuple[str, str | None]:
+    """An error answer's message and OpenAI error code (None when it has none)."""
     text = (await resp.content.read(2000)).decode(errors="replace")
     try:
-        return str(json.loads(text)["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return text.strip()[:300]
+        error = json.loads(text)["error"]
+        code = error.get("code")
+        return str(error["message"]), code if isinstance(code, str) else None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return text.strip()[:300], None
 
 
 async def end_branch(session: aiohttp.ClientSession, url: str, branch: str) -> bool:

@@ -173,7 +173,9 @@ def live_result(
         per_minute[int(max(0.0, t) // 60.0)] += 1
     summary["sent"] = len(records)
     summary["completed"] = sum(1 for r in records if r.outcome.ok)
-    summary["failed"] = sum(1 for r in records if not r.outcome.ok)
+    summary["too_long"] = sum(1 for r in records if r.outcome.too_long)
+    summary["not_sent_after_too_long"] = replay.not_sent
+    summary["failed"] = sum(1 for r in records if not r.outcome.ok and not r.outcome.too_long)
     summary["failed_after_first_token"] = sum(1 for r in records if not r.outcome.ok and r.outcome.streamed)
     summary["retries"] = sum(r.outcome.retries for r in records)
     summary["branches_ended_at_stop"] = replay.branches_ended_after
@@ -190,7 +192,9 @@ def live_result(
         "agents_started": replay.agents_started,
         "wall_s": wall_s,
         "sim_requests_per_wall_s": math.nan,
-        "errors": sorted({r.outcome.error for r in records if r.outcome.error})[:20],
+        "errors": sorted({r.outcome.error for r in records if r.outcome.error and not r.outcome.too_long})[
+            :20
+        ],
     }
 
 
@@ -212,7 +216,7 @@ class Progress:
         recent = sum(1 for r in done[-5000:] if replay.elapsed(r.outcome.done_at) >= now - 10.0)
         rate = recent / min(10.0, max(now, 1e-9))
         ttft = [r.outcome.first_at - r.outcome.sent_at for r in done[-500:] if r.outcome.first_at is not None]
-        failed = len(replay.records) - len(done)
+        failed = sum(1 for r in replay.records if not r.outcome.ok and not r.outcome.too_long)
         h = hits.hit_rate if hits is not None else None
         inp = sum(r.input_tokens for r in done)
         h_star = sum(r.ideal_cached_tokens for r in done) / inp if inp else 0.0

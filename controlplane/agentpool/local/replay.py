@@ -106,6 +106,15 @@ class _Instance:
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
+def descendants(conv: Conversation, i: int) -> int:
+    """How many requests of ``conv`` wait on request ``i``, directly or through others."""
+    todo, n = list(conv.children[i]), 0
+    while todo:
+        n += 1
+        todo.extend(conv.children[todo.pop()])
+    return n
+
+
 class LiveReplay:
     """One replay run; :meth:`run` returns when the duration and the drain are over."""
 
@@ -125,6 +134,7 @@ class LiveReplay:
         self.in_flight = 0
         self.agents_started = 0
         self.branches_ended_after = 0  # branches ended by DELETE when the replay stopped
+        self.not_sent = 0  # requests left out because one they wait on was refused as too long
         self._source = itertools.cycle(conversations)
         self._next_instance = 1
         self._next_rid = 0
@@ -271,8 +281,16 @@ class LiveReplay:
                 outcome,
             )
         )
-        for j in conv.children[i]:
-            self._spawn(self._request(session, inst, j, s.pause(conv.requests[j].delay_s)))
+        if outcome.too_long:
+            # the harness cannot go on from a request its model refused: what waits on it (the
+            # agent's later turns, the sub-agents it spawns) is not sent, as the simulator's
+            # replay leaves them out (agentpool.sim.trace.cap_context)
+            skipped = descendants(conv, i)
+            self.not_sent += skipped
+            inst.remaining -= skipped
+        else:
+            for j in conv.children[i]:
+                self._spawn(self._request(session, inst, j, s.pause(conv.requests[j].delay_s)))
         inst.remaining -= 1
         if inst.remaining == 0:
             inst.done.set()

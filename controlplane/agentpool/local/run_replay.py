@@ -157,6 +157,12 @@ def write_reports(
                 f"({s['failed_after_first_token']} after their first token), {s['retries']} retries "
                 f"after 429/503; hit rate from {s['hit_rate_source']}.\n"
             )
+            if s.get("too_long"):
+                parts.append(
+                    f"{s['too_long']} requests refused as longer than the pool's model takes (400 "
+                    f"context_length_exceeded; not failures: a harness ends the conversation there) and "
+                    f"{s['not_sent_after_too_long']} that waited on them not sent.\n"
+                )
             if r.get("errors"):
                 parts.append("errors: " + "; ".join(r["errors"]) + "\n")
     text = "\n".join(parts)

@@ -207,12 +207,16 @@ def write_plots(outdir: Path, results: Sequence[dict[str, Any]], end_s: float) -
             xs = [row[0] / 60.0 for row in tl] + [end_s / 60.0]
             ax.step(xs, [row[1] for row in tl] + [tl[-1][1]], where="post", label="prefill")
             ax.step(xs, [row[2] for row in tl] + [tl[-1][2]], where="post", label="decode")
+        else:  # a colocated pool: every node serves both phases
+            ax.text(0.5, 0.5, "no prefill/decode split", ha="center", va="center", fontsize=7,
+                    transform=ax.transAxes)  # fmt: skip
         ax.set_ylabel(r["system"], fontsize=7, rotation=0, ha="right")
         ax.tick_params(labelsize=7)
         top = max((row[1] + row[2] + row[3] for row in tl), default=1)
         ax.set_ylim(-0.5, top + 0.5)
         ax.yaxis.get_major_locator().set_params(integer=True)
-    axes[0, 0].legend(fontsize=7, loc="upper right")
+    if axes[0, 0].get_legend_handles_labels()[0]:  # nothing to name without a split
+        axes[0, 0].legend(fontsize=7, loc="upper right")
     axes[0, 0].set_title("Nodes per phase over time")
     axes[-1, 0].set_xlabel("time (min)")
     written.append(_save(fig, plt, outdir / "split_over_time.png"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 import sys
@@ -21,10 +22,27 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 async def router(tmp_path: Path) -> AsyncIterator[tuple[str, list[StandIn]]]:
+    async with started_router(tmp_path, {}) as started:
+        yield started
+
+
+@pytest.fixture
+async def capped_router(tmp_path: Path) -> AsyncIterator[tuple[str, list[StandIn]]]:
+    """A router that answers prompts over 700 tokens with 400 ``context_length_exceeded``."""
+    async with started_router(tmp_path, {"limits": {"maxPromptTokens": 700}}) as started:
+        yield started
+
+
+@contextlib.asynccontextmanager
+async def started_router(
+    tmp_path: Path, settings: dict[str, Any]
+) -> AsyncIterator[tuple[str, list[StandIn]]]:
     engines = [await StandIn(f"e{i}", prefill_s=0.01, token_s=0.002, tokens=6).start() for i in range(2)]
     config = tmp_path / "router.json"
     nodes = [{"id": e.node_id, "url": e.url, "role": "both"} for e in engines]
-    config.write_text(json.dumps({"model": "replay-model", "policy": "least-loaded", "nodes": nodes}))
+    config.write_text(
+        json.dumps({"model": "replay-model", "policy": "least-loaded", "nodes": nodes, **settings})
+    )
     token = tmp_path / "report-token"
     token.write_text(secrets.token_hex(16))
     token.chmod(0o600)
@@ -90,6 +108,23 @@ async def test_replay_drives_the_trace_through_the_router_and_reports(
     for name in ("report.md", "split_over_time.png", "ttft_cdf.png", "throughput.png"):
         assert (tmp_path / "out" / name).is_file()
     assert "| live |" in text and "failed" in text
+
+
+async def test_a_request_refused_as_too_long_ends_its_agent_and_is_no_failure(
+    capped_router: tuple[str, list[StandIn]], tmp_path: Path
+) -> None:
+    # the small trace's main agents: prompts of about 212, 404, 596, 788 and 980 tokens; turn 4
+    # is over the router's 700 and turn 5 waits on it; the sub-agents' prompts are short
+    url, engines = capped_router
+    code, results, text = await run_replay(url, tmp_path, "--no-plots", "--quiet")
+    assert code == 0, text
+    summary = results["results"][0]["summary"]
+    assert summary["failed"] == 0, results["results"][0]["errors"]
+    assert summary["too_long"] >= 1
+    assert summary["not_sent_after_too_long"] == summary["too_long"]  # each: its agent's turn 5
+    assert summary["completed"] + summary["too_long"] == summary["sent"]
+    assert max(len(r.prompt_token_ids) for e in engines for r in e.received) <= 700
+    assert "refused as longer than the pool's model takes" in text
 
 
 async def test_replay_without_branch_headers(router: tuple[str, list[StandIn]], tmp_path: Path) -> None:

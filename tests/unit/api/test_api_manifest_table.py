@@ -39,6 +39,7 @@ def changed(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
 
 SIM = load_example("pool-sim.yaml")
 SGLANG = load_example("pool-sglang.yaml")
+COLOCATED = load_example("pool-sim-colocated.yaml")
 MINIMAL: dict[str, Any] = {
     "apiVersion": "agentpool.io/v1alpha1",
     "kind": "AgentServingPool",
@@ -575,6 +576,7 @@ def test_crd_rejects(case: Bad) -> None:
 GOOD = {
     "pool-sglang.yaml": SGLANG,
     "pool-sim.yaml": SIM,
+    "pool-sim-colocated.yaml": COLOCATED,
     "minimal": MINIMAL,
     "colocated": changed(
         MINIMAL, {"spec.mode": "colocated", "spec.initialSplit": DELETE, "spec.planner": {"enabled": False}}

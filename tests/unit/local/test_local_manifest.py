@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from agentpool.kv import Role
 from agentpool.local.demo import context_limit, demo_manifest
 from agentpool.local.pool import (
     LocalOptions,
@@ -142,3 +143,13 @@ def test_the_demo_replays_within_the_engines_and_the_pools_context(tmp_path: Pat
     assert context_limit(demo, "glm52-4xgb300") == 2_060_000  # no context set: one node's KV
     text = demo_manifest().read_text().replace("  model:\n", "  model:\n    contextLength: 100000\n", 1)
     assert context_limit(load_manifest(write(tmp_path, text)), "qwen3-30b-a3b-h200") == 100_000
+
+
+def test_the_colocated_example_plans_smetric_routing_over_engines_that_serve_both(tmp_path: Path) -> None:
+    example = EXAMPLE.with_name("pool-sim-colocated.yaml")
+    planned = plan(load_manifest(example), LocalOptions(router_port=18000), tmp_path)
+    config = parse_config((tmp_path / "router.json").read_text(), "json")
+    assert config.policy == "smetric"
+    assert {n.role for n in config.nodes} == {Role.BOTH} and len(config.nodes) == 4
+    assert {json.loads((tmp_path / f"engine-{i}.json").read_text())["role"] for i in range(4)} == {"both"}
+    assert not any("planner" in s.name for s in planned.specs)  # nothing to plan

@@ -99,6 +99,16 @@ async def state(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
         return out
 
 
+async def wait_ready(http: aiohttp.ClientSession, engine: Proc, what: str, within_s: float = 30) -> None:
+    """Until the engine's ``/ready`` answers 200 (``what`` names the wait in a failure)."""
+
+    async def ready() -> bool:
+        async with http.get(engine.url + "/ready") as r:
+            return r.status == 200
+
+    await wait_until(ready, within_s, what, alive=[engine])
+
+
 async def wait_until(
     check: Callable[[], Awaitable[bool]], within_s: float, what: str, alive: Sequence[Proc] = ()
 ) -> None:

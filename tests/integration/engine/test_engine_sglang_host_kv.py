@@ -17,7 +17,16 @@ from typing import Any
 
 import aiohttp
 import pytest
-from engine_processes import PAGE, engine_config, gen_body, generate, start_engine, state, wait_until
+from engine_processes import (
+    PAGE,
+    engine_config,
+    gen_body,
+    generate,
+    start_engine,
+    state,
+    wait_ready,
+    wait_until,
+)
 from process_helpers import free_port
 
 pytestmark = pytest.mark.integration
@@ -65,12 +74,7 @@ async def test_pages_written_before_a_switch_are_read_back_byte_exact_after_it(
     sg = f"http://127.0.0.1:{port}"
     try:
         async with aiohttp.ClientSession() as http:
-
-            async def ready() -> bool:
-                async with http.get(engine.url + "/ready") as r:
-                    return r.status == 200
-
-            await wait_until(ready, 30, "the agent to be ready", alive=[engine])
+            await wait_ready(http, engine, "the agent to be ready")
             argv = json.loads((tmp_path / "argv.json").read_text())
             assert ("--hicache-storage-backend" in argv) is keep
             prompt = list(range(500, 500 + 6 * PAGE))

@@ -18,7 +18,16 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from engine_processes import PAGE, engine_config, gen_body, generate, start_engine, state, wait_until
+from engine_processes import (
+    PAGE,
+    engine_config,
+    gen_body,
+    generate,
+    start_engine,
+    state,
+    wait_ready,
+    wait_until,
+)
 from process_helpers import ENGINE_AUTH, free_port, launch, redis_namespace, start_directory
 
 from agentpool.directory.client import DirectoryClient
@@ -91,11 +100,7 @@ async def test_the_agent_runs_sglang_and_keeps_the_host_blocks_across_a_switch(
             async with http.get(engine.url + "/ready") as r:  # SGLang is still loading
                 assert r.status == 503 and "SGLang" in await r.text()
 
-            async def ready() -> bool:
-                async with http.get(engine.url + "/ready") as r:
-                    return r.status == 200
-
-            await wait_until(ready, 30, "the agent to be ready once SGLang is healthy", alive=[engine])
+            await wait_ready(http, engine, "the agent to be ready once SGLang is healthy")
             argv = json.loads((tmp_path / "argv.json").read_text())
             assert argv[argv.index("--disaggregation-mode") + 1] == "prefill"
             assert "--enable-pd-role-switch" in argv and "--enable-hierarchical-cache" in argv
@@ -178,7 +183,8 @@ async def test_the_agent_runs_sglang_and_keeps_the_host_blocks_across_a_switch(
             st = await state(http, engine.url)
             assert st["role"] == "prefill" and not st["draining"]
             assert "prefill and decode only" in st["switches"][0]["failed"]
-            assert await ready()
+            async with http.get(engine.url + "/ready") as r:
+                assert r.status == 200  # still serving after the refused switch
             async with http.get(engine.url + "/metrics") as r:
                 assert 'switch_failures_total{from_role="prefill",to_role="both"} 1.0' in await r.text()
 
@@ -286,12 +292,7 @@ async def test_the_agent_stops_promptly_with_requests_in_sglang(tmp_path: Path) 
     engine = await start_engine(tmp_path, cfg)
     try:
         async with aiohttp.ClientSession() as http:
-
-            async def ready() -> bool:
-                async with http.get(engine.url + "/ready") as r:
-                    return r.status == 200
-
-            await wait_until(ready, 30, "the agent to be ready once SGLang is healthy", alive=[engine])
+            await wait_ready(http, engine, "the agent to be ready once SGLang is healthy")
             streams: list[asyncio.Task[list[dict[str, Any]]]] = []
             first_tokens = 0
 
@@ -336,12 +337,7 @@ async def test_a_request_silent_in_sglang_is_logged_with_what_the_agent_knows(tm
     sg = f"http://127.0.0.1:{cfg['sglang']['port']}"
     try:
         async with aiohttp.ClientSession() as http:
-
-            async def ready() -> bool:
-                async with http.get(engine.url + "/ready") as r:
-                    return r.status == 200
-
-            await wait_until(ready, 30, "the agent to be ready once SGLang is healthy", alive=[engine])
+            await wait_ready(http, engine, "the agent to be ready once SGLang is healthy")
             events: list[dict[str, Any]] = []
 
             async def stream() -> None:
@@ -377,12 +373,7 @@ async def test_the_agent_refuses_a_request_over_sglangs_context_length(tmp_path:
     engine = await start_engine(tmp_path, engine_config("sg6", backend="sglang", sglang=section))
     try:
         async with aiohttp.ClientSession() as http:
-
-            async def ready() -> bool:
-                async with http.get(engine.url + "/ready") as r:
-                    return r.status == 200
-
-            await wait_until(ready, 30, "the agent to be ready once SGLang is healthy", alive=[engine])
+            await wait_ready(http, engine, "the agent to be ready once SGLang is healthy")
             body = gen_body("too-long", list(range(200, 200 + 4 * PAGE)), max_tokens=11)
             async with http.post(engine.url + "/agentpool/v1/generate", json=body, headers=ENGINE_AUTH) as r:
                 assert r.status == 400, await r.text()

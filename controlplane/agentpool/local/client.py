@@ -61,6 +61,11 @@ class Outcome:
         return self.error is None and self.done_at is not None
 
     @property
+    def failed(self) -> bool:
+        """Not completed, and not refused as too long (which is no failure of the pool)."""
+        return not self.ok and not self.too_long
+
+    @property
     def too_long(self) -> bool:
         """The pool refused it as longer than its model takes (400 ``context_length_exceeded``): what
         an agent's harness would stop the conversation on, not a failure of the pool."""

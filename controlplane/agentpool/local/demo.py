@@ -21,7 +21,7 @@ import aiohttp
 
 from agentpool.api import AgentServingPool
 from agentpool.local.live_report import EngineRoles, Progress, SplitSource
-from agentpool.local.pool import LocalOptions
+from agentpool.local.pool import LocalOptions, model_context_length
 from agentpool.local.pool_sim import apply_pool, pool_system
 from agentpool.local.replay import ReplaySettings
 from agentpool.local.run_replay import ReplayOutput, Slo, replay, write_reports
@@ -40,9 +40,9 @@ def context_limit(pool: AgentServingPool, preset_name: str) -> int:
     (and KV), the router at most the pool's ``spec.model.contextLength``. The live run and the
     simulator's replay both leave out what a longer request would have led to
     (:func:`agentpool.sim.trace.cap_context`), so they stay one workload."""
-    limit = node_preset(preset_name).max_request_tokens
-    given = pool.spec.model.context_length
-    return limit if given is None else min(limit, given)
+    kv = node_preset(preset_name).gpu_kv_tokens
+    context = model_context_length(pool, preset_name)  # what the sim engines take (local.pool)
+    return kv if context is None else min(kv, context)
 
 
 def scaled(conversations: list[Conversation], time_scale: float) -> list[Conversation]:

@@ -175,7 +175,7 @@ def live_result(
     summary["completed"] = sum(1 for r in records if r.outcome.ok)
     summary["too_long"] = sum(1 for r in records if r.outcome.too_long)
     summary["not_sent_after_too_long"] = replay.not_sent
-    summary["failed"] = sum(1 for r in records if not r.outcome.ok and not r.outcome.too_long)
+    summary["failed"] = sum(1 for r in records if r.outcome.failed)
     summary["failed_after_first_token"] = sum(1 for r in records if not r.outcome.ok and r.outcome.streamed)
     summary["retries"] = sum(r.outcome.retries for r in records)
     summary["branches_ended_at_stop"] = replay.branches_ended_after
@@ -216,7 +216,7 @@ class Progress:
         recent = sum(1 for r in done[-5000:] if replay.elapsed(r.outcome.done_at) >= now - 10.0)
         rate = recent / min(10.0, max(now, 1e-9))
         ttft = [r.outcome.first_at - r.outcome.sent_at for r in done[-500:] if r.outcome.first_at is not None]
-        failed = sum(1 for r in replay.records if not r.outcome.ok and not r.outcome.too_long)
+        failed = sum(1 for r in replay.records if r.outcome.failed)
         h = hits.hit_rate if hits is not None else None
         inp = sum(r.input_tokens for r in done)
         h_star = sum(r.ideal_cached_tokens for r in done) / inp if inp else 0.0

@@ -387,6 +387,15 @@ def engine_config(
     }
 
 
+def model_context_length(pool: AgentServingPool, preset_name: str) -> int | None:
+    """The longest request the pool's sim engines take by their model: the smaller of the preset
+    model's context and the pool's ``spec.model.contextLength`` (None: neither is set)."""
+    limits = [
+        n for n in (preset(preset_name).context_tokens, pool.spec.model.context_length) if n is not None
+    ]
+    return min(limits) if limits else None
+
+
 def sim_settings(pool: AgentServingPool, options: LocalOptions) -> dict[str, Any]:
     """The sim backend's node model: the preset's Eq. 1/2 coefficients, acceptance, chunk and GPU KV
     size (the simulator's ``--fit preset`` model of the same node class), the manifest's MoE shape
@@ -396,11 +405,9 @@ def sim_settings(pool: AgentServingPool, options: LocalOptions) -> dict[str, Any
     out: dict[str, Any] = {"timeScale": options.time_scale, **p.prefill.model_dump()}
     out |= {k: v for k, v in p.decode.model_dump().items() if k in ("d0", "d1", "d2")}
     out |= {"tAcc": p.t_acc, "chunkTokens": p.chunk_tokens, "gpuKvTokens": p.gpu_kv_tokens}
-    # the engine refuses what its model would (SGLang's --context-length): the smaller of the
-    # preset model's context and the pool's spec.model.contextLength
-    limits = [n for n in (p.context_tokens, pool.spec.model.context_length) if n is not None]
-    if limits:
-        out["contextLength"] = min(limits)
+    context = model_context_length(pool, options.preset)
+    if context is not None:  # the engine refuses what its model would (SGLang's --context-length)
+        out["contextLength"] = context
     if shape.experts_total:
         out |= {"expertsActive": shape.experts_active, "expertsTotal": shape.experts_total}
     return out

@@ -35,6 +35,9 @@ from agentpool.router.config import NodeConfig, config_from_settings, render_con
 from agentpool.sim.presets import preset
 
 DEFAULT_PRESET = "qwen3-30b-a3b-h200"
+ENGINE_DRAIN_S = 5.0
+"""How long a local engine's requests may run after SIGTERM (``--drain-timeout-s``): under the
+supervisor's 10 s before SIGKILL, so that stopping the pool stops every engine cleanly."""
 
 
 class ManifestError(ValueError):
@@ -262,7 +265,15 @@ def plan(pool: AgentServingPool, options: LocalOptions, workdir: Path) -> PoolPl
         out.specs.append(
             ProcessSpec(
                 node,
-                [py, "-m", "agentpool.engine", "--config", str(cfg_file)],
+                [
+                    py,
+                    "-m",
+                    "agentpool.engine",
+                    "--config",
+                    str(cfg_file),
+                    "--drain-timeout-s",
+                    str(ENGINE_DRAIN_S),
+                ],
                 HttpReady(f"{out.engine_urls[node]}/health"),
                 logs / f"{node}.log",
                 essential=False,

@@ -196,6 +196,15 @@ class EngineApp:
         self.backend.begin_drain()
         self.reporter.kick()
 
+    async def wait_retired(self, poll_s: float = 0.1) -> None:
+        """After :meth:`retire`: until the running requests have finished and no peer holds a lease
+        here (a decode node still to read a hand-over, a prefix fetch in progress), so that
+        stopping loses no KV a peer was promised; leases expire after their TTL."""
+        await self.backend.wait_drained()
+        while self.exporter.leases:
+            self.exporter.expire()
+            await asyncio.sleep(poll_s)
+
     async def _switched(self, role: Role) -> None:
         if self.link is not None:
             await self.link.switch_phase(role)

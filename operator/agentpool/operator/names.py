@@ -17,6 +17,9 @@ GENERATION_ANNOTATION = "agentpool.io/generation"
 """On the ConfigMap: the pool generation whose settings it holds."""
 DRAIN_ANNOTATION = "agentpool.io/drain"
 """On an engine pod: `true` asks the engine to stop admitting work and finish what it has."""
+ENGINE_SETTINGS_ANNOTATION = "agentpool.io/engine-settings"
+"""On the engine pod template: a digest of the settings every engine reads at start, so that a
+change to them rolls the engines (a scale or an SLO edit leaves it as it is)."""
 MANAGED_BY = "agentpool-operator"
 
 ENGINE = "engine"

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from agentpool.engine.__main__ import parse_args as engine_args
 from agentpool.kv import Role
 from agentpool.local.demo import context_limit, demo_manifest
 from agentpool.local.pool import (
@@ -19,7 +20,7 @@ from agentpool.local.pool import (
     plan,
     port_free,
 )
-from agentpool.local.supervisor import HttpReady
+from agentpool.local.supervisor import HttpReady, Supervisor
 from agentpool.router.config import parse_config
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "pool-sim.yaml"
@@ -80,6 +81,10 @@ def test_plan_of_the_example(tmp_path: Path) -> None:
     router = p.specs[-2]
     assert isinstance(router.ready, HttpReady) and ":18000/" in router.ready.url
     assert len({port for _, port in p.ports()}) == len(p.specs) - 1  # all but the planner listen
+    # stopping the pool drains each engine (SIGTERM) for less than the supervisor waits before SIGKILL
+    engine = p.specs[2]
+    assert engine.argv[1:3] == ["-m", "agentpool.engine"]
+    assert 0 < engine_args(engine.argv[3:]).drain_timeout_s < Supervisor().grace_s
 
 
 def test_free_port_is_outside_the_ephemeral_range_free_and_never_handed_out_twice() -> None:

@@ -22,7 +22,7 @@ from agentpool.operator.builders.secrets import (
     missing_keys,
     new_secret_values,
 )
-from agentpool.operator.names import PoolRef
+from agentpool.operator.names import ENGINE_SETTINGS_ANNOTATION, ROLE_ANNOTATION, PoolRef
 from agentpool.planner.settings_file import build_config, split_generation
 from agentpool.router.config import parse_config
 
@@ -184,7 +184,7 @@ def test_engine_pods(case: Case) -> None:
     role_item = vols["podinfo"]["downwardAPI"]["items"][0]
     assert role_item["fieldRef"]["fieldPath"] == "metadata.annotations['agentpool.io/role']"
     # the template never sets a role: the planner owns the pods' annotations
-    assert "annotations" not in sts["spec"]["template"]["metadata"]
+    assert ROLE_ANNOTATION not in sts["spec"]["template"]["metadata"]["annotations"]
     # SGLang's disaggregation bootstrap port only where SGLang runs
     assert {p["containerPort"] for p in engine["ports"]} == ({8080, 8998} if case.gpus else {8080})
     assert engine["readinessProbe"]["httpGet"]["path"] == "/ready"
@@ -402,7 +402,9 @@ def test_the_models_context_length_caps_the_routers_prompts() -> None:
     edit["spec"]["model"] = {**SIM["spec"]["model"], "contextLength": 262_144}
     _, _, after = build(edit, generation=2)
     changed = [a["metadata"]["name"] for a, b in zip(after, before, strict=True) if a != b]
-    assert changed == ["sim-config", "sim-engines"]  # the router reads it live; the sim engines too
+    # the router reads it live; the engines read it at start, so their template's digest rolls them
+    assert changed == ["sim-config", "sim-engines", "sim-engine"]
+    assert engine_settings(after) != engine_settings(before)
     data = by_kind(after, "ConfigMap")["sim-config"]["data"]["router.json"]
     assert parse_config(data, "json").limits.max_prompt_tokens == 262_144
     # the sim engines refuse a longer request (400), as SGLang's --context-length does
@@ -427,6 +429,52 @@ def test_a_scale_changes_engines_and_who_may_be_patched() -> None:
         ("Role", "sim-planner"),
         ("StatefulSet", "sim-engine"),
     ]
+    assert engine_settings(after) == engine_settings(before)  # no engine restarts for a scale
+
+
+def engine_settings(objs: list[dict[str, Any]]) -> str:
+    """The engine pod template's digest of the settings engines read at start."""
+    template = by_kind(objs, "StatefulSet")["sim-engine"]["spec"]["template"]
+    digest: str = template["metadata"]["annotations"][ENGINE_SETTINGS_ANNOTATION]
+    return digest
+
+
+SIM_ENGINE = SIM["spec"]["engine"]
+
+
+@pytest.mark.parametrize(
+    ("edit", "rolls"),
+    [
+        ({"engine": {**SIM_ENGINE, "hostKvSize": "1Gi"}}, True),
+        ({"model": {**SIM["spec"]["model"], "contextLength": 32_768}}, True),
+        ({"kvPool": {**SIM["spec"].get("kvPool", {}), "pageSize": 128}}, True),
+        ({"nodes": 9}, False),
+        ({"initialSplit": {"prefill": 2}}, False),
+        ({"slo": {"ttft": {"base": "3s"}, "tpot": "40ms"}}, False),
+        ({"router": {"policy": "smetric"}}, False),
+    ],
+    ids=["host KV size", "context length", "page size", "scale", "initial split", "SLO", "router policy"],
+)
+def test_engine_settings_roll_the_engines_and_nothing_else_does(edit: dict[str, Any], rolls: bool) -> None:
+    """The engines read their ConfigMap only at start: a change to what they read changes the pod
+    template (the StatefulSet then replaces them one at a time, each draining on SIGTERM)."""
+    _, _, before = build(SIM)
+    _, _, after = build(edited(SIM, **edit))
+    assert (engine_settings(after) != engine_settings(before)) is rolls
+
+
+def test_sglang_arguments_roll_the_engines() -> None:
+    _, _, before = build(SGLANG)
+    edit = edited(SGLANG)
+    edit["spec"]["engine"] = {**SGLANG["spec"]["engine"], "args": ["--mem-fraction-static", "0.7"]}
+    _, _, after = build(edit)
+    digests = [
+        by_kind(objs, "StatefulSet")[f"{SGLANG['metadata']['name']}-engine"]["spec"]["template"]["metadata"][
+            "annotations"
+        ][ENGINE_SETTINGS_ANNOTATION]
+        for objs in (before, after)
+    ]
+    assert digests[0] != digests[1]
 
 
 @pytest.mark.parametrize(
@@ -487,13 +535,15 @@ def test_engine_configs_load_in_the_engine_agent(case: Case, tmp_path: Path) -> 
         assert str(config.routers[0].token_file) == "/var/run/agentpool/report/token"
         assert str(config.token_file) == "/var/run/agentpool/engine/token"  # its API's (a Secret)
     sts = by_kind(objs, "StatefulSet")[f"{ref.name}-engine"]
-    assert containers(sts)["engine"]["command"][-1] == "/etc/agentpool/config/$(POD_NAME).json"
+    command = containers(sts)["engine"]["command"]
+    assert command[command.index("--config") + 1] == "/etc/agentpool/config/$(POD_NAME).json"
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_every_command_line_parses_in_its_service(case: Case, tmp_path: Path) -> None:
     """The flags the pods run with are the services' own (their parsers, not a copy of them)."""
     from agentpool.directory.server import parse_args as directory_args
+    from agentpool.engine.__main__ import parse_args as engine_parse_args
     from agentpool.operator.lease import parse_args as lease_args
     from agentpool.planner.process import parser as planner_parser
     from agentpool.router.__main__ import parser as router_parser
@@ -508,6 +558,10 @@ def test_every_command_line_parses_in_its_service(case: Case, tmp_path: Path) ->
     config = directory_args([a.replace("/var/run/agentpool", str(tmp_path)) for a in directory["args"]])
     assert config.port == 50061
     assert config.max_nodes >= 4096  # no pool is refused by its own directory
+    engine = containers(by_kind(objs, "StatefulSet")[f"{ref.name}-engine"])["engine"]
+    assert engine["command"][:3] == ["python3", "-m", "agentpool.engine"]
+    engine_args = engine_parse_args(engine["command"][3:])
+    assert engine_args.drain_timeout_s < engine_pod_grace(by_kind(objs, "StatefulSet")[f"{ref.name}-engine"])
     router = containers(deployments[f"{ref.name}-router"])
     args = router_parser().parse_args(router["router"]["args"])
     assert args.directory == f"{ref.name}-directory.team-a.svc:50061"
@@ -525,6 +579,11 @@ def test_every_command_line_parses_in_its_service(case: Case, tmp_path: Path) ->
         assert str(planner.directory_token_file) == "/var/run/agentpool/directory/token"
         mounts = {m["mountPath"] for m in router["planner"]["volumeMounts"]}
         assert {"/var/run/agentpool/report", "/var/run/agentpool/directory"} <= mounts
+
+
+def engine_pod_grace(stateful_set: dict[str, Any]) -> float:
+    grace: float = stateful_set["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    return grace
 
 
 def test_the_engine_token_reaches_the_engines_and_the_routers_as_a_mounted_secret() -> None:

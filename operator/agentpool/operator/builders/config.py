@@ -12,6 +12,7 @@ No credential is written here: tokens and passwords stay in Secrets, mounted as 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from typing import Any
 
@@ -126,6 +127,19 @@ def engine_config(pool: PoolRef, spec: AgentServingPoolSpec, ordinal: int) -> st
     if spec.engine.backend == "sglang":
         values["sglang"] = sglang_settings(spec)  # the agent launches and drives SGLang
     return json.dumps(values, sort_keys=True)
+
+
+PER_NODE_ENGINE_KEYS = ("nodeId", "advertiseUrl", "role", "kube")
+"""Keys of an engine's settings that differ from node to node (its name, URL and initial role)."""
+
+
+def engine_settings_digest(pool: PoolRef, spec: AgentServingPoolSpec) -> str:
+    """What every engine reads at start, less its per-node keys, as a short digest: the engine pod
+    template carries it, so a change (SGLang's arguments, the context length, the host KV size...)
+    rolls the engines, while a scale, which only adds or removes per-node files, does not."""
+    settings = json.loads(engine_config(pool, spec, 0))
+    common = {k: v for k, v in settings.items() if k not in PER_NODE_ENGINE_KEYS}
+    return hashlib.sha256(json.dumps(common, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def engine_config_map(pool: PoolRef, spec: AgentServingPoolSpec) -> dict[str, Any]:

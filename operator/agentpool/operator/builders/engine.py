@@ -7,6 +7,9 @@
 - Host KV pool: `/dev/shm` is a memory-backed emptyDir of `hostKvSize`, and unless the spec sets
   `limits.memory` the container requests and is limited to `hostKvSize` plus the backend's overhead.
 - GPUs: `nvidia.com/gpu` = `gpusPerNode` in requests and limits; the `sim` backend asks for none.
+- Engine settings: the engines' ConfigMap is read at start; the pod template's
+  `agentpool.io/engine-settings` digest of it makes a change roll the StatefulSet, one pod at a time,
+  each engine draining on SIGTERM (its running requests finish, its queue goes back to the router).
 - Tokens, each a Secret mounted as a file: the report token (to the routers), the directory token,
   and the engine token that this engine's API and lease channel require and that it sends to its
   peers (the routers have it too).
@@ -17,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from agentpool.api import AgentServingPoolSpec
+from agentpool.operator.builders.config import engine_settings_digest
 from agentpool.operator.builders.pods import (
     config_mount,
     http_probe,
@@ -36,13 +40,22 @@ from agentpool.operator.builders.settings import (
 )
 from agentpool.operator.builders.sglang import BOOTSTRAP_PORT, STARTUP_PROBE_FAILURES, STARTUP_PROBE_PERIOD_S
 from agentpool.operator.builders.tls import client_tls
-from agentpool.operator.names import ENGINE, ENGINE_PORT, ROLE_ANNOTATION, PoolRef
+from agentpool.operator.names import (
+    ENGINE,
+    ENGINE_PORT,
+    ENGINE_SETTINGS_ANNOTATION,
+    ROLE_ANNOTATION,
+    PoolRef,
+)
 from agentpool.operator.quantity import mebibytes
 
 GPU_RESOURCE = "nvidia.com/gpu"
 DRAIN_GRACE_S = 300
 """Seconds a terminating engine gets to finish its running requests (its queue goes back to the
 router at once)."""
+DRAIN_TIMEOUT_S = DRAIN_GRACE_S - 30
+"""The engine's own limit on that drain (``--drain-timeout-s``): it then stops by itself, in time
+to close its SGLang server and connections before the kubelet kills it."""
 
 
 def engine_memory_bytes(spec: AgentServingPoolSpec) -> int:
@@ -101,7 +114,10 @@ def engine_container(pool: PoolRef, spec: AgentServingPoolSpec) -> dict[str, Any
         "image": spec.engine.image,
         # the engine image's interpreter (engine-image/Dockerfile: the SGLang image's python3); the
         # agent has no node-id flag: each pod reads its own file (Kubernetes expands $(POD_NAME))
-        "command": ["python3", "-m", "agentpool.engine", "--config", f"{CONFIG_DIR}/$(POD_NAME).json"],
+        "command": [
+            *("python3", "-m", "agentpool.engine", "--config", f"{CONFIG_DIR}/$(POD_NAME).json"),
+            *("--drain-timeout-s", str(DRAIN_TIMEOUT_S)),
+        ],
         "env": [
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
@@ -150,7 +166,14 @@ def engine_stateful_set(pool: PoolRef, spec: AgentServingPoolSpec) -> dict[str, 
             "podManagementPolicy": "Parallel",
             "selector": {"matchLabels": pool.selector(ENGINE)},
             "updateStrategy": {"type": "RollingUpdate"},
-            "template": {"metadata": {"labels": pool.labels_for(ENGINE)}, "spec": pod_spec},
+            "template": {
+                "metadata": {
+                    "labels": pool.labels_for(ENGINE),
+                    # a change rolls the engines, one at a time, each draining on SIGTERM
+                    "annotations": {ENGINE_SETTINGS_ANNOTATION: engine_settings_digest(pool, spec)},
+                },
+                "spec": pod_spec,
+            },
         },
     }
 

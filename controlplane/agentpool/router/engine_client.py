@@ -29,7 +29,7 @@ import orjson
 
 from agentpool.errors import InvalidInputError, UnavailableError, UpstreamError
 from agentpool.router.engine_lines import EventLines
-from agentpool.wire.engine import AnyEvent, GenerateRequest, encode_generate, parse_event
+from agentpool.wire.engine import TOO_LONG, AnyEvent, GenerateRequest, encode_generate, parse_event
 
 GENERATE_PATH = "/agentpool/v1/generate"
 # Unread response bytes at which reading from the engine pauses (resumes below half of it).
@@ -53,17 +53,18 @@ class EngineRejected(InvalidInputError):
         self.code = code
 
 
-# the engine's error type for a request longer than it takes (``agentpool.engine.errors``)
-TOO_LONG_TYPE = "ContextLengthError"
-
-
 def rejection_code(body: str) -> str:
     """OpenAI's error code for an engine's refusal, from the error ``type`` of its JSON body."""
     try:
         kind = orjson.loads(body)["error"]["type"]
     except (orjson.JSONDecodeError, KeyError, TypeError):
         return "rejected_by_engine"
-    return "context_length_exceeded" if kind == TOO_LONG_TYPE else "rejected_by_engine"
+    return code_for_kind(kind)
+
+
+def code_for_kind(kind: object) -> str:
+    """OpenAI's error code for the engine's error kind (a 400's ``type``, an ``error`` event's ``reason``)."""
+    return "context_length_exceeded" if kind == TOO_LONG else "rejected_by_engine"
 
 
 # engine answers that blame the request, not the engine

@@ -37,6 +37,7 @@ from agentpool.router.engine_client import (
     EngineClient,
     EngineFailure,
     EngineRejected,
+    code_for_kind,
 )
 from agentpool.router.flow_types import (
     BadRequest,
@@ -289,7 +290,7 @@ class Dispatcher:
             raise _Requeue(f"{node}: {ev.reason or 'requeued'}")
         if ev.type == "error":
             if ev.status is not None and ev.status < 500:
-                raise EngineRejected(f"{node}: {ev.message or 'request refused'}")
+                raise EngineRejected(f"{node}: {ev.message or 'request refused'}", code_for_kind(ev.reason))
             raise EngineFailure(f"{node}: {ev.message or 'engine error'}")
 
     async def _events(

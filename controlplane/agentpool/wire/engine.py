@@ -51,6 +51,10 @@ from agentpool.wire.iterations import MAX_ITERATIONS_PER_REPORT, WireIteration
 
 Phase = Literal["both", "prefill", "decode"]
 EventType = Literal["started", "token", "prefilled", "requeue", "done", "error"]
+TOO_LONG = "ContextLengthError"
+"""The engine's error type for a request longer than it takes: the ``type`` of a 400's JSON error,
+or the ``reason`` of an ``error`` event (a refusal from SGLang mid-stream); the router answers the
+client ``context_length_exceeded``."""
 
 KV_SOURCE_LOST = "kv_source_lost"
 """The ``reason`` of a decode node's ``requeue`` when the KV it was to take cannot be had: the prefill
@@ -181,6 +185,7 @@ class EngineEvent(BaseModel):
     cached_tokens: int | None = Field(None, ge=0)
     """With ``started``: the prompt tokens the node took from a cache or a fetch (absent: unknown)."""
     reason: str = ""
+    """With ``requeue``: why; with ``error``: :data:`TOO_LONG` for a request longer than the engine takes."""
     message: str = ""
     # with ``error``: 4xx when the request's content is at fault (the engine is fine), else absent/5xx
     status: int | None = Field(None, ge=400, le=599)

@@ -4,17 +4,39 @@ refuses a request over its ``--context-length`` (HTTP 400), and the router answe
 
 from __future__ import annotations
 
+import re
+
 from agentpool.engine.errors import ContextLengthError
+
+# SGLang's own refusal (its tokenizer manager's length check, e.g. "The input (N tokens) is longer
+# than the model's context length (M tokens)." or "... exceeds the model's maximum context length")
+_SGLANG_TOO_LONG = re.compile(r"model's (maximum )?context length")
+
+
+def sglang_says_too_long(message: str) -> bool:
+    """Whether SGLang's error ``message`` refuses a request for its length."""
+    return _SGLANG_TOO_LONG.search(message) is not None
 
 
 def check_request_length(
-    prompt_tokens: int, max_tokens: int, context_length: int | None, kv_tokens: int | None = None
+    prompt_tokens: int,
+    max_tokens: int,
+    context_length: int | None,
+    kv_tokens: int | None = None,
+    *,
+    below_context: bool = False,
 ) -> None:
     """Raise :class:`ContextLengthError` when the prompt and its most output exceed
     ``context_length`` (None: no limit set) or the engine's whole KV, ``kv_tokens`` (a request no
-    wait would make room for; None: not known here, as with SGLang, which checks it itself)."""
+    wait would make room for; None: not known here, as with SGLang, which checks it itself).
+    ``below_context``: the request must stay below ``context_length``, as SGLang's own check wants
+    (it refuses a prompt and ``max_new_tokens`` that reach its ``--context-length``)."""
     total = prompt_tokens + max_tokens
     need = f"the request needs {total} tokens ({prompt_tokens} of prompt and up to {max_tokens} of output)"
+    if context_length is not None and below_context and total >= context_length:
+        raise ContextLengthError(
+            f"{need}; this engine takes fewer than its context length of {context_length}"
+        )
     if context_length is not None and total > context_length:
         raise ContextLengthError(f"{need}, more than this engine's context length of {context_length}")
     if kv_tokens is not None and total > kv_tokens:

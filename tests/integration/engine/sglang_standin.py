@@ -8,7 +8,10 @@ answers ``/health`` with 503 for S seconds (model loading), then serves:
 - ``POST /generate`` (``input_ids``, ``sampling_params.max_new_tokens``, ``stream``, ``rid``, bootstrap
   fields): words ``w0 w1 ...``, streamed as ``data: {json}`` lines with the text so far and
   ``meta_info`` (``cached_tokens`` from its prefix cache), then ``data: [DONE]``; ``stream: false``
-  answers one JSON object. A prefill publishes ``BlockStored`` for its new full pages (block hashes
+  answers one JSON object. A request of ``--context-length`` tokens or more with its
+  ``max_new_tokens`` (or ``--standin-model-context``, the model's own) is refused with SGLang's
+  message: an error chunk in a stream, HTTP 400 otherwise. A prefill publishes ``BlockStored``
+  for its new full pages (block hashes
   as SGLang 0.5.23 makes them: ``hash_str_to_int64`` of each page's chained hash), on ``GPU``
   and, with ``--enable-hierarchical-cache`` (write-through), on ``CPU_PINNED``. Requests run in
   SGLang's kind of loop: a prefill pass for the waiting requests (up to ``--chunked-prefill-size``
@@ -148,6 +151,7 @@ class Req:
 
 class StandIn:
     def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
         self.chunk = args.chunked_prefill_size
         self.p0, self.p1 = (float(x) for x in args.standin_prefill_s.split(","))
         self.d0, self.d2 = (float(x) for x in args.standin_decode_s.split(","))
@@ -391,6 +395,20 @@ class StandIn:
         if not ids or not isinstance(n, int) or n < 1:
             return web.json_response({"error": {"message": "bad request"}}, status=400)
         stream = bool(body.get("stream"))
+        context = self.args.context_length or self.args.standin_model_context
+        if context is not None and len(ids) + n >= context:  # refused as SGLang's tokenizer manager does
+            message = (
+                f"Requested token count exceeds the model's maximum context length of {context} tokens. "
+                f"You requested a total of {len(ids) + n} tokens: {len(ids)} tokens from the input "
+                f"messages and {n} tokens for the completion."
+            )
+            if not stream:
+                return web.json_response({"error": {"message": message}}, status=400)
+            resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+            await resp.prepare(r)
+            await resp.write(f"data: {json.dumps({'error': {'message': message}})}\n\n".encode())
+            await resp.write(b"data: [DONE]\n\n")
+            return resp
         q = Req(body, ids, n if stream else 1)
         self.waiting.append(q)
         self.wake.set()
@@ -481,6 +499,8 @@ async def main() -> None:
     p.add_argument("--hicache-storage-backend")
     p.add_argument("--hicache-storage-backend-extra-config")
     p.add_argument("--standin-page-bytes", type=int, default=16384)
+    p.add_argument("--context-length", type=int)
+    p.add_argument("--standin-model-context", type=int, help="the model's own context length")
     args, _ = p.parse_known_args()
     args.record.write_text(json.dumps(sys.argv[1:]))
     s = StandIn(args)

@@ -33,6 +33,7 @@ from process_helpers import ENGINE_AUTH, free_port, launch, redis_namespace, sta
 
 from agentpool.directory.client import DirectoryClient
 from agentpool.kv import block_hashes
+from agentpool.wire.engine import TOO_LONG
 
 pytestmark = pytest.mark.integration
 TOKEN = "s" * 32
@@ -377,18 +378,45 @@ async def test_the_agent_refuses_a_request_over_sglangs_context_length(tmp_path:
     try:
         async with aiohttp.ClientSession() as http:
             await wait_ready(http, engine, "the agent to be ready once SGLang is healthy")
-            body = gen_body("too-long", list(range(200, 200 + 4 * PAGE)), max_tokens=11)
+            # SGLang takes fewer tokens than its --context-length: 16 + 10 is refused, 16 + 9 taken
+            body = gen_body("too-long", list(range(200, 200 + 4 * PAGE)), max_tokens=10)
             async with http.post(engine.url + "/agentpool/v1/generate", json=body, headers=ENGINE_AUTH) as r:
                 assert r.status == 400, await r.text()
                 error = (await r.json())["error"]
             assert error["type"] == "ContextLengthError", error
-            assert f"context length of {4 * PAGE + 10}" in error["message"]
-            body = gen_body("fits", list(range(200, 200 + 4 * PAGE)), max_tokens=10)
+            assert f"fewer than its context length of {4 * PAGE + 10}" in error["message"]
+            body = gen_body("fits", list(range(200, 200 + 4 * PAGE)), max_tokens=9)
             async with http.post(engine.url + "/agentpool/v1/generate", json=body, headers=ENGINE_AUTH) as r:
                 assert r.status == 200, await r.text()
                 events = [json.loads(line) async for line in r.content]
             assert events[-1]["type"] == "done", events[-3:]
         argv = json.loads((tmp_path / "argv.json").read_text())
         assert argv[argv.index("--context-length") + 1] == str(4 * PAGE + 10)
+    finally:
+        await engine.stop()
+
+
+async def test_sglangs_own_refusal_for_length_reaches_the_router_as_too_long(tmp_path: Path) -> None:
+    """Without ``sglang.contextLength`` the agent cannot check the length (the model's own context is
+    SGLang's to know): SGLang refuses mid-stream with an error chunk, and the agent passes it on as an
+    ``error`` event with status 400 and reason ``ContextLengthError``, which the router answers as
+    ``context_length_exceeded``; a request within it streams."""
+    launcher = sglang_section(tmp_path)["launcher"] + ["--standin-model-context", str(4 * PAGE + 10)]
+    section = sglang_section(tmp_path, launcher=launcher)
+    engine = await start_engine(tmp_path, engine_config("sg7", backend="sglang", sglang=section))
+    try:
+        async with aiohttp.ClientSession() as http:
+            await wait_ready(http, engine, "the agent to be ready once SGLang is healthy")
+            body = gen_body("too-long", list(range(200, 200 + 4 * PAGE)), max_tokens=11)
+            async with http.post(engine.url + "/agentpool/v1/generate", json=body, headers=ENGINE_AUTH) as r:
+                assert r.status == 200, await r.text()  # SGLang refuses it once streaming
+                events = [json.loads(line) async for line in r.content]
+            assert events[-1]["type"] == "error", events
+            assert (events[-1]["status"], events[-1]["reason"]) == (400, TOO_LONG), events[-1]
+            assert "maximum context length of" in events[-1]["message"]
+            body = gen_body("fits", list(range(200, 200 + 4 * PAGE)), max_tokens=5)
+            async with http.post(engine.url + "/agentpool/v1/generate", json=body, headers=ENGINE_AUTH) as r:
+                events = [json.loads(line) async for line in r.content]
+            assert events[-1]["type"] == "done", events[-3:]
     finally:
         await engine.stop()

@@ -78,7 +78,8 @@ class StandIn:
         req = GenerateRequest.model_validate(await request.json())
         self.received.append(req)
         rejected = self.reject_marker is not None and self.reject_marker in json.dumps(req.body)
-        if self.reject_marker is not None and "TOO-LONG" in json.dumps(req.body):
+        too_long_here = self.reject_marker is not None and "TOO-LONG" in json.dumps(req.body)
+        if too_long_here and "TOO-LONG-IN-STREAM" not in json.dumps(req.body):
             # as the sim engine refuses a request over its context (its error type names it)
             too_long = {"type": "ContextLengthError", "message": "more than this engine's context length"}
             return web.json_response({"error": too_long}, status=400)
@@ -90,6 +91,10 @@ class StandIn:
         async def send(event: dict[str, Any]) -> None:
             await resp.write((json.dumps(event) + "\n").encode())
 
+        if too_long_here:  # as the sglang backend passes on SGLang's own refusal, mid-stream
+            message = "SGLang: The input is longer than the model's context length"
+            await send({"type": "error", "message": message, "status": 400, "reason": "ContextLengthError"})
+            return resp
         if rejected:
             await send({"type": "error", "message": "bad request content", "status": 400})
             return resp

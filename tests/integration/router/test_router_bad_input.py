@@ -133,16 +133,24 @@ async def test_an_engine_refusing_the_content_is_not_marked_down(
                 assert resp.status == 200, await resp.text()
 
 
+@pytest.mark.parametrize(
+    ("prompt", "said"),
+    [
+        ("a TOO-LONG prompt", "more than this engine's context length"),  # a 400 with its error type
+        ("a TOO-LONG-IN-STREAM prompt", "longer than the model's context length"),  # an error event
+    ],
+    ids=["refused at once", "refused in the stream"],
+)
 async def test_an_engine_refusing_a_request_as_too_long_answers_context_length_exceeded(
-    router: Router, engines: list[StandIn]
+    router: Router, engines: list[StandIn], prompt: str, said: str
 ) -> None:
     async with aiohttp.ClientSession() as http:
         for _ in range(3):
-            async with http.post(router.url + CHAT, json=chat_body("a TOO-LONG prompt")) as resp:
+            async with http.post(router.url + CHAT, json=chat_body(prompt)) as resp:
                 payload = await resp.json()
             assert resp.status == 400, payload
             assert payload["error"]["code"] == "context_length_exceeded", payload
-            assert "more than this engine's context length" in payload["error"]["message"]
+            assert said in payload["error"]["message"]
         assert sum(len(e.received) for e in engines) == 3  # no retry elsewhere
         assert no_node_down(router)
 

@@ -24,12 +24,13 @@ import aiohttp
 from agentpool.engine.config import SglangSettings
 from agentpool.engine.errors import BadRequestError, FetchError
 from agentpool.engine.jobs import JobState
+from agentpool.engine.lengths import sglang_says_too_long
 from agentpool.engine.metrics import EngineMetrics
 from agentpool.engine.sglang.generate import Chunk, parse_answer, parse_sse_line, parse_transfer_id
 from agentpool.engine.sglang.handover import prefill_again
 from agentpool.engine.sglang.iterations import IterationRecorder
 from agentpool.engine.sglang.job import SglangJob
-from agentpool.wire.engine import KV_SOURCE_LOST
+from agentpool.wire.engine import KV_SOURCE_LOST, TOO_LONG
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,8 @@ class SglangForwarder:
                 if r.status != 200:
                     text = (await r.text())[:500]
                     status = r.status if 400 <= r.status < 500 else 502
-                    self._fail(job, f"SGLang answered HTTP {r.status}: {text}", status)
+                    too_long = status == 400 and sglang_says_too_long(text)
+                    self._fail(job, f"SGLang answered HTTP {r.status}: {text}", status, too_long)
                     return
                 if not payload["stream"]:
                     self._prefill_answer(job, parse_answer(await r.json(content_type=None)))
@@ -103,7 +105,9 @@ class SglangForwarder:
                         continue
                     last = chunk
                     if chunk.error is not None:
-                        self._fail(job, f"SGLang: {chunk.error}", 502)
+                        # SGLang refuses a request over its context length mid-stream
+                        too_long = sglang_says_too_long(chunk.error)
+                        self._fail(job, f"SGLang: {chunk.error}", 400 if too_long else 502, too_long)
                         return
                     if chunk.finish_reason == "abort":  # no output: not "started"
                         break
@@ -152,7 +156,8 @@ class SglangForwarder:
             self.metrics.fetch_failures.labels("handover").inc()
             log.warning("SGLang prefill %s ended without a hand-over: %s", job.rid, c.error or "aborted")
 
-    def _fail(self, job: SglangJob, message: str, status: int) -> None:
+    def _fail(self, job: SglangJob, message: str, status: int, too_long: bool = False) -> None:
+        """End ``job`` with an error event (``too_long``: SGLang refused it for its length)."""
         if (
             job.handover is not None
             and not job.output
@@ -164,7 +169,7 @@ class SglangForwarder:
             job.retrying = True
             job.spawn(self._prefill_again(job, message))
             return
-        self._fail_now(job, message, status)
+        self._fail_now(job, message, status, too_long)
 
     async def _prefill_again(self, job: SglangJob, why: str) -> None:
         assert job.handover is not None and self.http is not None
@@ -198,12 +203,14 @@ class SglangForwarder:
         payload = payload | {"rid": job.rid, "bootstrap_port": port, "bootstrap_room": room}
         self._hold(self._forward(job, payload))
 
-    def _fail_now(self, job: SglangJob, message: str, status: int) -> None:
+    def _fail_now(self, job: SglangJob, message: str, status: int, too_long: bool = False) -> None:
         self.metrics.requests.labels(job.phase, "error").inc()
         log.warning("%s (%s): %s", job.request_id, job.phase, message)
         event: dict[str, Any] = {"type": "error", "message": message}
         if status < 500:
             event["status"] = status
+        if too_long:
+            event["reason"] = TOO_LONG
         job.finish(event)
 
     def _gone(self, job: SglangJob) -> None:

@@ -15,7 +15,7 @@ import pytest
 from conftest import OPERATOR_ARGS, Cluster, OperatorThread, load_example
 from process_helpers import engine_token_file, start_router
 
-from agentpool.operator.names import COMPONENT_LABEL, POOL_LABEL, ROUTER
+from agentpool.operator.names import COMPONENT_LABEL, ENGINE_SETTINGS_ANNOTATION, POOL_LABEL, ROUTER
 
 T = TypeVar("T")
 CHILDREN = [
@@ -236,6 +236,43 @@ async def test_ready_with_the_split_then_an_slo_edit_changes_only_the_config_map
     assert config is not None and '"ttftBase":3.0' in config["data"]["router.json"]
     assert '"tpot":0.04' in config["data"]["router.json"]  # the TPOT objective reaches the router too
     assert [await annotations(cluster, f"sim-engine-{i}") for i in range(6)] == pods_before
+
+
+async def engine_settings_digest(cluster: Cluster) -> str | None:
+    sts = await cluster.api.get("StatefulSet", cluster.namespace, "sim-engine")
+    if sts is None:
+        return None
+    notes = sts["spec"]["template"]["metadata"].get("annotations") or {}
+    return notes.get(ENGINE_SETTINGS_ANNOTATION)
+
+
+async def test_an_engine_setting_edit_rolls_the_engines_and_a_scale_does_not(
+    cluster: Cluster, operator: Any
+) -> None:
+    """The engines read their settings at start: an edit of one (here the model's context length)
+    reaches the API as a new engine pod template (the StatefulSet controller then replaces the pods
+    one at a time, each draining on SIGTERM); a scale keeps the template's digest."""
+    await ready_pool(cluster)
+    first = await engine_settings_digest(cluster)
+    assert first is not None
+    await edit_spec(cluster, {"nodes": 8})
+    await eventually(lambda: _replicas_are(cluster, 8), "the StatefulSet scaled to 8")
+    assert await engine_settings_digest(cluster) == first
+    await edit_spec(cluster, {"model": {**pool_manifest(cluster)["spec"]["model"], "contextLength": 32768}})
+    rolled = await eventually(lambda: _digest_other_than(cluster, first), "a new engine pod template")
+    engines = await cluster.api.get("ConfigMap", cluster.namespace, "sim-engines")
+    assert engines is not None and all('"contextLength": 32768' in v for v in engines["data"].values())
+    assert rolled != first
+
+
+async def _replicas_are(cluster: Cluster, n: int) -> bool | None:
+    sts = await cluster.api.get("StatefulSet", cluster.namespace, "sim-engine")
+    return True if sts is not None and sts["spec"]["replicas"] == n else None
+
+
+async def _digest_other_than(cluster: Cluster, digest: str) -> str | None:
+    now = await engine_settings_digest(cluster)
+    return now if now is not None and now != digest else None
 
 
 async def test_two_planner_switches_within_one_refresh_count_as_two_and_are_never_reverted(

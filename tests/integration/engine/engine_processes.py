@@ -63,10 +63,11 @@ def engine_config(node_id: str, **kw: Any) -> dict[str, Any]:
     return cfg
 
 
-async def start_engine(tmp: Path, cfg: dict[str, Any]) -> Proc:
+async def start_engine(tmp: Path, cfg: dict[str, Any], *args: str) -> Proc:
+    """``python -m agentpool.engine --config <cfg> args``, once it listens (``url`` set)."""
     path = tmp / f"engine-{cfg['nodeId']}.json"
     path.write_text(json.dumps(cfg))
-    p = await launch(f"engine {cfg['nodeId']}", "agentpool.engine", "--config", str(path))
+    p = await launch(f"engine {cfg['nodeId']}", "agentpool.engine", "--config", str(path), *args)
     p.url = (await p.wait_for(r"engine listening on (http://\S+)")).group(1)
     return p
 

@@ -29,7 +29,7 @@ from engine_processes import (
     wait_ready,
     wait_until,
 )
-from process_helpers import ENGINE_AUTH, free_port, launch, redis_namespace, start_directory
+from process_helpers import ENGINE_AUTH, Proc, free_port, launch, redis_namespace, start_directory
 
 from agentpool.directory.client import DirectoryClient
 from agentpool.kv import block_hashes
@@ -369,6 +369,17 @@ async def test_a_request_silent_in_sglang_is_logged_with_what_the_agent_knows(tm
         await engine.stop()
 
 
+async def generate_16(
+    http: aiohttp.ClientSession, engine: Proc, rid: str, max_tokens: int
+) -> tuple[int, Any]:
+    """A 16-token prompt with ``max_tokens``: (status, its events, or its error when refused)."""
+    body = gen_body(rid, list(range(200, 200 + 4 * PAGE)), max_tokens=max_tokens)
+    async with http.post(engine.url + "/agentpool/v1/generate", json=body, headers=ENGINE_AUTH) as r:
+        if r.status != 200:
+            return r.status, (await r.json())["error"]
+        return r.status, [json.loads(line) async for line in r.content]
+
+
 async def test_the_agent_refuses_a_request_over_sglangs_context_length(tmp_path: Path) -> None:
     """With ``sglang.contextLength`` the agent refuses a longer request itself, with a 400 whose
     error type the router turns into ``context_length_exceeded`` (SGLang would refuse it mid-stream,
@@ -379,17 +390,11 @@ async def test_the_agent_refuses_a_request_over_sglangs_context_length(tmp_path:
         async with aiohttp.ClientSession() as http:
             await wait_ready(http, engine, "the agent to be ready once SGLang is healthy")
             # SGLang takes fewer tokens than its --context-length: 16 + 10 is refused, 16 + 9 taken
-            body = gen_body("too-long", list(range(200, 200 + 4 * PAGE)), max_tokens=10)
-            async with http.post(engine.url + "/agentpool/v1/generate", json=body, headers=ENGINE_AUTH) as r:
-                assert r.status == 400, await r.text()
-                error = (await r.json())["error"]
-            assert error["type"] == "ContextLengthError", error
+            status, error = await generate_16(http, engine, "too-long", 10)
+            assert (status, error["type"]) == (400, "ContextLengthError"), error
             assert f"fewer than its context length of {4 * PAGE + 10}" in error["message"]
-            body = gen_body("fits", list(range(200, 200 + 4 * PAGE)), max_tokens=9)
-            async with http.post(engine.url + "/agentpool/v1/generate", json=body, headers=ENGINE_AUTH) as r:
-                assert r.status == 200, await r.text()
-                events = [json.loads(line) async for line in r.content]
-            assert events[-1]["type"] == "done", events[-3:]
+            status, events = await generate_16(http, engine, "fits", 9)
+            assert status == 200 and events[-1]["type"] == "done", events[-3:]
         argv = json.loads((tmp_path / "argv.json").read_text())
         assert argv[argv.index("--context-length") + 1] == str(4 * PAGE + 10)
     finally:
@@ -407,16 +412,11 @@ async def test_sglangs_own_refusal_for_length_reaches_the_router_as_too_long(tmp
     try:
         async with aiohttp.ClientSession() as http:
             await wait_ready(http, engine, "the agent to be ready once SGLang is healthy")
-            body = gen_body("too-long", list(range(200, 200 + 4 * PAGE)), max_tokens=11)
-            async with http.post(engine.url + "/agentpool/v1/generate", json=body, headers=ENGINE_AUTH) as r:
-                assert r.status == 200, await r.text()  # SGLang refuses it once streaming
-                events = [json.loads(line) async for line in r.content]
-            assert events[-1]["type"] == "error", events
+            status, events = await generate_16(http, engine, "too-long", 11)
+            assert status == 200 and events[-1]["type"] == "error", events  # refused once streaming
             assert (events[-1]["status"], events[-1]["reason"]) == (400, TOO_LONG), events[-1]
             assert "maximum context length of" in events[-1]["message"]
-            body = gen_body("fits", list(range(200, 200 + 4 * PAGE)), max_tokens=5)
-            async with http.post(engine.url + "/agentpool/v1/generate", json=body, headers=ENGINE_AUTH) as r:
-                events = [json.loads(line) async for line in r.content]
-            assert events[-1]["type"] == "done", events[-3:]
+            status, events = await generate_16(http, engine, "fits", 5)
+            assert status == 200 and events[-1]["type"] == "done", events[-3:]
     finally:
         await engine.stop()

@@ -43,14 +43,20 @@ async def start_slow_request(http: aiohttp.ClientSession, engine: Proc) -> async
     return task
 
 
+async def sigterm(engine: Proc) -> float:
+    """Send SIGTERM once the engine says it drains; when it was sent (``time.monotonic``)."""
+    sent = time.monotonic()
+    engine.proc.send_signal(signal.SIGTERM)
+    await engine.wait_for("SIGTERM: draining", within_s=5)
+    return sent
+
+
 async def test_sigterm_lets_running_work_finish_then_exits_0(tmp_path: Path) -> None:
     engine = await start_engine(tmp_path, engine_config("t", **SLOW_PREFILL))
     try:
         async with aiohttp.ClientSession() as http:
             running = await start_slow_request(http, engine)
-            sent = time.monotonic()
-            engine.proc.send_signal(signal.SIGTERM)
-            await engine.wait_for("SIGTERM: draining", within_s=5)
+            sent = await sigterm(engine)
             async with http.get(engine.url + "/ready") as r:
                 assert r.status == 503 and "draining for removal" in await r.text()
             # new work is handed back for the router to place elsewhere, not failed
@@ -76,8 +82,7 @@ async def test_the_drain_waits_for_a_peers_lease_before_stopping(tmp_path: Path)
             ) as r:
                 assert r.status == 200, await r.text()
                 lease = (await r.json())["lease"]
-            engine.proc.send_signal(signal.SIGTERM)
-            await engine.wait_for("SIGTERM: draining", within_s=5)
+            await sigterm(engine)
             await engine.assert_exited_not(within_s=1.0, context="while a peer held a lease")
             async with http.delete(f"{lease_url}/{lease}", headers=ENGINE_AUTH) as r:
                 assert r.status == 200
@@ -89,19 +94,12 @@ async def test_the_drain_waits_for_a_peers_lease_before_stopping(tmp_path: Path)
 
 async def test_a_drain_past_its_timeout_or_a_second_sigterm_stops_at_once(tmp_path: Path) -> None:
     cfg = engine_config("t", **{"sim": {"c0": 30.0, "c1": 0.0, "chunkTokens": 16}})
-    path = tmp_path / "engine.json"
-    path.write_text(json.dumps(cfg))
     for second_signal in (False, True):
-        timeout = "60" if second_signal else "0.5"
-        args = ("--config", str(path), "--drain-timeout-s", timeout)
-        engine = await launch("engine", "agentpool.engine", *args)
-        engine.url = (await engine.wait_for(r"engine listening on (http://\S+)")).group(1)
+        engine = await start_engine(tmp_path, cfg, "--drain-timeout-s", "60" if second_signal else "0.5")
         try:
             async with aiohttp.ClientSession() as http:
                 running = await start_slow_request(http, engine)
-                sent = time.monotonic()
-                engine.proc.send_signal(signal.SIGTERM)
-                await engine.wait_for("SIGTERM: draining", within_s=5)
+                sent = await sigterm(engine)
                 if second_signal:
                     engine.proc.send_signal(signal.SIGTERM)
                 assert await asyncio.wait_for(engine.proc.wait(), 10) == 0, engine.text()

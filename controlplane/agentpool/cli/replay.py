@@ -61,6 +61,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--slo-ttft-per-token", type=float, default=1e-4, help="TTFT deadline per prompt token (s)"
     )
     parser.add_argument("--slo-tpot", type=float, default=0.1, help="TPOT limit (s)")
+    parser.add_argument(
+        "--unreachable-timeout",
+        type=float,
+        default=30.0,
+        help="stop early (exit 1) once no request could connect to the router for this many seconds",
+    )
 
 
 def settings_from(args: argparse.Namespace, url: str, model: str) -> ReplaySettings:
@@ -77,6 +83,7 @@ def settings_from(args: argparse.Namespace, url: str, model: str) -> ReplaySetti
         shared_prefix_tokens=args.shared_prefix,
         drain_s=args.drain,
         ramp_s=args.ramp,
+        unreachable_s=args.unreachable_timeout,
     )
 
 
@@ -116,6 +123,9 @@ async def _main(args: argparse.Namespace) -> int:
         f"wrote {args.out / 'report.md'}, {args.out / 'results.json'}"
         + ("" if args.no_plots else " and PNG plots")
     )
+    if result["summary"]["stopped_early"]:
+        print(f"agentpool replay: stopped early: {result['summary']['stopped_early']}", file=sys.stderr)
+        return 1
     return 0 if result["summary"]["failed"] == 0 else 1
 
 

@@ -55,6 +55,7 @@ class Outcome:
     retries: int = 0
     error: str | None = None  # None: completed
     code: str | None = None  # OpenAI's error code of a refusal (HTTP 4xx), when it gave one
+    unreachable: bool = False  # the router could not be connected to (nothing was sent)
 
     @property
     def ok(self) -> bool:
@@ -104,6 +105,7 @@ async def stream_chat(
             return out
         except (aiohttp.ClientError, ConnectionError) as e:
             out.error = f"{type(e).__name__}: {e}"
+            out.unreachable = isinstance(e, aiohttp.ClientConnectorError)
             return out
         if retry_after is None:
             return out

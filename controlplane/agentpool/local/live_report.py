@@ -179,6 +179,7 @@ def live_result(
     summary["failed_after_first_token"] = sum(1 for r in records if not r.outcome.ok and r.outcome.streamed)
     summary["retries"] = sum(r.outcome.retries for r in records)
     summary["branches_ended_at_stop"] = replay.branches_ended_after
+    summary["stopped_early"] = replay.stopped_early
     return {
         "system": name,
         "description": "live pool: real processes, measured by the replay client",

@@ -63,12 +63,16 @@ class ReplaySettings:
     drain_s: float = 120.0
     ramp_s: float = 0.0
     request_timeout_s: float = 600.0
+    unreachable_s: float = 30.0
+    """Stop the replay early when every request for this long could not connect to the router."""
 
     def __post_init__(self) -> None:
         if self.agents < 1:
             raise ValueError(f"agents must be at least 1, got {self.agents}")
         if self.duration_s <= 0 or self.warmup_s < 0 or self.drain_s < 0 or self.ramp_s < 0:
             raise ValueError("duration must be positive; warmup, drain and ramp non-negative")
+        if not self.unreachable_s > 0:
+            raise ValueError(f"the unreachable limit must be positive, got {self.unreachable_s}")
         if self.time_scale <= 0:
             raise ValueError(f"time scale must be positive, got {self.time_scale}")
         if self.max_pause_s is not None and self.max_pause_s < 0:
@@ -135,6 +139,8 @@ class LiveReplay:
         self.agents_started = 0
         self.branches_ended_after = 0  # branches ended by DELETE when the replay stopped
         self.not_sent = 0  # requests left out because one they wait on was refused as too long
+        self.stopped_early: str | None = None  # why the replay stopped before its end
+        self._unreachable_since: float | None = None  # first of the connection failures in a row
         self._source = itertools.cycle(conversations)
         self._next_instance = 1
         self._next_rid = 0
@@ -163,9 +169,10 @@ class LiveReplay:
         s = self.settings
         slots = [asyncio.create_task(self._slot(session, k * s.ramp_s / s.agents)) for k in range(s.agents)]
         try:
-            while self.now() < self.end_s:
+            while self.now() < self.end_s and self.stopped_early is None:
                 await asyncio.sleep(min(1.0, max(0.0, self.end_s - self.now())))
                 self._raise_failures(slots)
+                self._check_reachable()
                 if on_tick is not None:
                     on_tick()
             self._stopping = True
@@ -181,6 +188,23 @@ class LiveReplay:
             await asyncio.gather(*slots, *self._tasks, return_exceptions=True)
         if s.branch_headers:
             await self._end_open_branches(session)
+
+    def _check_reachable(self) -> None:
+        """Stop early once no request could connect to the router for ``unreachable_s``: a router
+        that is gone would otherwise turn the rest of the run into a stream of failures."""
+        since = self._unreachable_since
+        limit = self.settings.unreachable_s
+        if since is not None and time.monotonic() - since >= limit:
+            self.stopped_early = (
+                f"the router at {self.settings.url} could not be reached for {limit:g} s "
+                f"(from {self.elapsed(since):.0f} s into the replay)"
+            )
+
+    def _note_reach(self, outcome: Outcome) -> None:
+        if not outcome.unreachable:
+            self._unreachable_since = None
+        elif self._unreachable_since is None:
+            self._unreachable_since = outcome.sent_at
 
     def _raise_failures(self, tasks: Sequence[asyncio.Task[None]]) -> None:
         """A bug in the replay must stop it, not leave agents silently idle."""
@@ -257,6 +281,7 @@ class LiveReplay:
             )
         finally:
             self.in_flight -= 1
+        self._note_reach(outcome)
         req.issued_at = outcome.sent_at - self._t0
         req.output_tokens = max(1, outcome.tokens)
         req.cached_tokens = trace_cached_tokens(outcome, tr.input_tokens)

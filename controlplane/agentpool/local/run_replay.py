@@ -163,6 +163,9 @@ def write_reports(
                     f"context_length_exceeded; not failures: a harness ends the conversation there) and "
                     f"{s['not_sent_after_too_long']} that waited on them not sent.\n"
                 )
+            if s.get("stopped_early"):
+                early = s["stopped_early"]
+                parts.append(f"**Stopped early**: {early}; the figures cover the run until then.\n")
             if r.get("errors"):
                 parts.append("errors: " + "; ".join(r["errors"]) + "\n")
     text = "\n".join(parts)

@@ -35,8 +35,9 @@ async def capped_router(tmp_path: Path) -> AsyncIterator[tuple[str, list[StandIn
 
 @contextlib.asynccontextmanager
 async def started_router(
-    tmp_path: Path, settings: dict[str, Any]
+    tmp_path: Path, settings: dict[str, Any], procs: list[asyncio.subprocess.Process] | None = None
 ) -> AsyncIterator[tuple[str, list[StandIn]]]:
+    """The router from its CLI over two stand-in engines; its process is appended to ``procs``."""
     engines = [await StandIn(f"e{i}", prefill_s=0.01, token_s=0.002, tokens=6).start() for i in range(2)]
     config = tmp_path / "router.json"
     nodes = [{"id": e.node_id, "url": e.url, "role": "both"} for e in engines]
@@ -54,6 +55,8 @@ async def started_router(
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
+    if procs is not None:
+        procs.append(proc)
     try:
         async with aiohttp.ClientSession() as session:
             for _ in range(200):
@@ -67,13 +70,18 @@ async def started_router(
                 await asyncio.sleep(0.1)
         yield url, engines
     finally:
-        proc.terminate()
+        if proc.returncode is None:
+            proc.terminate()
         await proc.wait()
         for e in engines:
             await e.kill()
 
 
-async def run_replay(url: str, tmp_path: Path, *extra: str) -> tuple[int, dict[str, Any], str]:
+async def run_replay(
+    url: str, tmp_path: Path, *extra: str, while_running: Any = None
+) -> tuple[int, dict[str, Any], str]:
+    """``agentpool replay`` from its CLI (6 s unless ``extra`` says otherwise); ``while_running``: a
+    coroutine run beside it."""
     trace = write_small_trace(tmp_path / "trace.jsonl")
     out = tmp_path / "out"
     proc = await asyncio.create_subprocess_exec(
@@ -82,6 +90,8 @@ async def run_replay(url: str, tmp_path: Path, *extra: str) -> tuple[int, dict[s
         "--out", str(out), *extra,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
+    if while_running is not None:
+        await while_running
     stdout, _ = await asyncio.wait_for(proc.communicate(), 120)
     assert proc.returncode is not None
     return proc.returncode, json.loads((out / "results.json").read_text()), stdout.decode()
@@ -146,3 +156,28 @@ async def test_replay_says_when_the_router_is_not_there(tmp_path: Path) -> None:
     assert proc.returncode != 0
     assert b"cannot reach the router" in stdout
     assert b"Traceback" not in stdout
+
+
+async def test_replay_stops_early_when_the_router_goes_away(tmp_path: Path) -> None:
+    """The router is stopped 3 s into a 60 s replay: the replay stops once it could not connect for
+    its --unreachable-timeout, reports what it measured until then, says why, and exits 1."""
+    procs: list[asyncio.subprocess.Process] = []
+    async with started_router(tmp_path, {}, procs) as (url, _):
+
+        async def stop_the_router() -> None:
+            await asyncio.sleep(3)
+            procs[0].terminate()
+            await procs[0].wait()
+
+        started = asyncio.get_running_loop().time()
+        code, results, text = await run_replay(
+            url, tmp_path, "--duration", "60", "--unreachable-timeout", "2", "--no-plots", "--quiet",
+            while_running=stop_the_router(),
+        )  # fmt: skip
+        took = asyncio.get_running_loop().time() - started
+    summary = results["results"][0]["summary"]
+    assert code == 1, text
+    assert took < 20, f"the replay took {took:.0f} s"
+    assert summary["completed"] > 0  # what it measured before the router went
+    assert summary["stopped_early"].startswith(f"the router at {url} could not be reached for 2 s"), summary
+    assert "**Stopped early**" in text and "stopped early: the router at" in text

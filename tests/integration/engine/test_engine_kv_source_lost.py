@@ -24,18 +24,14 @@ from typing import Any
 import aiohttp
 import pytest
 from engine_processes import (
-    PAGE,
-    engine_config,
+    Pool,
     metric_value,
     sglang_checked_section,
-    start_engine,
-    state,
     wait_until,
 )
-from process_helpers import Proc, engine_token_file, free_port, launch
+from process_helpers import Proc
 
 pytestmark = pytest.mark.integration
-REPORT_TOKEN = "r" * 32
 
 
 async def read_sse(resp: aiohttp.ClientResponse) -> AsyncIterator[Any]:
@@ -68,69 +64,6 @@ async def port_closed(port: int) -> bool:
         return True
     w.close()
     return False
-
-
-class Pool:
-    """A router on a known port and the engines reporting to it."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.procs: list[Proc] = []
-        self.configs: dict[str, dict[str, Any]] = {}
-        report_token = tmp / "report-token"
-        report_token.write_text(REPORT_TOKEN)
-        self.report_token = report_token
-        self.common: dict[str, Any] = {"routers": [{"url": self.url, "tokenFile": str(report_token)}]}
-
-    async def engine(self, node: str, role: str, **kw: Any) -> Proc:
-        cfg = engine_config(node, role=role, **self.common, **kw)
-        self.configs[node] = cfg
-        p = await start_engine(self.tmp, cfg)
-        self.procs.append(p)
-        return p
-
-    async def router(self, engines: list[tuple[Proc, str, str]]) -> Proc:
-        config = self.tmp / "router.json"
-        nodes = [{"id": node, "url": p.url, "role": role} for p, node, role in engines]
-        config.write_text(
-            json.dumps({"model": "test-model", "policy": "least-loaded", "pageSize": PAGE, "nodes": nodes})
-        )
-        router = await launch(
-            "router", "agentpool.router", "--config", str(config), "--host", "127.0.0.1",
-            "--port", str(self.port), "--report-token-file", str(self.report_token),
-            "--engine-token-file", str(engine_token_file()),
-        )  # fmt: skip
-        self.procs.append(router)
-        await router.wait_for(r"router listening on (http://\S+)")
-        async with aiohttp.ClientSession() as http:
-
-            async def reported() -> bool:
-                for p, _, _ in engines:
-                    s = await state(http, p.url)
-                    if s["reports_sent"] < 2 or s["report_error"] is not None:
-                        return False
-                async with http.get(self.url + "/ready") as r:
-                    return r.status == 200
-
-            await wait_until(reported, 60, "the router to take every engine's reports", alive=self.procs)
-        return router
-
-    async def stop(self) -> None:
-        for p in self.procs:
-            if p.proc.returncode is None:
-                os.kill(p.proc.pid, signal.SIGCONT)
-            await p.stop()
-
-
-@pytest.fixture
-async def pool(tmp_path: Path) -> AsyncIterator[Pool]:
-    pool = Pool(tmp_path)
-    try:
-        yield pool
-    finally:
-        await pool.stop()
 
 
 async def test_sglang_a_dead_prefill_node_is_placed_again_from_the_start(pool: Pool, tmp_path: Path) -> None:

@@ -329,6 +329,46 @@ async def test_the_agent_stops_promptly_with_requests_in_sglang(tmp_path: Path) 
         await engine.stop()
 
 
+async def test_sigterm_lets_the_requests_in_sglang_finish_then_stops_it(tmp_path: Path) -> None:
+    """SIGTERM, as Kubernetes sends it: the agent drains (a request streaming from SGLang finishes,
+    a new one is handed back), then stops SGLang and exits 0."""
+    launcher = sglang_section(tmp_path)["launcher"] + ["--standin-decode-s", "0.05,0"]
+    cfg = engine_config("sg8", backend="sglang", sglang=sglang_section(tmp_path, launcher=launcher))
+    engine = await start_engine(tmp_path, cfg)
+    try:
+        async with aiohttp.ClientSession() as http:
+            await wait_ready(http, engine, "the agent to be ready once SGLang is healthy")
+            first = asyncio.Event()
+
+            async def long_generate() -> list[dict[str, Any]]:
+                events: list[dict[str, Any]] = []
+                body = gen_body("long", list(range(200, 200 + 4 * PAGE)), max_tokens=30)
+                async with http.post(
+                    engine.url + "/agentpool/v1/generate", json=body, headers=ENGINE_AUTH
+                ) as r:
+                    async for line in r.content:
+                        events.append(json.loads(line))
+                        first.set()
+                return events
+
+            stream = asyncio.create_task(long_generate())
+            await asyncio.wait_for(first.wait(), 20)
+            engine.proc.send_signal(signal.SIGTERM)
+            await engine.wait_for("SIGTERM: draining", within_s=5)
+            status, events = await generate_16(http, engine, "late", 4)
+            assert status == 200 and [e["type"] for e in events] == ["requeue"], events
+            events = await asyncio.wait_for(stream, 20)
+            assert events[-1]["type"] == "done" and events[-1]["usage"]["completion_tokens"] == 30, events[
+                -2:
+            ]
+            assert await asyncio.wait_for(engine.proc.wait(), 20) == 0, engine.text()
+    finally:
+        await engine.stop()
+    assert "drained: stopping" in engine.text() and "SGLang stopped (exit code 0)" in engine.text(), (
+        engine.text()
+    )
+
+
 async def test_a_request_silent_in_sglang_is_logged_with_what_the_agent_knows(tmp_path: Path) -> None:
     """The stall log of the ``sim`` backend, on ``sglang`` too: SGLang retracts a streaming request
     (its KV ran short) and sends nothing for it; the agent logs the request, its SGLang rid and

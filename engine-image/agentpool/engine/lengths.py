@@ -19,24 +19,15 @@ def sglang_says_too_long(message: str) -> bool:
 
 
 def check_request_length(
-    prompt_tokens: int,
-    max_tokens: int,
-    context_length: int | None,
-    kv_tokens: int | None = None,
-    *,
-    below_context: bool = False,
+    prompt_tokens: int, max_tokens: int, context_length: int | None, kv_tokens: int | None = None
 ) -> None:
     """Raise :class:`ContextLengthError` when the prompt and its most output exceed
-    ``context_length`` (None: no limit set) or the engine's whole KV, ``kv_tokens`` (a request no
-    wait would make room for; None: not known here, as with SGLang, which checks it itself).
-    ``below_context``: the request must stay below ``context_length``, as SGLang's own check wants
-    (it refuses a prompt and ``max_new_tokens`` that reach its ``--context-length``)."""
+    ``context_length`` (None: no limit set; SGLang 0.5.23 refuses the same: a prompt of the whole
+    context or more, or a prompt and ``max_new_tokens`` over it) or the engine's whole KV,
+    ``kv_tokens`` (a request no wait would make room for; None: not known here, as with SGLang,
+    which checks it itself)."""
     total = prompt_tokens + max_tokens
     need = f"the request needs {total} tokens ({prompt_tokens} of prompt and up to {max_tokens} of output)"
-    if context_length is not None and below_context and total >= context_length:
-        raise ContextLengthError(
-            f"{need}; this engine takes fewer than its context length of {context_length}"
-        )
     if context_length is not None and total > context_length:
         raise ContextLengthError(f"{need}, more than this engine's context length of {context_length}")
     if kv_tokens is not None and total > kv_tokens:

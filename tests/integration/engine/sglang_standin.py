@@ -8,9 +8,9 @@ answers ``/health`` with 503 for S seconds (model loading), then serves:
 - ``POST /generate`` (``input_ids``, ``sampling_params.max_new_tokens``, ``stream``, ``rid``, bootstrap
   fields): words ``w0 w1 ...``, streamed as ``data: {json}`` lines with the text so far and
   ``meta_info`` (``cached_tokens`` from its prefix cache), then ``data: [DONE]``; ``stream: false``
-  answers one JSON object. A request of ``--context-length`` tokens or more with its
-  ``max_new_tokens`` (or ``--standin-model-context``, the model's own) is refused with SGLang's
-  message: an error chunk in a stream, HTTP 400 otherwise. A prefill publishes ``BlockStored``
+  answers one JSON object. A request over ``--context-length`` with its ``max_new_tokens`` (or
+  over ``--standin-model-context``, the model's own) is refused with SGLang's message: an error
+  chunk in a stream, HTTP 400 otherwise. A prefill publishes ``BlockStored``
   for its new full pages (block hashes
   as SGLang 0.5.23 makes them: ``hash_str_to_int64`` of each page's chained hash), on ``GPU``
   and, with ``--enable-hierarchical-cache`` (write-through), on ``CPU_PINNED``. Requests run in
@@ -396,7 +396,9 @@ class StandIn:
             return web.json_response({"error": {"message": "bad request"}}, status=400)
         stream = bool(body.get("stream"))
         context = self.args.context_length or self.args.standin_model_context
-        if context is not None and len(ids) + n >= context:  # refused as SGLang's tokenizer manager does
+        # refused as SGLang 0.5.23's tokenizer manager refuses: the prompt alone reaching the context,
+        # or the prompt and max_new_tokens over it
+        if context is not None and (len(ids) >= context or len(ids) + n > context):
             message = (
                 f"Requested token count exceeds the model's maximum context length of {context} tokens. "
                 f"You requested a total of {len(ids) + n} tokens: {len(ids)} tokens from the input "

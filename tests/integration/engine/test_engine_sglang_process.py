@@ -429,11 +429,11 @@ async def test_the_agent_refuses_a_request_over_sglangs_context_length(tmp_path:
     try:
         async with aiohttp.ClientSession() as http:
             await wait_ready(http, engine, "the agent to be ready once SGLang is healthy")
-            # SGLang takes fewer tokens than its --context-length: 16 + 10 is refused, 16 + 9 taken
-            status, error = await generate_16(http, engine, "too-long", 10)
+            # as SGLang takes it: 16 + 11 is refused, 16 + 10 fits
+            status, error = await generate_16(http, engine, "too-long", 11)
             assert (status, error["type"]) == (400, "ContextLengthError"), error
-            assert f"fewer than its context length of {4 * PAGE + 10}" in error["message"]
-            status, events = await generate_16(http, engine, "fits", 9)
+            assert f"more than this engine's context length of {4 * PAGE + 10}" in error["message"]
+            status, events = await generate_16(http, engine, "fits", 10)
             assert status == 200 and events[-1]["type"] == "done", events[-3:]
         argv = json.loads((tmp_path / "argv.json").read_text())
         assert argv[argv.index("--context-length") + 1] == str(4 * PAGE + 10)

@@ -81,16 +81,3 @@ def test_check_request_length(
         return
     with pytest.raises(ContextLengthError, match=refused):
         check_request_length(prompt, output, context, kv)
-
-
-@pytest.mark.parametrize(
-    ("prompt", "output", "refused"),
-    [(100, 27, False), (100, 28, True), (128, 1, True)],
-)
-def test_below_the_context_as_sglang_wants(prompt: int, output: int, refused: bool) -> None:
-    """SGLang refuses a prompt and ``max_new_tokens`` that reach its ``--context-length`` (128 here)."""
-    if not refused:
-        check_request_length(prompt, output, 128, below_context=True)
-        return
-    with pytest.raises(ContextLengthError, match="fewer than its context length of 128"):
-        check_request_length(prompt, output, 128, below_context=True)

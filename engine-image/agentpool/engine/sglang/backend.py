@@ -298,7 +298,7 @@ class SglangBackend:
             raise BadRequestError("prompt_token_ids must be token ids in [0, 2**32)")
         params = sampling_params(g.body, self.cfg.sim.default_max_tokens, self.cfg.sim.max_tokens_limit)
         # SGLang refuses it too, but mid-stream, as an error the router cannot tell from another
-        check_request_length(len(ids), params["max_new_tokens"], self.s.context_length, below_context=True)
+        check_request_length(len(ids), params["max_new_tokens"], self.s.context_length)
         payload: dict[str, Any] = {"input_ids": ids, "sampling_params": params, "stream": True}
         if g.phase == "decode":
             if g.kv_source is None:

@@ -34,7 +34,7 @@ from agentpool.operator.apply import (
     merge_patch_between,
 )
 from agentpool.operator.builders import BuildSettings, InvalidPoolError, children
-from agentpool.operator.builders.config import initial_role
+from agentpool.operator.builders.config import role_for_pod
 from agentpool.operator.builders.network import policy_names
 from agentpool.operator.builders.secrets import (
     generated_secret,
@@ -148,7 +148,7 @@ class Reconciler:
         log.info(
             "pool %s/%s: children applied in %.2f s", ref.namespace, ref.name, time.monotonic() - started
         )
-        await self.initial_roles(ref, spec)
+        await self.initial_roles(ref, spec, parsed.status)
         created = [k for k, o in report.outcomes.items() if o is Outcome.CREATED]
         updated = [k for k, o in report.outcomes.items() if o is Outcome.UPDATED]
         deleted = [k for k, o in report.outcomes.items() if o is Outcome.DELETED]
@@ -250,15 +250,18 @@ class Reconciler:
                 desired[i] = kept[child_key(obj)]
         return tuple(waiting)
 
-    async def initial_roles(self, ref: PoolRef, spec: AgentServingPoolSpec) -> list[str]:
-        """Give pods without a desired role their initial one; never change a role that is set."""
+    async def initial_roles(
+        self, ref: PoolRef, spec: AgentServingPoolSpec, previous: AgentServingPoolStatus | None
+    ) -> list[str]:
+        """Give pods without a desired role one (:func:`role_for_pod`: the role the status last showed
+        for a replaced pod, else the initial one); never change a role that is set."""
         set_now: list[str] = []
         for name, pod in sorted((await engine_pods(self.api, ref)).items()):
             notes = pod["metadata"].get("annotations") or {}
             ordinal = name.rsplit("-", 1)[-1]
             if ROLE_ANNOTATION in notes or not ordinal.isdigit() or int(ordinal) >= spec.nodes:
                 continue
-            role = initial_role(spec, int(ordinal))
+            role = role_for_pod(spec, int(ordinal), name, previous)
             await self.api.merge_patch(
                 "Pod", ref.namespace, name, {"metadata": {"annotations": {ROLE_ANNOTATION: role}}}
             )
@@ -312,7 +315,7 @@ class Reconciler:
                 and observed_generation != parsed.generation
             ):
                 return False  # a reconcile is waiting for drains; it refreshes the status itself
-        await self.initial_roles(parsed.ref, parsed.spec)
+        await self.initial_roles(parsed.ref, parsed.spec, parsed.status)
         observed = await observe(self.api, parsed.ref, parsed.spec, draining, children_changed)
         names = [parsed.ref.engine_pod(i) for i in range(parsed.spec.nodes)]
         status = pool_status(

@@ -27,7 +27,7 @@ from agentpool.api import (
 )
 from agentpool.api.status import DecodeFit, PrefillFit
 from agentpool.kv import Role
-from agentpool.operator.builders.config import initial_role
+from agentpool.operator.builders.config import role_for_pod
 from agentpool.operator.names import DRAIN_ANNOTATION, OBSERVED_ROLE_ANNOTATION, ROLE_ANNOTATION
 from agentpool.planner.roles import split_label
 from agentpool.planner.state import LoadedGenerations, PlannerState
@@ -215,7 +215,12 @@ def pool_status(
     colocated = spec.mode == "colocated"
     for ordinal, name in enumerate(names):
         pod = observed.pods.get(name)
-        desired = pod.desired_role if pod is not None and pod.desired_role else initial_role(spec, ordinal)
+        # a pod without a role (gone, or new and not yet given one) keeps the one it had
+        desired = (
+            pod.desired_role
+            if pod is not None and pod.desired_role
+            else role_for_pod(spec, ordinal, name, previous)
+        )
         shown = pod.observed_role if pod is not None else None
         if colocated and shown is None and pod is not None and pod.ready:
             # No planner runs (it is what shows `agentpool.io/observed-role`, from the routers), and

@@ -316,6 +316,21 @@ async def test_two_planner_switches_within_one_refresh_count_as_two_and_are_neve
     switched = [e for e in events if e.get("reason") == "PhaseSplitSwitched"]
     assert len(switched) == 1 and "the last of 2 switches" in switched[0]["message"]
 
+    # a replaced pod (a rolling update of the engines, a pod deleted by hand) comes back without
+    # annotations; it gets the role the planner had given it, not its initial one (prefill)
+    gone = await cluster.api.get("Pod", cluster.namespace, "sim-engine-0")
+    assert gone is not None
+    await cluster.api.delete("Pod", cluster.namespace, "sim-engine-0")
+
+    async def new_pods_role() -> str | None:
+        pod = await cluster.api.get("Pod", cluster.namespace, "sim-engine-0")
+        if pod is None or pod["metadata"]["uid"] == gone["metadata"]["uid"]:
+            return None
+        return (pod["metadata"].get("annotations") or {}).get("agentpool.io/role")
+
+    assert await eventually(new_pods_role, "the new pod's role") == "decode"
+    obj = await status_where(cluster, lambda o: o["status"]["desiredSplit"]["label"] == "2P4D", "2P4D kept")
+
 
 async def test_an_unchanged_pool_is_not_written_again(cluster: Cluster) -> None:
     async with OperatorThread(OPERATOR_ARGS):

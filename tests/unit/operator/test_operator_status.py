@@ -12,6 +12,7 @@ import yaml
 
 from agentpool.api import AgentServingPool, AgentServingPoolSpec
 from agentpool.operator.apply import contains, merge_patch_between
+from agentpool.operator.builders.config import role_for_pod
 from agentpool.operator.router_readiness import RouterPod, running_router
 from agentpool.operator.status import Observed, PodView, invalid_status, pool_status
 from agentpool.planner.state import LoadedGenerations, PlannerState, SavedShape, SwitchRecord
@@ -239,3 +240,52 @@ def test_the_retry_back_off() -> None:
     from agentpool.operator.handlers import backoff_s
 
     assert [backoff_s(r) for r in range(8)] == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0]
+
+
+def test_a_pod_without_a_role_keeps_the_one_the_status_showed_for_it() -> None:
+    """The planner made it 2P4D; sim-engine-0 (initially prefill) was replaced (gone, then new and
+    without annotations): the status keeps its last desired role, and so does the split."""
+    switched = ["decode", *INITIAL[1:]]
+    before = pool_status(NAMES, SPEC, 1, 1, observed(switched, switched, [True] * 6), None, T0)
+    assert before.desired_split is not None and before.desired_split.label == "2P4D"
+    gone = observed(switched, switched, [True] * 6)
+    gone = dataclasses.replace(gone, pods={n: p for n, p in gone.pods.items() if n != "sim-engine-0"})
+    for obs in (gone, observed([None, *switched[1:]], [None, *switched[1:]], [False] + [True] * 5)):
+        after = pool_status(NAMES, SPEC, 1, 1, obs, before, T0)
+        assert after.nodes[0].desired_role == "decode"
+        assert after.desired_split is not None and after.desired_split.label == "2P4D"
+    fresh = pool_status(NAMES, SPEC, 1, 1, gone, None, T0)  # no status yet: the initial role
+    assert fresh.nodes[0].desired_role == "prefill"
+
+
+@pytest.mark.parametrize(
+    ("mode", "last", "expected"),
+    [
+        ("disaggregated", None, "prefill"),  # no status: ordinal 0's initial role
+        ("disaggregated", "decode", "decode"),
+        ("disaggregated", "both", "prefill"),  # a role of another mode is not taken over
+        ("colocated", "both", "both"),
+        ("colocated", "decode", "both"),
+    ],
+)
+def test_role_for_pod(mode: str, last: str | None, expected: str) -> None:
+    spec = SPEC if mode == "disaggregated" else colocated_spec()
+    previous = None
+    if last is not None:
+        names = ["other", NAMES[0]]
+        previous = pool_status(names, spec, 1, 1, observed_named(names, ["prefill", last]), None, T0)
+    assert role_for_pod(spec, 0, NAMES[0], previous) == expected
+
+
+def colocated_spec() -> AgentServingPoolSpec:
+    raw = yaml.safe_load((ROOT / "examples" / "pool-sim.yaml").read_text())
+    raw["spec"] |= {"mode": "colocated", "planner": {"enabled": False}}
+    del raw["spec"]["initialSplit"]
+    return AgentServingPool.model_validate(raw).spec
+
+
+def observed_named(names: list[str], roles: list[str]) -> Observed:
+    pods = {
+        n: PodView(n, desired_role=r, observed_role=r, ready=True) for n, r in zip(names, roles, strict=True)
+    }
+    return Observed(pods=pods, router_ready=True, directory_ready=True, redis_ready=True, config_generation=1)

@@ -16,7 +16,7 @@ import hashlib
 import json
 from typing import Any
 
-from agentpool.api import AgentServingPoolSpec
+from agentpool.api import AgentServingPoolSpec, AgentServingPoolStatus
 from agentpool.operator.builders.settings import (
     DIRECTORY_TOKEN_DIR,
     ENGINE_TOKEN_DIR,
@@ -51,6 +51,19 @@ def initial_role(spec: AgentServingPoolSpec, ordinal: int) -> str:
     if spec.mode == "colocated":
         return "both"
     return "prefill" if ordinal < spec.initial_prefill else "decode"
+
+
+def role_for_pod(
+    spec: AgentServingPoolSpec, ordinal: int, name: str, previous: AgentServingPoolStatus | None
+) -> str:
+    """The desired role of engine pod `name` when it has none: the one the status last showed for it
+    (a pod replaced by a rolling update or deleted by hand comes back with the role the planner had
+    given it, so the split it chose survives the restart), else its initial role."""
+    if previous is not None:
+        last = next((n.desired_role for n in previous.nodes if n.name == name), None)
+        if last is not None and (last == "both") == (spec.mode == "colocated"):
+            return str(last)
+    return initial_role(spec, ordinal)
 
 
 def router_config(pool: PoolRef, spec: AgentServingPoolSpec, generation: int) -> str:

@@ -408,7 +408,8 @@ class StandIn:
                 return web.json_response({"error": {"message": message}}, status=400)
             resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
             await resp.prepare(r)
-            await resp.write(f"data: {json.dumps({'error': {'message': message}})}\n\n".encode())
+            error = {"message": message, "type": "invalid_request_error", "code": 400, "retryable": False}
+            await resp.write(f"data: {json.dumps({'error': error})}\n\n".encode())
             await resp.write(b"data: [DONE]\n\n")
             return resp
         q = Req(body, ids, n if stream else 1)

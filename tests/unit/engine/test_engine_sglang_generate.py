@@ -55,9 +55,21 @@ def test_stream_lines_parse_to_chunks() -> None:
     running = parse_sse_line(b'data: {"text": "a", "meta_info": {"finish_reason": null}}')
     assert running is not None and running.finish_reason is None and running.error is None
     err = parse_sse_line(b'data: {"error": {"message": "too long"}}')
-    assert err is not None and err.error == "too long"
+    assert err is not None and err.error == "too long" and err.error_status is None
     junk = parse_sse_line(b"data: {not json")
     assert junk is not None and junk.error is not None
+
+
+@pytest.mark.parametrize(
+    ("code", "status"),
+    [("400", 400), ("422", 422), ("500", None), ('"400"', None), ("null", None), ("true", None)],
+)
+def test_a_stream_error_keeps_sglangs_4xx_code(code: str, status: int | None) -> None:
+    """SGLang 0.5.23's stream errors: ``{"message", "type": "invalid_request_error", "code": 400, ...}``;
+    a 4xx code says the request is at fault."""
+    line = f'data: {{"error": {{"message": "m", "type": "invalid_request_error", "code": {code}}}}}'
+    err = parse_sse_line(line.encode())
+    assert err is not None and err.error == "m" and err.error_status == status
 
 
 def test_a_switch_clear_keeps_the_host_tier_and_a_later_clear_does_not() -> None:

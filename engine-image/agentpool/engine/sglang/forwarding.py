@@ -105,9 +105,11 @@ class SglangForwarder:
                         continue
                     last = chunk
                     if chunk.error is not None:
-                        # SGLang refuses a request over its context length mid-stream
+                        # SGLang refuses a request for its content mid-stream (over its context
+                        # length, a bad parameter): the request's fault, never the engine's
                         too_long = sglang_says_too_long(chunk.error)
-                        self._fail(job, f"SGLang: {chunk.error}", 400 if too_long else 502, too_long)
+                        status = 400 if too_long else (chunk.error_status or 502)
+                        self._fail(job, f"SGLang: {chunk.error}", status, too_long)
                         return
                     if chunk.finish_reason == "abort":  # no output: not "started"
                         break

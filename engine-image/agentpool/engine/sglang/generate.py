@@ -80,6 +80,9 @@ class Chunk:
     cached_tokens: int
     error: str | None = None
     spec_verify_ct: int | None = None  # SGLang's verify passes (finished requests, speculative decoding)
+    error_status: int | None = None
+    """With ``error``: the 4xx ``code`` SGLang gives a request it refuses for its content (0.5.23's
+    stream errors carry one; None when absent or not a 4xx)."""
 
 
 def parse_sse_line(line: bytes) -> Chunk | None:
@@ -103,7 +106,9 @@ def parse_answer(obj: Any) -> Chunk:
     if "error" in obj:
         err = obj["error"]
         msg = err.get("message", err) if isinstance(err, dict) else err
-        return Chunk("", "error", 0, 0, 0, error=str(msg)[:500])
+        code = err.get("code") if isinstance(err, dict) else None
+        status = code if type(code) is int and 400 <= code < 500 else None
+        return Chunk("", "error", 0, 0, 0, error=str(msg)[:500], error_status=status)
     meta = obj.get("meta_info")
     meta = meta if isinstance(meta, dict) else {}
     fr = meta.get("finish_reason")

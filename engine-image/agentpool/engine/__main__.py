@@ -97,12 +97,12 @@ async def _drain(engine: EngineApp, timeout_s: float, stop: asyncio.Event) -> No
     """Retire the engine (no new work, its queue handed back) and wait until what runs has
     finished and peers hold no lease here, ``timeout_s`` has passed, ``stop`` is set or the engine
     fails."""
-    log.info("SIGTERM: draining, at most %.0f s (SIGINT or SIGTERM again stops now)", timeout_s)
+    log.info("SIGTERM: draining, at most %g s (SIGINT or SIGTERM again stops now)", timeout_s)
     engine.retire()
     try:
         await asyncio.wait_for(_first_of(engine.wait_retired(), stop.wait(), engine.failed.wait()), timeout_s)
     except TimeoutError:
-        log.warning("drain: requests still running after %.0f s; stopping anyway", timeout_s)
+        log.warning("drain: requests still running after %g s; stopping anyway", timeout_s)
     if engine.backend.drained and not engine.exporter.leases:
         log.info("drained: stopping")
 

@@ -148,7 +148,7 @@ class Reconciler:
         log.info(
             "pool %s/%s: children applied in %.2f s", ref.namespace, ref.name, time.monotonic() - started
         )
-        await self.initial_roles(ref, spec, parsed.status)
+        await self.give_roles(ref, spec, parsed.status)
         created = [k for k, o in report.outcomes.items() if o is Outcome.CREATED]
         updated = [k for k, o in report.outcomes.items() if o is Outcome.UPDATED]
         deleted = [k for k, o in report.outcomes.items() if o is Outcome.DELETED]
@@ -250,7 +250,7 @@ class Reconciler:
                 desired[i] = kept[child_key(obj)]
         return tuple(waiting)
 
-    async def initial_roles(
+    async def give_roles(
         self, ref: PoolRef, spec: AgentServingPoolSpec, previous: AgentServingPoolStatus | None
     ) -> list[str]:
         """Give pods without a desired role one (:func:`role_for_pod`: the role the status last showed
@@ -315,7 +315,7 @@ class Reconciler:
                 and observed_generation != parsed.generation
             ):
                 return False  # a reconcile is waiting for drains; it refreshes the status itself
-        await self.initial_roles(parsed.ref, parsed.spec, parsed.status)
+        await self.give_roles(parsed.ref, parsed.spec, parsed.status)
         observed = await observe(self.api, parsed.ref, parsed.spec, draining, children_changed)
         names = [parsed.ref.engine_pod(i) for i in range(parsed.spec.nodes)]
         status = pool_status(

@@ -109,7 +109,8 @@ async def test_a_drain_past_its_timeout_or_a_second_sigterm_stops_at_once(tmp_pa
         finally:
             await engine.stop()
         if not second_signal:
-            assert "drain: requests still running after 0.5 s; stopping anyway" in engine.text(), engine.text()
+            said = "drain: requests still running after 0.5 s; stopping anyway"
+            assert said in engine.text(), engine.text()
 
 
 async def test_a_bad_drain_timeout_exits_2(tmp_path: Path) -> None:

@@ -285,17 +285,33 @@ async def _true(v: bool) -> bool:
     return v
 
 
+async def stream_into(
+    http: aiohttp.ClientSession, engine: Proc, body: dict[str, Any], events: list[dict[str, Any]]
+) -> None:
+    """POST ``body`` to the agent's generate API; each event is appended to ``events`` as it comes."""
+    async with http.post(engine.url + "/agentpool/v1/generate", json=body, headers=ENGINE_AUTH) as r:
+        async for line in r.content:
+            events.append(json.loads(line))
+
+
+async def start_slow_sglang_agent(tmp_path: Path, node: str) -> Proc:
+    """An sglang-backed agent whose stand-in decodes a token per 50 ms, once it is ready."""
+    launcher = sglang_section(tmp_path)["launcher"] + ["--standin-decode-s", "0.05,0"]
+    cfg = engine_config(node, backend="sglang", sglang=sglang_section(tmp_path, launcher=launcher))
+    engine = await start_engine(tmp_path, cfg)
+    async with aiohttp.ClientSession() as http:
+        await wait_ready(http, engine, "the agent to be ready once SGLang is healthy")
+    return engine
+
+
 async def test_the_agent_stops_promptly_with_requests_in_sglang(tmp_path: Path) -> None:
     """SIGINT (a stop without a drain, as a second SIGTERM is) while requests stream from SGLang: the
     agent ends its requests in SGLang before stopping it, so SGLang's server is not held open by
     them and the agent exits in seconds, not after its 30 s stop timeout and a SIGKILL (a CI run
     hung here)."""
-    launcher = sglang_section(tmp_path)["launcher"] + ["--standin-decode-s", "0.05,0"]
-    cfg = engine_config("sg5", backend="sglang", sglang=sglang_section(tmp_path, launcher=launcher))
-    engine = await start_engine(tmp_path, cfg)
+    engine = await start_slow_sglang_agent(tmp_path, "sg5")
     try:
         async with aiohttp.ClientSession() as http:
-            await wait_ready(http, engine, "the agent to be ready once SGLang is healthy")
             streams: list[asyncio.Task[list[dict[str, Any]]]] = []
             first_tokens = 0
 
@@ -332,41 +348,25 @@ async def test_the_agent_stops_promptly_with_requests_in_sglang(tmp_path: Path) 
 async def test_sigterm_lets_the_requests_in_sglang_finish_then_stops_it(tmp_path: Path) -> None:
     """SIGTERM, as Kubernetes sends it: the agent drains (a request streaming from SGLang finishes,
     a new one is handed back), then stops SGLang and exits 0."""
-    launcher = sglang_section(tmp_path)["launcher"] + ["--standin-decode-s", "0.05,0"]
-    cfg = engine_config("sg8", backend="sglang", sglang=sglang_section(tmp_path, launcher=launcher))
-    engine = await start_engine(tmp_path, cfg)
+    engine = await start_slow_sglang_agent(tmp_path, "sg8")
     try:
         async with aiohttp.ClientSession() as http:
-            await wait_ready(http, engine, "the agent to be ready once SGLang is healthy")
-            first = asyncio.Event()
-
-            async def long_generate() -> list[dict[str, Any]]:
-                events: list[dict[str, Any]] = []
-                body = gen_body("long", list(range(200, 200 + 4 * PAGE)), max_tokens=30)
-                async with http.post(
-                    engine.url + "/agentpool/v1/generate", json=body, headers=ENGINE_AUTH
-                ) as r:
-                    async for line in r.content:
-                        events.append(json.loads(line))
-                        first.set()
-                return events
-
-            stream = asyncio.create_task(long_generate())
-            await asyncio.wait_for(first.wait(), 20)
+            events: list[dict[str, Any]] = []
+            body = gen_body("long", list(range(200, 200 + 4 * PAGE)), max_tokens=30)
+            stream = asyncio.create_task(stream_into(http, engine, body, events))
+            await wait_until(lambda: _true(bool(events)), 20, "a first event")
             engine.proc.send_signal(signal.SIGTERM)
             await engine.wait_for("SIGTERM: draining", within_s=5)
-            status, events = await generate_16(http, engine, "late", 4)
-            assert status == 200 and [e["type"] for e in events] == ["requeue"], events
-            events = await asyncio.wait_for(stream, 20)
-            assert events[-1]["type"] == "done" and events[-1]["usage"]["completion_tokens"] == 30, events[
-                -2:
-            ]
+            status, refused = await generate_16(http, engine, "late", 4)
+            assert status == 200 and [e["type"] for e in refused] == ["requeue"], refused
+            await asyncio.wait_for(stream, 20)
+            assert events[-1]["type"] == "done", events[-2:]
+            assert events[-1]["usage"]["completion_tokens"] == 30, events[-1]
             assert await asyncio.wait_for(engine.proc.wait(), 20) == 0, engine.text()
     finally:
         await engine.stop()
-    assert "drained: stopping" in engine.text() and "SGLang stopped (exit code 0)" in engine.text(), (
-        engine.text()
-    )
+    out = engine.text()
+    assert "drained: stopping" in out and "SGLang stopped (exit code 0)" in out, out
 
 
 async def test_a_request_silent_in_sglang_is_logged_with_what_the_agent_knows(tmp_path: Path) -> None:
@@ -383,16 +383,8 @@ async def test_a_request_silent_in_sglang_is_logged_with_what_the_agent_knows(tm
         async with aiohttp.ClientSession() as http:
             await wait_ready(http, engine, "the agent to be ready once SGLang is healthy")
             events: list[dict[str, Any]] = []
-
-            async def stream() -> None:
-                body = gen_body("quiet", list(range(300, 300 + 4 * PAGE)), max_tokens=400)
-                async with http.post(
-                    engine.url + "/agentpool/v1/generate", json=body, headers=ENGINE_AUTH
-                ) as r:
-                    async for line in r.content:
-                        events.append(json.loads(line))
-
-            task = asyncio.create_task(stream())
+            body = gen_body("quiet", list(range(300, 300 + 4 * PAGE)), max_tokens=400)
+            task = asyncio.create_task(stream_into(http, engine, body, events))
             await wait_until(lambda: _true(any(e["type"] == "token" for e in events)), 20, "a first token")
             async with http.post(sg + "/standin/retract", json={"running": 0}) as r:
                 assert r.status == 200

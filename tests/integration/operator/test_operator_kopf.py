@@ -246,30 +246,6 @@ async def engine_settings_digest(cluster: Cluster) -> str | None:
     return notes.get(ENGINE_SETTINGS_ANNOTATION)
 
 
-async def test_an_engine_setting_edit_rolls_the_engines_and_a_scale_does_not(
-    cluster: Cluster, operator: Any
-) -> None:
-    """The engines read their settings at start: an edit of one (here the model's context length)
-    reaches the API as a new engine pod template (the StatefulSet controller then replaces the pods
-    one at a time, each draining on SIGTERM); a scale keeps the template's digest."""
-    await ready_pool(cluster)
-    first = await engine_settings_digest(cluster)
-    assert first is not None
-    await edit_spec(cluster, {"nodes": 8})
-    await eventually(lambda: _replicas_are(cluster, 8), "the StatefulSet scaled to 8")
-    assert await engine_settings_digest(cluster) == first
-    await edit_spec(cluster, {"model": {**pool_manifest(cluster)["spec"]["model"], "contextLength": 32768}})
-    rolled = await eventually(lambda: _digest_other_than(cluster, first), "a new engine pod template")
-    engines = await cluster.api.get("ConfigMap", cluster.namespace, "sim-engines")
-    assert engines is not None and all('"contextLength": 32768' in v for v in engines["data"].values())
-    assert rolled != first
-
-
-async def _replicas_are(cluster: Cluster, n: int) -> bool | None:
-    sts = await cluster.api.get("StatefulSet", cluster.namespace, "sim-engine")
-    return True if sts is not None and sts["spec"]["replicas"] == n else None
-
-
 async def _digest_other_than(cluster: Cluster, digest: str) -> str | None:
     now = await engine_settings_digest(cluster)
     return now if now is not None and now != digest else None
@@ -359,6 +335,8 @@ async def test_an_unchanged_pool_is_not_written_again(cluster: Cluster) -> None:
 
 async def test_scale_down_drains_first_then_delete_cleans_up(cluster: Cluster, operator: Any) -> None:
     await ready_pool(cluster)
+    digest = await engine_settings_digest(cluster)
+    assert digest is not None
     await edit_spec(cluster, {"nodes": 4})
     obj = await status_where(
         cluster, lambda o: (condition(o, "Progressing") or {}).get("reason") == "Draining", "draining"
@@ -388,6 +366,19 @@ async def test_scale_down_drains_first_then_delete_cleans_up(cluster: Cluster, o
         "Ready at 4 nodes",
     )
     assert obj["status"]["readyNodes"] == 4 and obj["status"]["split"]["label"] == "3P1D"
+    assert await engine_settings_digest(cluster) == digest  # a scale does not roll the engines
+
+    # the engines read their settings at start: an edit of one (the model's context length) reaches
+    # the API as a new engine pod template, which the StatefulSet controller rolls out pod by pod
+    await edit_spec(cluster, {"model": {**pool_manifest(cluster)["spec"]["model"], "contextLength": 32768}})
+    await eventually(lambda: _digest_other_than(cluster, digest), "a new engine pod template")
+
+    async def engines_read_it() -> bool:
+        engines = await cluster.api.get("ConfigMap", cluster.namespace, "sim-engines")
+        files = [engines["data"].get(f"sim-engine-{i}.json", "") for i in range(4)] if engines else []
+        return bool(files) and all('"contextLength": 32768' in f for f in files)
+
+    await eventually(engines_read_it, "the engines' settings with the context length")
 
     await cluster.api.delete("AgentServingPool", cluster.namespace, "sim")
 

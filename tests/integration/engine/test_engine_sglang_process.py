@@ -299,8 +299,12 @@ async def start_slow_sglang_agent(tmp_path: Path, node: str) -> Proc:
     launcher = sglang_section(tmp_path)["launcher"] + ["--standin-decode-s", "0.05,0"]
     cfg = engine_config(node, backend="sglang", sglang=sglang_section(tmp_path, launcher=launcher))
     engine = await start_engine(tmp_path, cfg)
-    async with aiohttp.ClientSession() as http:
-        await wait_ready(http, engine, "the agent to be ready once SGLang is healthy")
+    try:
+        async with aiohttp.ClientSession() as http:
+            await wait_ready(http, engine, "the agent to be ready once SGLang is healthy")
+    except BaseException:
+        await engine.stop()
+        raise
     return engine
 
 

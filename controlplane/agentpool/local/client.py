@@ -18,11 +18,12 @@ from typing import Any
 
 import aiohttp
 
+from agentpool.router.openai_api import CONTEXT_LENGTH_EXCEEDED
+
 BRANCH = "x-agentpool-branch"
 PARENT = "x-agentpool-parent-branch"
 BRANCH_END = "x-agentpool-branch-end"
 CHAT_PATH = "/v1/chat/completions"
-TOO_LONG = "context_length_exceeded"
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +71,7 @@ class Outcome:
     def too_long(self) -> bool:
         """The pool refused it as longer than its model takes (400 ``context_length_exceeded``): what
         an agent's harness would stop the conversation on, not a failure of the pool."""
-        return self.code == TOO_LONG
+        return self.code == CONTEXT_LENGTH_EXCEEDED
 
     @property
     def streamed(self) -> bool:

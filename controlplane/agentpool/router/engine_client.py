@@ -29,6 +29,7 @@ import orjson
 
 from agentpool.errors import InvalidInputError, UnavailableError, UpstreamError
 from agentpool.router.engine_lines import EventLines
+from agentpool.router.openai_api import CONTEXT_LENGTH_EXCEEDED, REJECTED_BY_ENGINE
 from agentpool.wire.engine import TOO_LONG, AnyEvent, GenerateRequest, encode_generate, parse_event
 
 GENERATE_PATH = "/agentpool/v1/generate"
@@ -48,7 +49,7 @@ class EngineRejected(InvalidInputError):
     ``code``: OpenAI's error code for the client (``context_length_exceeded`` when the engine's error
     type says the request is longer than it takes)."""
 
-    def __init__(self, message: str, code: str = "rejected_by_engine") -> None:
+    def __init__(self, message: str, code: str = REJECTED_BY_ENGINE) -> None:
         super().__init__(message)
         self.code = code
 
@@ -58,13 +59,13 @@ def rejection_code(body: str) -> str:
     try:
         kind = orjson.loads(body)["error"]["type"]
     except (orjson.JSONDecodeError, KeyError, TypeError):
-        return "rejected_by_engine"
+        return REJECTED_BY_ENGINE
     return code_for_kind(kind)
 
 
 def code_for_kind(kind: object) -> str:
     """OpenAI's error code for the engine's error kind (a 400's ``type``, an ``error`` event's ``reason``)."""
-    return "context_length_exceeded" if kind == TOO_LONG else "rejected_by_engine"
+    return CONTEXT_LENGTH_EXCEEDED if kind == TOO_LONG else REJECTED_BY_ENGINE
 
 
 # engine answers that blame the request, not the engine

@@ -16,6 +16,7 @@ from agentpool.errors import (
     UpstreamError,
 )
 from agentpool.router.config import RouterConfig
+from agentpool.router.openai_api import REJECTED_BY_ENGINE
 from agentpool.router.policy import Policy, PolicyContext, RequestView
 from agentpool.wire.engine import Usage
 
@@ -46,7 +47,7 @@ class BadRequest(FlowError, InvalidInputError):
     """An engine refused the request for its content: the client's fault (400); no engine is blamed.
     ``code``: OpenAI's error code for the answer."""
 
-    def __init__(self, message: str, code: str = "rejected_by_engine") -> None:
+    def __init__(self, message: str, code: str = REJECTED_BY_ENGINE) -> None:
         super().__init__(message)
         self.code = code
 

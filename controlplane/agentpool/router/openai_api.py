@@ -20,6 +20,12 @@ from agentpool.wire.engine import Usage
 
 _I64 = 1 << 63
 
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+"""The error ``code`` of a request longer than the model takes (over the router's prompt cap, or
+refused by an engine for its length), as OpenAI names it."""
+REJECTED_BY_ENGINE = "rejected_by_engine"
+"""The error ``code`` of any other refusal by an engine for the request's content."""
+
 
 class BadJson(ValueError):
     """A request body that is not JSON the router accepts; the message says why."""

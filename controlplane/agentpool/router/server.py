@@ -40,6 +40,7 @@ from agentpool.router.directory_view import DirectoryError
 from agentpool.router.fitted_models import mount as mount_fitted_models
 from agentpool.router.http_server import HttpServer, Request, Response, Routes, Stream, json_response
 from agentpool.router.openai_api import (
+    CONTEXT_LENGTH_EXCEEDED,
     BadJson,
     ChatCompletionRequest,
     CompletionRequest,
@@ -203,7 +204,7 @@ async def encode(service: RouterService, pending: Awaitable[Encoded]) -> Encoded
         raise InvalidRequest(
             f"the prompt has {len(encoded.token_ids)} tokens, more than the {cap} allowed",
             "invalid_request_error",
-            "context_length_exceeded",
+            CONTEXT_LENGTH_EXCEEDED,
         )
     return encoded
 

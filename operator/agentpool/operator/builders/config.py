@@ -98,9 +98,14 @@ ENGINE_CONFIG_LIMIT = 900_000
 
 
 def engine_config(pool: PoolRef, spec: AgentServingPoolSpec, ordinal: int) -> str:
-    """The engine agent's settings for node `ordinal` (`python -m agentpool.engine --config`,
+    """The engine agent's settings file for node `ordinal` (`python -m agentpool.engine --config`,
     :class:`agentpool.engine.config.EngineConfig`): the agent has no node-id flag, so each node
     gets its own key, `<pod>.json`, which the pod selects with `$(POD_NAME)`."""
+    return json.dumps(engine_settings(pool, spec, ordinal), sort_keys=True)
+
+
+def engine_settings(pool: PoolRef, spec: AgentServingPoolSpec, ordinal: int) -> dict[str, Any]:
+    """The values of :func:`engine_config`."""
     pod = pool.engine_pod(ordinal)
     values: dict[str, Any] = {
         "nodeId": pod,
@@ -139,7 +144,7 @@ def engine_config(pool: PoolRef, spec: AgentServingPoolSpec, ordinal: int) -> st
             values["sim"] = sim
     if spec.engine.backend == "sglang":
         values["sglang"] = sglang_settings(spec)  # the agent launches and drives SGLang
-    return json.dumps(values, sort_keys=True)
+    return values
 
 
 PER_NODE_ENGINE_KEYS = ("nodeId", "advertiseUrl", "role", "kube")
@@ -150,8 +155,7 @@ def engine_settings_digest(pool: PoolRef, spec: AgentServingPoolSpec) -> str:
     """What every engine reads at start, less its per-node keys, as a short digest: the engine pod
     template carries it, so a change (SGLang's arguments, the context length, the host KV size...)
     rolls the engines, while a scale, which only adds or removes per-node files, does not."""
-    settings = json.loads(engine_config(pool, spec, 0))
-    common = {k: v for k, v in settings.items() if k not in PER_NODE_ENGINE_KEYS}
+    common = {k: v for k, v in engine_settings(pool, spec, 0).items() if k not in PER_NODE_ENGINE_KEYS}
     return hashlib.sha256(json.dumps(common, sort_keys=True).encode()).hexdigest()[:16]
 
 

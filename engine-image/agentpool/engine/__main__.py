@@ -103,7 +103,7 @@ async def _drain(engine: EngineApp, timeout_s: float, stop: asyncio.Event) -> No
         await asyncio.wait_for(_first_of(engine.wait_retired(), stop.wait(), engine.failed.wait()), timeout_s)
     except TimeoutError:
         log.warning("drain: requests still running after %g s; stopping anyway", timeout_s)
-    if engine.backend.drained and not engine.exporter.leases:
+    if engine.retired:
         log.info("drained: stopping")
 
 

@@ -196,12 +196,16 @@ class EngineApp:
         self.backend.begin_drain()
         self.reporter.kick()
 
+    @property
+    def retired(self) -> bool:
+        """Nothing runs here and no peer holds a lease here (a decode node still to read a
+        hand-over, a prefix fetch in progress): stopping loses no work and no KV a peer was promised."""
+        return self.backend.drained and not self.exporter.leases
+
     async def wait_retired(self, poll_s: float = 0.1) -> None:
-        """After :meth:`retire`: until the running requests have finished and no peer holds a lease
-        here (a decode node still to read a hand-over, a prefix fetch in progress), so that
-        stopping loses no KV a peer was promised; leases expire after their TTL."""
+        """After :meth:`retire`: until :attr:`retired` (leases expire after their TTL)."""
         await self.backend.wait_drained()
-        while self.exporter.leases:
+        while not self.retired:
             self.exporter.expire()
             await asyncio.sleep(poll_s)
 

@@ -180,6 +180,7 @@ def live_result(
     summary["retries"] = sum(r.outcome.retries for r in records)
     summary["branches_ended_at_stop"] = replay.branches_ended_after
     summary["stopped_early"] = replay.stopped_early
+    errors = {r.outcome.error for r in records if r.outcome.error and not r.outcome.too_long}
     return {
         "system": name,
         "description": "live pool: real processes, measured by the replay client",
@@ -193,9 +194,7 @@ def live_result(
         "agents_started": replay.agents_started,
         "wall_s": wall_s,
         "sim_requests_per_wall_s": math.nan,
-        "errors": sorted({r.outcome.error for r in records if r.outcome.error and not r.outcome.too_long})[
-            :20
-        ],
+        "errors": sorted(errors)[:20],
     }
 
 

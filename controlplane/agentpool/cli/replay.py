@@ -12,9 +12,9 @@ import aiohttp
 
 from agentpool.local.live_report import Progress
 from agentpool.local.replay import ReplaySettings
-from agentpool.local.run_replay import ReplayOutput, Slo, model_of, replay, write_reports
+from agentpool.local.run_replay import ReplayOutput, Slo, replay, served_model, write_reports
 from agentpool.sim.run import bundled_trace_path
-from agentpool.sim.trace import Conversation, TraceError, load_claude_code
+from agentpool.sim.trace import Conversation, TraceError, cap_context, load_claude_code
 
 HELP = "replay an agent trace through a router's OpenAI API (streaming, branch headers) and report"
 
@@ -102,14 +102,21 @@ def load_trace(args: argparse.Namespace) -> list[Conversation]:
 
 
 async def _main(args: argparse.Namespace) -> int:
+    try:
+        async with aiohttp.ClientSession() as session:
+            served = await served_model(session, args.url)
+    except (aiohttp.ClientError, ValueError, TimeoutError) as e:
+        raise SystemExit(f"agentpool replay: cannot reach the router at {args.url}: {e}") from None
+    model = args.model or served.id
     conversations = load_trace(args)
-    model = args.model
-    if model is None:
-        try:
-            async with aiohttp.ClientSession() as session:
-                model = await model_of(session, args.url)
-        except (aiohttp.ClientError, ValueError, TimeoutError) as e:
-            raise SystemExit(f"agentpool replay: cannot reach the router at {args.url}: {e}") from None
+    removed = 0
+    if served.context_length is not None:
+        conversations, removed = cap_context(conversations, served.context_length)
+        if removed:
+            print(
+                f"agentpool replay: {removed} trace requests over the router's "
+                f"{served.context_length:,}-token context (and what waits on them) left out"
+            )
     try:
         settings = settings_from(args, args.url, model)
     except ValueError as e:
@@ -118,7 +125,12 @@ async def _main(args: argparse.Namespace) -> int:
     progress = Progress(enabled=False if args.quiet else None)
     result = await replay(settings, conversations, slo, progress=progress)
     out = ReplayOutput(args.out, plots=not args.no_plots, command=command_line())
-    print(write_reports(out, settings, [result], {"trace": str(args.trace or bundled_trace_path())}))
+    extra = {
+        "trace": str(args.trace or bundled_trace_path()),
+        "context_length": served.context_length,
+        "left_out_over_context": removed,
+    }
+    print(write_reports(out, settings, [result], extra))
     print(
         f"wrote {args.out / 'report.md'}, {args.out / 'results.json'}"
         + ("" if args.no_plots else " and PNG plots")

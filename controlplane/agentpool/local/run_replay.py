@@ -46,16 +46,28 @@ class ReplayOutput:
     command: str = "agentpool replay"
 
 
-async def model_of(session: aiohttp.ClientSession, url: str) -> str:
-    """The model the router serves (``GET /v1/models``)."""
+@dataclass(frozen=True, slots=True)
+class ServedModel:
+    """What ``GET /v1/models`` says of the model a router serves."""
+
+    id: str
+    context_length: int | None  # its ``max_model_len``, where it gives one
+
+
+async def served_model(session: aiohttp.ClientSession, url: str) -> ServedModel:
+    """The first model the router lists at ``GET /v1/models``, with its context where it says one."""
     async with session.get(url.rstrip("/") + "/v1/models", timeout=aiohttp.ClientTimeout(total=10)) as r:
         if r.status != 200:
             raise ValueError(f"{url}/v1/models answered {r.status}")
         data = await r.json()
-    models = [m.get("id") for m in data.get("data", []) if isinstance(m, dict)]
-    if not models or not isinstance(models[0], str):
+    listed = data.get("data") if isinstance(data, dict) else None
+    first = listed[0] if isinstance(listed, list) and listed else None
+    if not isinstance(first, dict) or not isinstance(first.get("id"), str):
         raise ValueError(f"{url}/v1/models lists no model")
-    return models[0]
+    context = first.get("max_model_len")
+    if context is not None and (type(context) is not int or context < 1):
+        raise ValueError(f"{url}/v1/models gives max_model_len {context!r}, not a positive integer")
+    return ServedModel(first["id"], context)
 
 
 async def replay(

@@ -210,7 +210,18 @@ async def encode(service: RouterService, pending: Awaitable[Encoded]) -> Encoded
 
 
 async def list_models(service: RouterService, request: Request) -> Response:
-    model = {"id": service.config.model, "object": "model", "created": 0, "owned_by": "agentpool"}
+    """The served model; with ``max_model_len`` (as SGLang and vLLM name it) where the config says the
+    model's context (``limits.maxPromptTokens``, the pool's ``spec.model.contextLength``), so a client
+    can leave out what would be refused as ``context_length_exceeded``."""
+    model: dict[str, Any] = {
+        "id": service.config.model,
+        "object": "model",
+        "created": 0,
+        "owned_by": "agentpool",
+    }
+    limits = service.config.limits
+    if "max_prompt_tokens" in limits.model_fields_set:
+        model["max_model_len"] = limits.max_prompt_tokens
     return json_response({"object": "list", "data": [model]})
 
 

@@ -28,17 +28,31 @@ async def router(tmp_path: Path) -> AsyncIterator[tuple[str, list[StandIn]]]:
 
 @pytest.fixture
 async def capped_router(tmp_path: Path) -> AsyncIterator[tuple[str, list[StandIn]]]:
-    """A router that answers prompts over 700 tokens with 400 ``context_length_exceeded``."""
+    """A router that takes prompts of at most 700 tokens (its /v1/models says so)."""
     async with started_router(tmp_path, {"limits": {"maxPromptTokens": 700}}) as started:
+        yield started
+
+
+@pytest.fixture
+async def capped_engines(tmp_path: Path) -> AsyncIterator[tuple[str, list[StandIn]]]:
+    """Engines that refuse prompts over 700 tokens behind a router that does not know it (as SGLang
+    with its model's own context, where the pool gives no ``contextLength``)."""
+    async with started_router(tmp_path, {}, engine_context=700) as started:
         yield started
 
 
 @contextlib.asynccontextmanager
 async def started_router(
-    tmp_path: Path, settings: dict[str, Any], procs: list[asyncio.subprocess.Process] | None = None
+    tmp_path: Path,
+    settings: dict[str, Any],
+    procs: list[asyncio.subprocess.Process] | None = None,
+    engine_context: int | None = None,
 ) -> AsyncIterator[tuple[str, list[StandIn]]]:
     """The router from its CLI over two stand-in engines; its process is appended to ``procs``."""
-    engines = [await StandIn(f"e{i}", prefill_s=0.01, token_s=0.002, tokens=6).start() for i in range(2)]
+    engines = [
+        await StandIn(f"e{i}", prefill_s=0.01, token_s=0.002, tokens=6, context_length=engine_context).start()
+        for i in range(2)
+    ]
     config = tmp_path / "router.json"
     nodes = [{"id": e.node_id, "url": e.url, "role": "both"} for e in engines]
     config.write_text(
@@ -121,20 +135,37 @@ async def test_replay_drives_the_trace_through_the_router_and_reports(
 
 
 async def test_a_request_refused_as_too_long_ends_its_agent_and_is_no_failure(
-    capped_router: tuple[str, list[StandIn]], tmp_path: Path
+    capped_engines: tuple[str, list[StandIn]], tmp_path: Path
 ) -> None:
     # the small trace's main agents: prompts of about 212, 404, 596, 788 and 980 tokens; turn 4
-    # is over the router's 700 and turn 5 waits on it; the sub-agents' prompts are short
-    url, engines = capped_router
+    # is over the engines' 700 and turn 5 waits on it; the sub-agents' prompts are short
+    url, engines = capped_engines
     code, results, text = await run_replay(url, tmp_path, "--no-plots", "--quiet")
     assert code == 0, text
+    assert results["context_length"] is None and results["left_out_over_context"] == 0
     summary = results["results"][0]["summary"]
     assert summary["failed"] == 0, results["results"][0]["errors"]
     assert summary["too_long"] >= 1
     assert summary["not_sent_after_too_long"] == summary["too_long"]  # each: its agent's turn 5
     assert summary["completed"] + summary["too_long"] == summary["sent"]
-    assert max(len(r.prompt_token_ids) for e in engines for r in e.received) <= 700
+    assert any(len(r.prompt_token_ids) > 700 for e in engines for r in e.received)  # refused there
     assert "refused as longer than the pool's model takes" in text
+
+
+async def test_replay_leaves_out_what_the_routers_context_cannot_take(
+    capped_router: tuple[str, list[StandIn]], tmp_path: Path
+) -> None:
+    # the router's /v1/models gives max_model_len 700: each main agent's turns 4 (788 + 80 tokens)
+    # and 5 (waiting on it) are left out before the replay starts, 8 of the 4 sessions' 28 requests
+    url, engines = capped_router
+    code, results, text = await run_replay(url, tmp_path, "--no-plots", "--quiet")
+    assert code == 0, text
+    assert results["context_length"] == 700 and results["left_out_over_context"] == 8
+    assert "8 trace requests over the router's 700-token context" in text
+    summary = results["results"][0]["summary"]
+    assert summary["failed"] == 0 and summary["too_long"] == 0, results["results"][0]["errors"]
+    assert summary["completed"] == summary["sent"] > 0
+    assert max(len(r.prompt_token_ids) for e in engines for r in e.received) <= 700
 
 
 async def test_replay_without_branch_headers(router: tuple[str, list[StandIn]], tmp_path: Path) -> None:

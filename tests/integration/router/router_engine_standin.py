@@ -31,6 +31,8 @@ class StandIn:
     # ``error`` event with status 400 when ``reject_in_stream``), as a real engine refuses bad input
     reject_marker: str | None = None
     reject_in_stream: bool = False
+    # prompts longer than this are refused as the sim engine refuses them (400 ``ContextLengthError``)
+    context_length: int | None = None
     # the first token's text in ``prefilled`` ("": the decode node streams every token, as on SGLang)
     first_text: str = "first "
     # the most requests at once that have arrived and not yet started to decode (or been handed off)
@@ -79,6 +81,12 @@ class StandIn:
         self.received.append(req)
         rejected = self.reject_marker is not None and self.reject_marker in json.dumps(req.body)
         too_long_here = self.reject_marker is not None and "TOO-LONG" in json.dumps(req.body)
+        if self.context_length is not None and len(req.prompt_token_ids) > self.context_length:
+            too_long = {
+                "type": "ContextLengthError",
+                "message": f"over the {self.context_length}-token context",
+            }
+            return web.json_response({"error": too_long}, status=400)
         if too_long_here and "TOO-LONG-IN-STREAM" not in json.dumps(req.body):
             # as the sim engine refuses a request over its context (its error type names it)
             too_long = {"type": "ContextLengthError", "message": "more than this engine's context length"}

@@ -84,7 +84,8 @@ async def test_non_streaming_chat_and_completion(http: aiohttp.ClientSession) ->
             body = await resp.json()
         assert body["object"] == "text_completion" and body["choices"][0]["text"] == "tok0 tok1 "
         async with http.get(f"{router.url}/v1/models") as resp:
-            assert (await resp.json())["data"][0]["id"] == "test-model"
+            listed = (await resp.json())["data"][0]
+        assert listed["id"] == "test-model" and "max_model_len" not in listed  # no context configured
         for path in ("/health", "/ready"):
             async with http.get(router.url + path) as resp:
                 assert resp.status == 200

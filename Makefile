@@ -20,8 +20,8 @@ typecheck: ## mypy strict on every part of the namespace package (control plane,
 	$(PYTHON) -m mypy -p agentpool -p agentpool.engine -p agentpool.operator
 	$(PYTHON) -m mypy bench
 
-test: ## the whole test suite (unit and integration; needs Redis on 127.0.0.1:6379)
-	$(PYTEST) -q tests
+test: ## the whole test suite (unit and integration; needs Redis on 127.0.0.1:6379), two workers, a file each
+	$(PYTEST) -q -n 2 --dist loadfile tests
 
 test-unit: ## hermetic unit tests only
 	$(PYTEST) -q tests/unit

@@ -68,7 +68,8 @@ class ModelSpec(ApiModel):
     context_length: int | None = Field(default=None, ge=1)
     """Maximum context length in tokens (prompt and output); defaults to the model's own. Engines
     get it as SGLang's `--context-length` (`sim` engines refuse longer requests likewise, 400) when
-    they start; the router answers a longer prompt with 400 `context_length_exceeded`."""
+    they start; the router answers a longer prompt with 400 `context_length_exceeded` and gives it to
+    clients as `max_model_len` at `GET /v1/models`."""
     experts: ExpertsSpec | None = None
     """Set for mixture-of-experts models; leave out for dense models (then `phi(B) = 1`)."""
     iteration_model: IterationModelSpec | None = None

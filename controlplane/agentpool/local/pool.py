@@ -291,7 +291,7 @@ def plan(pool: AgentServingPool, options: LocalOptions, workdir: Path) -> PoolPl
         nodes=nodes,
         page_size=spec.kv_pool.page_size,
         node_model=spec.model.iteration_coefficients(),
-        context_length=spec.model.context_length,
+        context_length=model_context_length(pool, options.preset),  # what the sim engines take
     )
     router_file = workdir / "router.json"
     router_file.write_text(render_config(router_cfg))

@@ -127,6 +127,9 @@ class RouterConfig(_Strict):
     retry_after_s: int = Field(1, ge=1, alias="retryAfter")
     timeouts: TimeoutConfig = TimeoutConfig()
     limits: LimitsConfig = LimitsConfig()
+    # the model's context (the pool's spec.model.contextLength): no prompt over it is taken, and
+    # GET /v1/models says it (max_model_len); None: only limits.maxPromptTokens caps prompts
+    context_length: int | None = Field(None, ge=1, alias="contextLength")
     node_model: NodeModelConfig = Field(default_factory=NodeModelConfig, alias="nodeModel")
     nodes: list[NodeConfig] = Field(default_factory=list)
     discovery: DiscoveryConfig = DiscoveryConfig()
@@ -143,6 +146,12 @@ class RouterConfig(_Strict):
         except PolicyError as e:
             raise ValueError(str(e)) from e
         return self
+
+    @property
+    def prompt_cap(self) -> int:
+        """The most prompt tokens a request may have: ``limits.maxPromptTokens``, and at most the context."""
+        cap = self.limits.max_prompt_tokens
+        return cap if self.context_length is None else min(cap, self.context_length)
 
     def policy_context(self) -> PolicyContext:
         return PolicyContext(
@@ -195,7 +204,7 @@ def config_from_settings(
     takes (a longer one gets 400 ``context_length_exceeded``; None: the default cap)."""
     extra: dict[str, Any] = {} if node_model is None else {"nodeModel": dict(node_model)}
     if context_length is not None:
-        extra["limits"] = {"maxPromptTokens": context_length}
+        extra["contextLength"] = context_length
     return RouterConfig.model_validate(
         {
             **extra,

@@ -199,7 +199,7 @@ async def encode(service: RouterService, pending: Awaitable[Encoded]) -> Encoded
         raise InvalidRequest(str(e), "invalid_request_error", "invalid_prompt") from e
     if not encoded.token_ids:
         raise InvalidRequest("the prompt has no tokens", "invalid_request_error", "invalid_prompt")
-    cap = service.config.limits.max_prompt_tokens
+    cap = service.config.prompt_cap
     if len(encoded.token_ids) > cap:
         raise InvalidRequest(
             f"the prompt has {len(encoded.token_ids)} tokens, more than the {cap} allowed",
@@ -210,18 +210,13 @@ async def encode(service: RouterService, pending: Awaitable[Encoded]) -> Encoded
 
 
 async def list_models(service: RouterService, request: Request) -> Response:
-    """The served model; with ``max_model_len`` (as SGLang and vLLM name it) where the config says the
-    model's context (``limits.maxPromptTokens``, the pool's ``spec.model.contextLength``), so a client
-    can leave out what would be refused as ``context_length_exceeded``."""
-    model: dict[str, Any] = {
-        "id": service.config.model,
-        "object": "model",
-        "created": 0,
-        "owned_by": "agentpool",
-    }
-    limits = service.config.limits
-    if "max_prompt_tokens" in limits.model_fields_set:
-        model["max_model_len"] = limits.max_prompt_tokens
+    """The served model; with ``max_model_len`` (as SGLang and vLLM name it) where the config gives the
+    model's context (``contextLength``, the pool's ``spec.model.contextLength``), so a client can leave
+    out what would be refused as ``context_length_exceeded``."""
+    config = service.config
+    model: dict[str, Any] = {"id": config.model, "object": "model", "created": 0, "owned_by": "agentpool"}
+    if config.context_length is not None:
+        model["max_model_len"] = config.context_length
     return json_response({"object": "list", "data": [model]})
 
 

@@ -29,7 +29,7 @@ async def router(tmp_path: Path) -> AsyncIterator[tuple[str, list[StandIn]]]:
 @pytest.fixture
 async def capped_router(tmp_path: Path) -> AsyncIterator[tuple[str, list[StandIn]]]:
     """A router that takes prompts of at most 700 tokens (its /v1/models says so)."""
-    async with started_router(tmp_path, {"limits": {"maxPromptTokens": 700}}) as started:
+    async with started_router(tmp_path, {"contextLength": 700}) as started:
         yield started
 
 

@@ -127,8 +127,8 @@ def test_the_iteration_model_reaches_the_local_router_and_planner(tmp_path: Path
 def test_the_models_context_length_caps_the_local_routers_prompts(tmp_path: Path) -> None:
     text = EXAMPLE.read_text().replace("  model:\n", "  model:\n    contextLength: 131072\n", 1)
     plan(load_manifest(write(tmp_path, text)), LocalOptions(router_port=18000), tmp_path)
-    limits = parse_config((tmp_path / "router.json").read_text(), "json").limits
-    assert limits.max_prompt_tokens == 131_072
+    config = parse_config((tmp_path / "router.json").read_text(), "json")
+    assert config.context_length == config.prompt_cap == 131_072
     # the sim engines refuse longer requests (400), as SGLang's --context-length does
     engine = json.loads((tmp_path / "engine-0.json").read_text())
     assert engine["sim"]["contextLength"] == 131_072
@@ -139,6 +139,14 @@ def test_local_sim_engines_take_their_presets_context_without_one_in_the_pool(tm
     engine = json.loads((tmp_path / "engine-0.json").read_text())
     assert engine["sim"]["contextLength"] == 262_144  # the default preset's model (Qwen3-Coder-30B-A3B)
     assert engine["sim"]["gpuKvTokens"] == 700_000
+    # the router caps prompts at the same context (and says it at GET /v1/models)
+    config = parse_config((tmp_path / "router.json").read_text(), "json")
+    assert config.context_length == config.prompt_cap == 262_144
+    # a preset without a published context (GLM-5.2 class): the router keeps its default cap
+    plan(load_manifest(EXAMPLE), LocalOptions(router_port=18000, preset="glm52-4xgb300"), tmp_path)
+    config = parse_config((tmp_path / "router.json").read_text(), "json")
+    assert "contextLength" not in json.loads((tmp_path / "engine-0.json").read_text())["sim"]
+    assert config.context_length is None and config.prompt_cap == 1 << 21  # the default cap
 
 
 def test_the_demo_replays_within_the_engines_and_the_pools_context(tmp_path: Path) -> None:

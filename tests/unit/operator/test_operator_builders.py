@@ -406,14 +406,15 @@ def test_the_models_context_length_caps_the_routers_prompts() -> None:
     assert changed == ["sim-config", "sim-engines", "sim-engine"]
     assert engine_settings(after) != engine_settings(before)
     data = by_kind(after, "ConfigMap")["sim-config"]["data"]["router.json"]
-    assert parse_config(data, "json").limits.max_prompt_tokens == 262_144
+    assert parse_config(data, "json").prompt_cap == parse_config(data, "json").context_length == 262_144
     # the sim engines refuse a longer request (400), as SGLang's --context-length does
     engines = by_kind(after, "ConfigMap")["sim-engines"]["data"]
     assert {EngineConfig.model_validate_json(v).sim.context_length for v in engines.values()} == {262_144}
     engines = by_kind(before, "ConfigMap")["sim-engines"]["data"]
     assert {EngineConfig.model_validate_json(v).sim.context_length for v in engines.values()} == {None}
     data = by_kind(before, "ConfigMap")["sim-config"]["data"]["router.json"]
-    assert parse_config(data, "json").limits.max_prompt_tokens == 1 << 21  # left out: the default cap
+    assert parse_config(data, "json").context_length is None  # left out: the default cap
+    assert parse_config(data, "json").prompt_cap == 1 << 21
 
 
 def test_a_scale_changes_engines_and_who_may_be_patched() -> None:

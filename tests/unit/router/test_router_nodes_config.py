@@ -144,6 +144,27 @@ def test_config_parsing_and_errors(tmp_path: Path) -> None:
             parse_config(bad)
 
 
+@pytest.mark.parametrize(
+    ("text", "cap", "context"),
+    [
+        ("{}", 1 << 21, None),  # the default cap, no context to announce
+        ("contextLength: 131072", 131_072, 131_072),
+        ("{contextLength: 131072, limits: {maxPromptTokens: 4000}}", 4000, 131_072),  # the lower one caps
+        ("{contextLength: 4000, limits: {maxPromptTokens: 131072}}", 4000, 4000),
+    ],
+)
+def test_the_prompt_cap_is_the_lower_of_the_limit_and_the_context(
+    text: str, cap: int, context: int | None
+) -> None:
+    cfg = parse_config(text)
+    assert (cfg.prompt_cap, cfg.context_length) == (cap, context)
+
+
+def test_a_context_length_below_one_is_refused() -> None:
+    with pytest.raises(ConfigError, match="contextLength"):
+        parse_config("contextLength: 0")
+
+
 def test_config_file_notices_changes(tmp_path: Path) -> None:
     path = tmp_path / "router.yaml"
     path.write_text("policy: evolving\n")

@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PYTEST ?= $(PYTHON) -m pytest
 
-.PHONY: help install lint typecheck test test-unit test-integration generate verify-generated bench demo
+.PHONY: help install lint typecheck test test-parallel test-unit test-integration generate verify-generated bench demo
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -20,7 +20,10 @@ typecheck: ## mypy strict on every part of the namespace package (control plane,
 	$(PYTHON) -m mypy -p agentpool -p agentpool.engine -p agentpool.operator
 	$(PYTHON) -m mypy bench
 
-test: ## the whole test suite (unit and integration; needs Redis on 127.0.0.1:6379), two workers, a file each
+test: ## the whole test suite (unit and integration; needs Redis on 127.0.0.1:6379)
+	$(PYTEST) -q tests
+
+test-parallel: ## the same on two pytest-xdist workers, a test file each (about half the time; CI runs `test`)
 	$(PYTEST) -q -n 2 --dist loadfile tests
 
 test-unit: ## hermetic unit tests only

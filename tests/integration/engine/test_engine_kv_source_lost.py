@@ -124,7 +124,10 @@ async def test_sglang_a_dead_prefill_node_is_placed_again_from_the_start(pool: P
         kill_agent(prefill[dead])
         await wait_until(lambda: port_closed(standin_port[dead]), 10, f"{dead}'s SGLang gone")
         os.kill(d0.proc.pid, signal.SIGCONT)
-        events = await asyncio.wait_for(client, 30)
+        try:
+            events = await asyncio.wait_for(client, 30)
+        except TimeoutError:
+            pytest.fail("no answer within 30 s; router and d0 said:\n" + router.text() + d0.text())
         assert events[-1] == "[DONE]", events
         assert not any(isinstance(e, dict) and "error" in e for e in events), events
         assert text_of(events) == "w0 w1 w2 ", events  # every token once

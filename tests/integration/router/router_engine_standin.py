@@ -81,13 +81,8 @@ class StandIn:
         self.received.append(req)
         rejected = self.reject_marker is not None and self.reject_marker in json.dumps(req.body)
         too_long_here = self.reject_marker is not None and "TOO-LONG" in json.dumps(req.body)
-        if self.context_length is not None and len(req.prompt_token_ids) > self.context_length:
-            too_long = {
-                "type": "ContextLengthError",
-                "message": f"over the {self.context_length}-token context",
-            }
-            return web.json_response({"error": too_long}, status=400)
-        if too_long_here and "TOO-LONG-IN-STREAM" not in json.dumps(req.body):
+        over_context = self.context_length is not None and len(req.prompt_token_ids) > self.context_length
+        if over_context or (too_long_here and "TOO-LONG-IN-STREAM" not in json.dumps(req.body)):
             # as the sim engine refuses a request over its context (its error type names it)
             too_long = {"type": "ContextLengthError", "message": "more than this engine's context length"}
             return web.json_response({"error": too_long}, status=400)

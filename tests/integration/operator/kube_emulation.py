@@ -30,7 +30,7 @@ from agentpool.api import GROUP, KIND, PLURAL, VERSION
 from agentpool.operator.kube import KubeApi, KubeConflict, KubeNotFound
 
 POOL_RESOURCE = f"{GROUP}/{VERSION}/{PLURAL}"
-REQUEST_LOG = 200
+REQUEST_LOG = 16
 
 
 def _merged(base: Any, patch: Any) -> Any:
@@ -59,8 +59,10 @@ class BookkeepingEmulator(kmock.KubernetesEmulator):
         self._versions = itertools.count(1)
 
     async def _handle(self, request: Any) -> Any:
-        # KMock matches each request against its whole request log (linear per request): keep the
-        # log short, or a long test slows down quadratically
+        # KMock matches each request against every reaction's view of its request log, scanning the
+        # log for the request itself (linear per reaction and request, 14 reactions): keep only the
+        # latest requests, or every API call costs tens of milliseconds. The request being handled
+        # is the last one, and none of the tests' reactions looks further back.
         if len(self._requests) > 2 * REQUEST_LOG:
             del self._requests[:-REQUEST_LOG]
         data = request.data

@@ -190,8 +190,9 @@ _HANDED_OUT: set[int] = set()
 def free_port() -> int:
     """A port for a service a test starts: free now, outside the kernel's ephemeral range (which every
     outgoing connection and ``bind(0)`` of the suite draws from, so a port picked there can be taken
-    before the service binds it), and never handed out twice by this process."""
-    return local_pool.free_port("127.0.0.1", _HANDED_OUT)
+    before the service binds it), never handed out twice by this process, and of this test worker's
+    own range (``conftest.py``)."""
+    return local_pool.free_port("127.0.0.1", _HANDED_OUT, local_pool.local_ports())
 
 
 def kubeconfig(path: Path, url: str) -> Path:

@@ -28,9 +28,10 @@ from pathlib import Path
 
 import pytest
 from local_trace import write_small_trace
+from process_helpers import free_port
 
 from agentpool.local.demo import simulated
-from agentpool.local.pool import LocalOptions, free_port, load_manifest
+from agentpool.local.pool import LocalOptions, load_manifest, local_ports
 from agentpool.local.replay import ReplaySettings
 from agentpool.local.run_replay import Slo, replay
 from agentpool.local.up import LocalPool
@@ -65,7 +66,7 @@ async def test_live_pool_agrees_with_the_simulator(tmp_path: Path) -> None:
     conversations = load_claude_code(
         write_small_trace(tmp_path / "trace.jsonl", sessions=40, turns=8, first=40, per_turn=12)
     )
-    options = LocalOptions(router_port=free_port(), planner=False)
+    options = LocalOptions(router_port=free_port(), planner=False, ports=local_ports())
     ttft = pool.spec.slo.ttft_slo()
     slo = Slo(ttft.base, ttft.per_token, pool.spec.slo.tpot_s)
     async with LocalPool(pool, options, workdir=tmp_path / "pool", say=lambda _: None) as local:

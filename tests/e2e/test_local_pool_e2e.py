@@ -17,11 +17,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 from local_trace import write_small_trace
+from process_helpers import free_port
 
 from agentpool.directory.client import DirectoryClient, DirectoryRpcError
 from agentpool.local.file_roles import FileRoleBoard
 from agentpool.local.live_report import EngineRoles
-from agentpool.local.pool import LocalOptions, free_port, load_manifest
+from agentpool.local.pool import LocalOptions, load_manifest, local_ports
 from agentpool.local.replay import ReplaySettings
 from agentpool.local.run_replay import replay
 from agentpool.local.up import LocalPool
@@ -56,7 +57,7 @@ async def test_local_pool_end_to_end(tmp_path: Path) -> None:
     manifest.write_text(MANIFEST)
     pool = load_manifest(manifest)
     conversations = load_claude_code(write_small_trace(tmp_path / "trace.jsonl", sessions=40))
-    options = LocalOptions(router_port=free_port(), planner=False)
+    options = LocalOptions(router_port=free_port(), planner=False, ports=local_ports())
     async with LocalPool(pool, options, workdir=tmp_path / "pool", say=lambda _: None) as local:
         plan = local.plan
         assert plan is not None

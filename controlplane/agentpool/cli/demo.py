@@ -9,7 +9,7 @@ from pathlib import Path
 from agentpool.cli.replay import command_line, load_trace
 from agentpool.cli.up import options_from
 from agentpool.local.demo import context_limit, demo_manifest, run_demo
-from agentpool.local.pool import ManifestError, free_port, load_manifest
+from agentpool.local.pool import ManifestError, free_port, load_manifest, local_ports
 from agentpool.local.replay import ReplaySettings
 from agentpool.local.run_replay import ReplayOutput, Slo
 from agentpool.local.supervisor import StartError
@@ -20,7 +20,12 @@ HELP = "run a local pool and replay the bundled Claude Code sample through it (a
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-f", "--file", type=Path, default=None, help="pool manifest (default: the demo's)")
-    parser.add_argument("--port", type=int, default=0, help="the router's port (default: a free one)")
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=0,
+        help="the router's port (default: a free one, as the other services get)",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument(
         "--preset", default=None, help="node class of the sim engines (agentpool.sim presets)"
@@ -51,8 +56,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         pool = load_manifest(manifest)
         up_args = argparse.Namespace(
-            host=args.host, port=args.port or free_port(args.host), redis_url=None, redis_password_file=None,
-            time_scale=1.0, host_kv_size=None, no_engines=False, preset=args.preset,
+            host=args.host, port=args.port or free_port(args.host, None, local_ports()), redis_url=None,
+            redis_password_file=None, time_scale=1.0, host_kv_size=None, no_engines=False, preset=args.preset,
         )  # fmt: skip
         options = options_from(up_args)
     except ManifestError as e:

@@ -7,7 +7,15 @@ import asyncio
 from pathlib import Path
 
 from agentpool.api import byte_quantity
-from agentpool.local.pool import DEFAULT_PRESET, LocalOptions, ManifestError, engine_available, load_manifest
+from agentpool.local.pool import (
+    DEFAULT_PRESET,
+    LOCAL_PORTS_ENV,
+    LocalOptions,
+    ManifestError,
+    engine_available,
+    load_manifest,
+    local_ports,
+)
 from agentpool.local.up import serve
 from agentpool.sim.presets import presets
 
@@ -20,7 +28,13 @@ def add_pool_arguments(parser: argparse.ArgumentParser, manifest_required: bool 
         "-f", "--file", type=Path, required=manifest_required, help="the AgentServingPool manifest (YAML)"
     )
     parser.add_argument("--host", default="127.0.0.1", help="address every service listens on")
-    parser.add_argument("--port", type=int, default=8000, help="the router's port")
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=8000,
+        help="the router's port (the other services get free ports of 20000-32767, "
+        f"or of ${LOCAL_PORTS_ENV}: LOW-HIGH)",
+    )
     parser.add_argument("--redis-url", default=None, help="use this Redis (default: start redis-server)")
     parser.add_argument("--redis-password-file", type=Path, default=None, help="password of --redis-url")
     parser.add_argument("--time-scale", type=float, default=1.0, help="sim engines: model seconds per second")
@@ -66,6 +80,7 @@ def options_from(args: argparse.Namespace) -> LocalOptions:
         host_kv_bytes=host_kv,
         engines=not args.no_engines,
         preset=name,
+        ports=local_ports(),
     )
 
 

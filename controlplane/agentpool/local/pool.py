@@ -21,6 +21,7 @@ import re
 import secrets
 import socket
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,14 +112,35 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
-def free_port(host: str = "127.0.0.1", taken: set[int] | None = None) -> int:
-    """A port free now and outside the kernel's ephemeral range, so that no connection or ``bind(0)``
-    of another program takes it between now and when the service binds it (a pool starts in
-    seconds, and NIXL's UCX alone binds several ephemeral ports per engine). ``taken``: ports already
-    handed out and perhaps not bound yet; the one returned is added to it."""
+LOCAL_PORTS_ENV = "AGENTPOOL_LOCAL_PORTS"
+DEFAULT_LOCAL_PORTS = range(20000, 32768)
+
+
+def local_ports(environ: Mapping[str, str] = os.environ) -> range:
+    """The ports a local pool hands its services: ``AGENTPOOL_LOCAL_PORTS`` as ``LOW-HIGH`` (both
+    included, within 1024-65535), by default 20000-32767. Two pools, or two test runs, started at the
+    same time on one machine each draw from a range of their own."""
+    given = environ.get(LOCAL_PORTS_ENV, "").strip()
+    if not given:
+        return DEFAULT_LOCAL_PORTS
+    m = re.fullmatch(r"(\d{1,5})-(\d{1,5})", given)
+    low, high = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+    if not 1024 <= low <= high <= 65535:
+        raise ManifestError(f"{LOCAL_PORTS_ENV} must be LOW-HIGH within 1024-65535, got {given!r}")
+    return range(low, high + 1)
+
+
+def free_port(
+    host: str = "127.0.0.1", taken: set[int] | None = None, ports: range = DEFAULT_LOCAL_PORTS
+) -> int:
+    """A port of ``ports`` free now and outside the kernel's ephemeral range, so that no connection
+    or ``bind(0)`` of another program takes it between now and when the service binds it (a pool
+    starts in seconds, and NIXL's UCX alone binds several ephemeral ports per engine). ``taken``:
+    ports already handed out and perhaps not bound yet; the one returned is added to it. When every
+    port of ``ports`` is in the ephemeral range, those above it are drawn from instead."""
     low, high = _ephemeral_range()
     skip = taken if taken is not None else set()
-    outside = [p for p in range(20000, 32768) if not low <= p <= high] or list(range(high + 1, 65536))
+    outside = [p for p in ports if not low <= p <= high] or list(range(high + 1, 65536))
     candidates = [p for p in outside if p not in skip]
     for port in secrets.SystemRandom().sample(candidates, min(200, len(candidates))):
         if port_free(host, port):
@@ -148,6 +170,7 @@ class LocalOptions:
     # megabytes, which one machine cannot hold for a whole pool: the sim engines' bytes stand in
     block_bytes: int = 4096
     planner: bool = True
+    ports: range = DEFAULT_LOCAL_PORTS  # what the services are given (the router's is router_port)
 
 
 @dataclass(slots=True)
@@ -203,7 +226,7 @@ def plan(pool: AgentServingPool, options: LocalOptions, workdir: Path) -> PoolPl
     redis_url = options.redis_url
     password_file = options.redis_password_file
     if redis_url is None:
-        redis_port = free_port(host, ports)
+        redis_port = free_port(host, ports, options.ports)
         password = secrets.token_urlsafe(24)
         password_file = write_secret(workdir / "redis-password", password)
         conf = (
@@ -219,7 +242,7 @@ def plan(pool: AgentServingPool, options: LocalOptions, workdir: Path) -> PoolPl
     out.endpoints["redis"] = redis_url
 
     # directory
-    dir_port = free_port(host, ports)
+    dir_port = free_port(host, ports, options.ports)
     dir_token = write_secret(workdir / "directory-token", secrets.token_urlsafe(32))
     dir_argv = [
         py,
@@ -253,7 +276,7 @@ def plan(pool: AgentServingPool, options: LocalOptions, workdir: Path) -> PoolPl
     roles = initial_roles(pool)
     nodes: list[NodeConfig] = []
     node_names = [f"engine-{i}" for i in range(spec.nodes)] if options.engines else []
-    engine_ports = {node: free_port(host, ports) for node in node_names}
+    engine_ports = {node: free_port(host, ports, options.ports) for node in node_names}
     out.engine_urls = {n: f"http://{host}:{p}" for n, p in engine_ports.items()}
     for i, (node, port) in enumerate(engine_ports.items()):
         role_file = out.roles_dir / node

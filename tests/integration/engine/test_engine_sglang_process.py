@@ -387,7 +387,7 @@ async def test_a_request_silent_in_sglang_is_logged_with_what_the_agent_knows(tm
         async with aiohttp.ClientSession() as http:
             await wait_ready(http, engine, "the agent to be ready once SGLang is healthy")
             events: list[dict[str, Any]] = []
-            body = gen_body("quiet", list(range(300, 300 + 4 * PAGE)), max_tokens=400)
+            body = gen_body("quiet", list(range(300, 300 + 4 * PAGE)), max_tokens=100)  # 5 s of decode
             task = asyncio.create_task(stream_into(http, engine, body, events))
             await wait_until(lambda: _true(any(e["type"] == "token" for e in events)), 20, "a first token")
             async with http.post(sg + "/standin/retract", json={"running": 0}) as r:

@@ -12,11 +12,14 @@ from agentpool.engine.__main__ import parse_args as engine_args
 from agentpool.kv import Role
 from agentpool.local.demo import context_limit, demo_manifest
 from agentpool.local.pool import (
+    DEFAULT_LOCAL_PORTS,
+    LOCAL_PORTS_ENV,
     LocalOptions,
     ManifestError,
     free_port,
     initial_roles,
     load_manifest,
+    local_ports,
     plan,
     port_free,
 )
@@ -101,6 +104,38 @@ def test_free_port_is_outside_the_ephemeral_range_free_and_never_handed_out_twic
         held.listen()
         taken = set(outside) - {busy, spare}
         assert free_port("127.0.0.1", taken) == spare and spare in taken
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, DEFAULT_LOCAL_PORTS),
+        ("", DEFAULT_LOCAL_PORTS),
+        ("24000-24999", range(24000, 25000)),
+        (" 30000-30000 ", range(30000, 30001)),
+        ("1023-2000", None),  # below 1024
+        ("2000-1999", None),  # empty
+        ("60000-70000", None),  # above 65535
+        ("24000", None),
+        ("24000:25000", None),
+        ("a-b", None),
+    ],
+)
+def test_local_ports_from_the_environment(value: str | None, expected: range | None) -> None:
+    environ = {} if value is None else {LOCAL_PORTS_ENV: value}
+    if expected is None:
+        with pytest.raises(ManifestError, match=f"{LOCAL_PORTS_ENV} must be LOW-HIGH within 1024-65535"):
+            local_ports(environ)
+    else:
+        assert local_ports(environ) == expected
+
+
+def test_a_pool_draws_its_ports_from_its_range(tmp_path: Path) -> None:
+    low, high = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    span = range(high + 1, high + 401) if high < 65000 else range(low - 400, low)  # outside the ephemeral
+    p = plan(load_manifest(EXAMPLE), LocalOptions(router_port=18000, ports=span), tmp_path)
+    drawn = {port for name, port in p.ports() if name != "router"}
+    assert len(drawn) == len(p.specs) - 2 and drawn <= set(span)  # redis, directory, six engines
 
 
 def test_the_iteration_model_reaches_the_local_router_and_planner(tmp_path: Path) -> None:

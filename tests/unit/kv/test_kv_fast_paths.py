@@ -73,7 +73,8 @@ def test_partial_order_of_hundreds_of_blocks_on_few_times_matches_general(data: 
     cut) and whether the blocks picked are all uncounted must be the general order's."""
     n = data.draw(st.integers(min_value=1, max_value=300))
     stamps = data.draw(st.lists(times, min_size=1, max_size=4))
-    host = {h: stamps[data.draw(st.integers(min_value=0, max_value=len(stamps) - 1))] for h in range(n)}
+    which = data.draw(st.lists(st.integers(min_value=0, max_value=len(stamps) - 1), min_size=n, max_size=n))
+    host = {h: stamps[i] for h, i in enumerate(which)}
     share = data.draw(st.floats(min_value=0.0, max_value=1.0))
     counted = {h: 1 for h in range(n) if (h * 7919 % 1000) / 1000 < share}
     limit = data.draw(st.integers(min_value=0, max_value=n + 1))

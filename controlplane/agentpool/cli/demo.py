@@ -9,7 +9,7 @@ from pathlib import Path
 from agentpool.cli.replay import command_line, load_trace
 from agentpool.cli.up import options_from
 from agentpool.local.demo import context_limit, demo_manifest, run_demo
-from agentpool.local.pool import ManifestError, free_port, load_manifest, local_ports
+from agentpool.local.pool import ManifestError, PortInUse, free_port, load_manifest, local_ports
 from agentpool.local.replay import ReplaySettings
 from agentpool.local.run_replay import ReplayOutput, Slo
 from agentpool.local.supervisor import StartError
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
             redis_password_file=None, time_scale=1.0, host_kv_size=None, no_engines=False, preset=args.preset,
         )  # fmt: skip
         options = options_from(up_args)
-    except ManifestError as e:
+    except (ManifestError, PortInUse) as e:
         print(f"agentpool demo: {e}")
         return 2
     limit = context_limit(pool, options.preset)
@@ -85,6 +85,6 @@ def run(args: argparse.Namespace) -> int:
                 with_sim=not args.no_sim, quiet=args.quiet,
             )
         )  # fmt: skip
-    except StartError as e:
+    except (StartError, PortInUse) as e:
         print(f"agentpool demo: {e}")
         return 1

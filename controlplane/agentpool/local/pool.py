@@ -137,18 +137,22 @@ def free_port(
     or ``bind(0)`` of another program takes it between now and when the service binds it (a pool
     starts in seconds, and NIXL's UCX alone binds several ephemeral ports per engine). ``taken``:
     ports already handed out and perhaps not bound yet; the one returned is added to it. When every
-    port of ``ports`` is in the ephemeral range, those above it are drawn from instead."""
+    port of ``ports`` is in the ephemeral range, they are drawn from all the same (they were asked
+    for); when none is free, :class:`PortInUse` says so (never a port outside ``ports``)."""
     low, high = _ephemeral_range()
     skip = taken if taken is not None else set()
-    outside = [p for p in ports if not low <= p <= high] or list(range(high + 1, 65536))
+    outside = [p for p in ports if not low <= p <= high] or list(ports)
     candidates = [p for p in outside if p not in skip]
-    for port in secrets.SystemRandom().sample(candidates, min(200, len(candidates))):
+    tried = secrets.SystemRandom().sample(candidates, min(200, len(candidates)))
+    for port in tried:
         if port_free(host, port):
             skip.add(port)
             return port
-    with socket.socket() as s:  # every sampled port is taken: fall back to one the kernel picks
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    handed = len(outside) - len(candidates)
+    raise PortInUse(
+        f"no free port on {host} in {ports.start}-{ports.stop - 1} ({handed} handed out already, "
+        f"{len(tried)} tried and taken); {LOCAL_PORTS_ENV}=LOW-HIGH gives the pool other ports"
+    )
 
 
 def engine_available() -> bool:

@@ -16,6 +16,7 @@ from agentpool.local.pool import (
     LOCAL_PORTS_ENV,
     LocalOptions,
     ManifestError,
+    PortInUse,
     free_port,
     initial_roles,
     load_manifest,
@@ -104,6 +105,17 @@ def test_free_port_is_outside_the_ephemeral_range_free_and_never_handed_out_twic
         held.listen()
         taken = set(outside) - {busy, spare}
         assert free_port("127.0.0.1", taken) == spare and spare in taken
+        # the only port of a range taken: an error that says so, not a port outside the range
+        said = rf"no free port on 127.0.0.1 in {busy}-{busy} \(0 handed out already, 1 tried and taken\)"
+        with pytest.raises(PortInUse, match=said):
+            free_port("127.0.0.1", None, range(busy, busy + 1))
+
+
+def test_a_range_inside_the_ephemeral_one_is_used_as_asked() -> None:
+    low, high = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    inside = range(low + 1000, low + 1100)
+    assert inside[-1] <= high  # every port of it is ephemeral
+    assert all(free_port("127.0.0.1", None, inside) in inside for _ in range(20))
 
 
 @pytest.mark.parametrize(

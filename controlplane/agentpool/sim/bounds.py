@@ -38,8 +38,10 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import takewhile
 
 from agentpool.models import PrefillBatchItem
 from agentpool.node.timing import IterationTimes, noise_floor
@@ -153,20 +155,16 @@ def min_responses(
 ) -> list[float]:
     """``R_min`` of each request of ``conv`` (see the module docstring)."""
     keys = [conv.block_keys(i, 1, shared_blocks, group) for i in range(len(conv.requests))]
-    owners: dict[int, set[int]] = {}
-    for i, (prompt, produced) in enumerate(keys):
-        for k in prompt + produced:
-            owners.setdefault(k, set()).add(i)
-    shared = set(range(1, shared_blocks + 1))
+    owners: Counter[int] = Counter()  # block -> how many of the requests hold it (prompt or output)
+    for prompt, produced in keys:
+        owners.update(set(prompt).union(produced))
+    # a block of a request's prompt is held by another request where two or more hold it
+    held = set(range(1, shared_blocks + 1))
+    held.update(k for k, holders in owners.items() if holders > 1)
     out = []
-    for i, r in enumerate(conv.requests):
-        prompt = keys[i][0]
-        cached = 0
-        for k in prompt:  # the longest prefix that the shared prefix or another request holds
-            if k in shared or owners.get(k, set()) - {i}:
-                cached += 1
-            else:
-                break
+    for (prompt, _), r in zip(keys, conv.requests, strict=True):
+        # the longest prefix that the shared prefix or another request holds
+        cached = len(list(takewhile(held.__contains__, prompt)))
         uncached = max(1, r.input_tokens - min(cached * block, r.input_tokens - 1))
         prefill = truth.prefill_s([PrefillBatchItem(float(uncached), float(r.input_tokens - uncached))])
         iterations = math.ceil(max(0, r.output_tokens - 1) / t_acc - 1e-9)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import random
 from functools import cache
 
 import numpy as np
 import pytest
 
+from agentpool.models import PrefillBatchItem
 from agentpool.sim.bounds import (
     ActiveConversation,
     ClosedLoopBound,
@@ -98,6 +100,28 @@ def test_minimal_responses_are_below_every_simulated_response() -> None:
     assert r["summary"]["requests"] > 0
     assert min(rmin) * 0.88 <= e2e["p50"]
     assert sum(rmin) / len(rmin) * 0.88 <= e2e["mean"]
+
+
+def test_minimal_responses_cache_the_prefix_another_request_or_the_shared_prefix_holds() -> None:
+    """``R_min`` as the module defines it, written out plainly: a request's cached prefix is its
+    prompt's longest run of blocks from the start that the shared prefix or another request of the
+    conversation (prompt or output) holds."""
+    truth, shared, group, block = GLM.roofline(), 15000 // 512, 8, 512
+    for conv in _convs():
+        keys = [conv.block_keys(i, 1, shared, group) for i in range(len(conv.requests))]
+        expected = []
+        for i, r in enumerate(conv.requests):
+            others = {k for j, (p, q) in enumerate(keys) if j != i for k in (*p, *q)}
+            cached = 0
+            for k in keys[i][0]:
+                if not (1 <= k <= shared or k in others):
+                    break
+                cached += 1
+            uncached = max(1, r.input_tokens - min(cached * block, r.input_tokens - 1))
+            prefill = truth.prefill_s([PrefillBatchItem(float(uncached), float(r.input_tokens - uncached))])
+            steps = math.ceil(max(0, r.output_tokens - 1) / GLM.t_acc - 1e-9)
+            expected.append(prefill + (steps * truth.decode_s(1, float(r.input_tokens)) if steps else 0.0))
+        assert min_responses(conv, truth, GLM.t_acc, shared, group, block) == expected, conv.name
 
 
 def test_the_ideal_replay_counts_each_request_once_and_respects_pauses() -> None:

@@ -286,6 +286,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--scale-nodes", type=int, default=64, help="scale: nodes (10 agents per GPU)")
     p.add_argument(
+        "--block-tokens",
+        type=int,
+        default=512,
+        help="scale: KV block size of the simulation in tokens (a multiple of the trace's 64; "
+        "default 512, as every other comparison)",
+    )
+    p.add_argument(
         "--noises",
         type=float,
         nargs="*",

@@ -39,7 +39,7 @@ def _scale_scenario(args: argparse.Namespace, seed: int = 0) -> Scenario:
         duration_s=args.duration,
         ramp_s=args.ramp,
         static_prefill_nodes=prefill,
-        sim=SimConfig(nodes=nodes, prefill_nodes=prefill),
+        sim=SimConfig(nodes=nodes, prefill_nodes=prefill, block_size=args.block_tokens),
         planner=planner_settings(args),
         seed=seed,
     )
@@ -110,7 +110,8 @@ def scale(args: argparse.Namespace) -> None:
             f"Wall time of the whole comparison (including trace loading): {wall:.0f} s on this machine "
             f"(2 cores, {min(args.jobs, len(systems))} simulation(s) at once; each run's own time is its "
             f"'wall s'; {cpu:.0f} s CPU in the bench process, which with one job runs the simulation "
-            f"itself). {minutes:g} simulated minutes, {args.ramp:g} s ramp. Agents start evenly over the "
+            f"itself). {minutes:g} simulated minutes, {args.ramp:g} s ramp, {sc.sim.block_size}-token "
+            f"simulation blocks. Agents start evenly over the "
             f"ramp, so the first requests (long uncached prompts) do not arrive in one burst. Planned "
             f"systems start from {prefill}P{nodes - prefill}D; static-cache-aware stays there (at 64 "
             "nodes, 24P40D: the split the paper normalizes D.2's throughput to).",
@@ -153,7 +154,8 @@ def scale_seeds(args: argparse.Namespace) -> None:
         f"# App. D.2 setting: {sc.sim.nodes} nodes ({gpus:,} GB300 GPUs), 10 agents per GPU, over seeds\n",
         f"Command: `{command_line()}`\n",
         f"{sc.agents:,} agents, {(sc.warmup_s + sc.duration_s) / 60:g} simulated minutes "
-        f"({sc.warmup_s / 60:g} warmup), {args.ramp:g} s ramp; planned systems start from "
+        f"({sc.warmup_s / 60:g} warmup), {args.ramp:g} s ramp, {sc.sim.block_size}-token simulation "
+        f"blocks; planned systems start from "
         f"{prefill}P{sc.sim.nodes - prefill}D, static-cache-aware stays there. The seed draws the "
         f"conversations' order and the iteration noise. {wall:.0f} s wall, {cpu:.0f} s CPU of the bench "
         f"process ({min(args.jobs, len(systems))} simulation(s) at once on 2 cores).\n",

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from agentpool.sim.planners import PlannerSettings
-from bench import bench_sim
+from bench import bench_sim, sim_scale
 
 
 def test_scale_over_seeds_runs_each_seed_and_tables_the_spread(capsys: pytest.CaptureFixture[str]) -> None:
@@ -33,3 +33,22 @@ def test_open_loop_scenario_takes_the_gain_floor() -> None:
     assert sc.planner.min_relative_gain == 0.07 and sc.seed == 1
     args.min_relative_gain = None
     assert bench_sim._open_loop_scenario(args, 2.0, seed=1).planner == PlannerSettings()
+
+
+@pytest.mark.parametrize(("block_tokens", "blocks"), [(512, 512), (1024, 1024)])
+def test_scale_scenario_takes_the_block_size(block_tokens: int, blocks: int) -> None:
+    args = argparse.Namespace(
+        scale_nodes=4, trace=None, warmup=60.0, duration=60.0, ramp=30.0, min_relative_gain=None,
+        block_tokens=block_tokens,
+    )  # fmt: skip
+    sc = sim_scale._scale_scenario(args, seed=2)
+    assert sc.sim.block_size == blocks and sc.sim.nodes == 4 and sc.seed == 2
+
+
+def test_scale_scenario_refuses_a_block_size_off_the_traces_blocks() -> None:
+    args = argparse.Namespace(
+        scale_nodes=4, trace=None, warmup=60.0, duration=60.0, ramp=30.0, min_relative_gain=None,
+        block_tokens=1000,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="1000"):
+        sim_scale._scale_scenario(args)

@@ -337,6 +337,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--write", action="store_true", help="store the results under bench/results/")
     args = p.parse_args(argv)
+    if args.block_tokens <= 0 or args.block_tokens % 64:
+        p.error(
+            f"--block-tokens must be a positive multiple of the trace's 64 tokens, got {args.block_tokens}"
+        )
     {
         "speed": speed,
         "cc": cc,

@@ -52,3 +52,16 @@ def test_scale_scenario_refuses_a_block_size_off_the_traces_blocks() -> None:
     )  # fmt: skip
     with pytest.raises(ValueError, match="1000"):
         sim_scale._scale_scenario(args)
+
+
+@pytest.mark.parametrize("value", ["1000", "0", "-512"])
+def test_bench_sim_refuses_a_block_size_off_the_traces_blocks_in_one_line(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as e:
+        bench_sim.main(["scale", "--block-tokens", value])
+    assert e.value.code == 2
+    assert (
+        f"--block-tokens must be a positive multiple of the trace's 64 tokens, got {value}"
+        in capsys.readouterr().err
+    )

@@ -3,6 +3,7 @@
     python -m bench.bench_sim_window                       # 64 nodes, 15 + 2 min, window from minute 14
     python -m bench.bench_sim_window --nodes 768 --warmup 600 --duration 120 --start 11
     python -m bench.bench_sim_window --profile /tmp/d2.prof --duration 60   # cProfile of the window
+    python -m bench.bench_sim_window --block-tokens 1024                # D.2's shape at 1,024-token blocks
 
 ``bench_sim scale``'s scenario (10 agents per GPU, 24/64 of the nodes prefilling, 5 min ramp),
 agentpool only. The whole run is slow to reach full load (the ramp and the first planner windows
@@ -31,8 +32,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=120.0)
     p.add_argument("--ramp", type=float, default=300.0)
     p.add_argument("--start", type=int, default=14, help="first simulated minute of the window")
+    p.add_argument("--block-tokens", type=int, default=512, help="KV block size of the simulation (tokens)")
     p.add_argument("--profile", default=None, help="write a cProfile (CPU clock) of the window here")
     args = p.parse_args(argv)
+    if args.block_tokens <= 0 or args.block_tokens % 64:
+        p.error(
+            f"--block-tokens must be a positive multiple of the trace's 64 tokens, got {args.block_tokens}"
+        )
     prefill = round(args.nodes * 24 / 64)
     gpus = preset(Scenario().preset).truth.hardware.gpus
     sc = Scenario(
@@ -41,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         duration_s=args.duration,
         ramp_s=args.ramp,
         static_prefill_nodes=prefill,
-        sim=SimConfig(nodes=args.nodes, prefill_nodes=prefill),
+        sim=SimConfig(nodes=args.nodes, prefill_nodes=prefill, block_size=args.block_tokens),
     )
     convs = load_conversations(sc)
     end = sc.warmup_s + sc.duration_s

@@ -29,6 +29,7 @@ from bench.sim_cc import cc, fit, pressure
 from bench.sim_scale import scale
 from bench.sim_tables import (
     Runs,
+    block_tokens,
     command_line,
     label_gain,
     over_seeds,
@@ -337,10 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--write", action="store_true", help="store the results under bench/results/")
     args = p.parse_args(argv)
-    if args.block_tokens <= 0 or args.block_tokens % 64:
-        p.error(
-            f"--block-tokens must be a positive multiple of the trace's 64 tokens, got {args.block_tokens}"
-        )
+    block_tokens(p, args.block_tokens)
     {
         "speed": speed,
         "cc": cc,

@@ -23,6 +23,7 @@ from agentpool.sim.presets import preset
 from agentpool.sim.run import Scenario, load_conversations, run_system
 from agentpool.sim.simulator import SimConfig
 from bench.bench_sim_fingerprint import fingerprint
+from bench.sim_tables import block_tokens
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,10 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block-tokens", type=int, default=512, help="KV block size of the simulation (tokens)")
     p.add_argument("--profile", default=None, help="write a cProfile (CPU clock) of the window here")
     args = p.parse_args(argv)
-    if args.block_tokens <= 0 or args.block_tokens % 64:
-        p.error(
-            f"--block-tokens must be a positive multiple of the trace's 64 tokens, got {args.block_tokens}"
-        )
+    block_tokens(p, args.block_tokens)
     prefill = round(args.nodes * 24 / 64)
     gpus = preset(Scenario().preset).truth.hardware.gpus
     sc = Scenario(

@@ -34,6 +34,7 @@ from agentpool.sim.run import (
     scenario_bound,
     scenario_dict,
 )
+from agentpool.sim.simulator import SimConfig
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -390,6 +391,19 @@ def _run_command(payload: dict[str, Any], systems: Sequence[str]) -> str:
         if set(systems) <= set(part["systems"]):
             command = str(part["command"])
     return command.strip().removeprefix("Command: ").strip("`")
+
+
+def block_tokens(parser: argparse.ArgumentParser, tokens: int) -> int:
+    """``--block-tokens`` where :class:`Scenario` takes it as the simulation's block size (a positive
+    multiple of the trace's blocks), else a usage error (exit 2) before anything runs."""
+    try:
+        Scenario(sim=SimConfig(block_size=tokens))
+    except ValueError:
+        parser.error(
+            f"--block-tokens must be a positive multiple of the trace's {Scenario().trace_block_tokens} "
+            f"tokens, got {tokens}"
+        )
+    return tokens
 
 
 def planner_settings(args: argparse.Namespace, **kw: Any) -> PlannerSettings:

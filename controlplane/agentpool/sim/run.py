@@ -60,10 +60,10 @@ class Scenario:
             raise ValueError("duration must be positive, warmup and agents non-negative")
         if self.workload == "mooncake" and self.trace is None:
             raise ValueError("the mooncake workload needs --trace (e.g. ../shared/traces/mooncake/...)")
-        if self.sim.block_size % self.trace_block_tokens:
+        if self.sim.block_size <= 0 or self.sim.block_size % self.trace_block_tokens:
             raise ValueError(
-                f"the KV block size must be a multiple of the trace's {self.trace_block_tokens} tokens, "
-                f"got {self.sim.block_size}"
+                "the KV block size must be a positive multiple of the trace's "
+                f"{self.trace_block_tokens} tokens, got {self.sim.block_size}"
             )
 
     @property

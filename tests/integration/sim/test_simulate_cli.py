@@ -62,6 +62,7 @@ def test_simulate_rejects_unknown_systems(tmp_path: Path) -> None:
     [
         (["--workload", "mooncake"], "mooncake workload needs --trace"),
         (["--block-tokens", "100"], "multiple of the trace's 64 tokens, got 100"),
+        (["--block-tokens", "0"], "positive multiple of the trace's 64 tokens, got 0"),
         (["--jobs", "0"], "--jobs must be at least 1"),
     ],
 )
